@@ -1,0 +1,437 @@
+//! evictd's kernel side: watch memory and PID usage of a few cgroup scopes and
+//! push a ring-buffer record only when a scope crosses a threshold, plus OOM
+//! victims and cgroup lifecycle.
+//!
+//! Only raw tracepoints are used: they attach without tracefs, need no
+//! kprobes or fentry (absent on some kernels), and hand over the tracepoint's
+//! own arguments (`struct mem_cgroup *`, `struct task_struct *`). Every kernel
+//! struct offset comes from `LAYOUT`, which the agent fills from BTF at load.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    helpers::{
+        bpf_probe_read_kernel, bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes,
+        generated::{bpf_get_current_task, bpf_ktime_get_ns},
+    },
+    macros::{map, raw_tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::RawTracePointContext,
+};
+use aya_log_ebpf::info;
+use evictd_common::{
+    CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
+    COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
+    EVENT_CROSSING, EVENT_OOM_VICTIM, KernelLayout, NODE_PIDS_SCOPE_ID, OomVictimEvent,
+    RESOURCE_MEMORY, RESOURCE_PIDS, Scope,
+};
+
+/// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
+/// trees are about six levels deep (slice/qos/pod/container under a node).
+const MAX_DEPTH: u32 = 16;
+
+/// `pid_namespace.pid_allocated` carries this flag while the namespace is
+/// being set up; it is not a count.
+const PIDNS_ADDING: u32 = 1 << 31;
+
+#[unsafe(no_mangle)]
+static LAYOUT: KernelLayout = KernelLayout {
+    mem_cgroup_css: 0,
+    mem_cgroup_memory_usage: 0,
+    css_cgroup: 0,
+    css_parent: 0,
+    cgroup_kn: 0,
+    kernfs_node_id: 0,
+    cgroup_level: 0,
+    cgroup_root: 0,
+    cgroup_root_hierarchy_id: 0,
+    task_cgroups: 0,
+    css_set_subsys: 0,
+    memory_subsys_id: u32::MAX,
+    pids_subsys_id: u32::MAX,
+    pids_css_to_counter: 0,
+    task_pid: 0,
+    task_comm: 0,
+    task_mm: 0,
+    mm_rss_stat: 0,
+    percpu_counter_size: 0,
+    percpu_counter_count: 0,
+    rss_file_index: 0,
+    rss_anon_index: 0,
+    rss_shmem_index: 0,
+    task_thread_pid: 0,
+    pid_init_ns: 0,
+    pid_namespace_pid_allocated: 0,
+    page_shift: 12,
+    log_enabled: 0,
+    byte_items_mask: [0; 2],
+    check_step_pages: 0,
+};
+
+/// Reads one field of `LAYOUT`. Volatile, or the compiler would fold in the
+/// zeroes above; the agent rewrites the values before the programs load.
+macro_rules! layout {
+    ($field:ident) => {
+        unsafe { core::ptr::read_volatile(&raw const LAYOUT.$field) }
+    };
+}
+
+#[map]
+static MEMORY_SCOPES: HashMap<u64, Scope> = HashMap::with_max_entries(4096, 0);
+
+#[map]
+static PIDS_SCOPES: HashMap<u64, Scope> = HashMap::with_max_entries(4096, 0);
+
+#[map]
+static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Pages of stat churn this CPU has seen since it last read page counters.
+#[map]
+static CHECK_BUDGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[map]
+static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
+
+fn bump(counter: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(counter) {
+        // SAFETY: per-CPU slot, only this CPU writes it with preemption off.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// Reads a `T` at kernel address `base + offset`.
+#[inline(always)]
+fn read<T>(base: u64, offset: u64) -> Result<T, i32> {
+    // SAFETY: bpf_probe_read_kernel validates the address and fails cleanly.
+    unsafe { bpf_probe_read_kernel((base + offset) as *const T) }
+}
+
+/// Cgroup id (kernfs node id, the directory's inode number) of a css.
+#[inline(always)]
+fn css_cgroup_id(css: u64) -> Result<u64, i32> {
+    let cgroup: u64 = read(css, layout!(css_cgroup) as u64)?;
+    let kn: u64 = read(cgroup, layout!(cgroup_kn) as u64)?;
+    read(kn, layout!(kernfs_node_id) as u64)
+}
+
+/// A task's css in controller `subsys_id`.
+#[inline(always)]
+fn task_css(task: u64, subsys_id: u32) -> Result<u64, i32> {
+    let css_set: u64 = read(task, layout!(task_cgroups) as u64)?;
+    read(
+        css_set,
+        layout!(css_set_subsys) as u64 + subsys_id as u64 * 8,
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Memory
+
+/// Hottest hook (hundreds of thousands of calls a second under churn): one
+/// per-CPU array slot and a compare on the common path.
+#[raw_tracepoint(tracepoint = "mod_memcg_lruvec_state")]
+pub fn memcg_lruvec_state(ctx: RawTracePointContext) -> i32 {
+    on_memcg_stat(&ctx);
+    0
+}
+
+#[raw_tracepoint(tracepoint = "mod_memcg_state")]
+pub fn memcg_state(ctx: RawTracePointContext) -> i32 {
+    on_memcg_stat(&ctx);
+    0
+}
+
+/// Both tracepoints have the prototype `(struct mem_cgroup *, int item, int val)`.
+#[inline(always)]
+fn on_memcg_stat(ctx: &RawTracePointContext) {
+    let memcg: u64 = ctx.arg(0);
+    let item = ctx.arg::<u64>(1) as u32;
+    let delta = ctx.arg::<u64>(2) as i32;
+    let mut pages = delta.unsigned_abs() as u64;
+    if item < 128 {
+        let mask = if item < 64 {
+            layout!(byte_items_mask)[0]
+        } else {
+            layout!(byte_items_mask)[1]
+        };
+        if mask & (1 << (item % 64)) != 0 {
+            pages >>= layout!(page_shift);
+        }
+    }
+    if pages == 0 {
+        return;
+    }
+    let Some(budget) = CHECK_BUDGET.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU slot; tracepoints run with preemption disabled.
+    let spent = unsafe { *budget } + pages;
+    if spent < layout!(check_step_pages) {
+        unsafe { *budget = spent };
+        return;
+    }
+    unsafe { *budget = 0 };
+    bump(COUNTER_MEMORY_CHECKS);
+    if check_memory(ctx, memcg).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+}
+
+/// Re-reads the page counter of every watched scope from `memcg` up to the
+/// root. The page counter is what the kernel charges and limits against, so
+/// the value compared is exact at this instant.
+#[inline(always)]
+fn check_memory(ctx: &RawTracePointContext, memcg: u64) -> Result<(), i32> {
+    let css_offset = layout!(mem_cgroup_css) as u64;
+    let usage_offset = layout!(mem_cgroup_memory_usage) as u64;
+    let page_shift = layout!(page_shift);
+    let mut css = memcg + css_offset;
+    let mut trigger = 0u64;
+    let mut depth = 0u32;
+    while depth < MAX_DEPTH && css != 0 {
+        let id = css_cgroup_id(css)?;
+        if depth == 0 {
+            trigger = id;
+        }
+        if let Some(scope) = MEMORY_SCOPES.get_ptr_mut(id) {
+            let pages: i64 = read(css - css_offset, usage_offset)?;
+            let bytes = (pages.max(0) as u64) << page_shift;
+            update_scope(ctx, scope, RESOURCE_MEMORY, id, trigger, bytes);
+        }
+        css = read(css, layout!(css_parent) as u64)?;
+        depth += 1;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// PIDs
+
+/// `sched_process_fork(struct task_struct *parent, struct task_struct *child)`:
+/// the child is already charged to its pids cgroup here.
+#[raw_tracepoint(tracepoint = "sched_process_fork")]
+pub fn task_fork(ctx: RawTracePointContext) -> i32 {
+    if check_pids(&ctx, ctx.arg(1)).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+/// `sched_process_free(struct task_struct *p)`: after release, so the task is
+/// uncharged from its pids cgroup and its pid freed.
+#[raw_tracepoint(tracepoint = "sched_process_free")]
+pub fn task_free(ctx: RawTracePointContext) -> i32 {
+    if check_pids(&ctx, ctx.arg(0)).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+#[inline(always)]
+fn check_pids(ctx: &RawTracePointContext, task: u64) -> Result<(), i32> {
+    let trigger_id;
+    let subsys_id = layout!(pids_subsys_id);
+    if subsys_id != u32::MAX {
+        let mut css = task_css(task, subsys_id)?;
+        let counter_offset = layout!(pids_css_to_counter) as i64;
+        trigger_id = css_cgroup_id(css)?;
+        let mut depth = 0u32;
+        while depth < MAX_DEPTH && css != 0 {
+            let id = css_cgroup_id(css)?;
+            if let Some(scope) = PIDS_SCOPES.get_ptr_mut(id) {
+                let tasks: i64 = read(css.wrapping_add_signed(counter_offset), 0)?;
+                update_scope(ctx, scope, RESOURCE_PIDS, id, trigger_id, tasks.max(0) as u64);
+            }
+            css = read(css, layout!(css_parent) as u64)?;
+            depth += 1;
+        }
+    } else {
+        trigger_id = 0;
+    }
+    if let Some(scope) = PIDS_SCOPES.get_ptr_mut(NODE_PIDS_SCOPE_ID) {
+        // The freed task has no pid any more; the current task always has
+        // one, and level 0 of any pid is the initial namespace.
+        // SAFETY: helper without preconditions.
+        let current = unsafe { bpf_get_current_task() };
+        let pid: u64 = read(current, layout!(task_thread_pid) as u64)?;
+        let namespace: u64 = read(pid, layout!(pid_init_ns) as u64)?;
+        let allocated: u32 = read(namespace, layout!(pid_namespace_pid_allocated) as u64)?;
+        let tasks = (allocated & !PIDNS_ADDING) as u64;
+        update_scope(ctx, scope, RESOURCE_PIDS, NODE_PIDS_SCOPE_ID, trigger_id, tasks);
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Thresholds
+
+#[inline(always)]
+fn update_scope(
+    ctx: &RawTracePointContext,
+    scope: *mut Scope,
+    resource: u32,
+    scope_id: u64,
+    trigger_cgroup_id: u64,
+    value: u64,
+) {
+    // SAFETY: a live map value. Two CPUs may update one scope at once; each
+    // reports the move it wrote, from the level it read. A duplicate or a
+    // briefly stale level is possible and harmless: the agent re-reads
+    // cgroupfs on every event, and the next check (or its resync) rewrites
+    // the level. No atomics keeps the programs loadable on the BPF ISA v1.
+    let scope = unsafe { &mut *scope };
+    scope.last_value = value;
+    let old = scope.level;
+    let next = scope.thresholds.next_level(old, value);
+    if next == old {
+        return;
+    }
+    scope.level = next;
+    let threshold = scope.thresholds.crossed(old, next);
+    let event = CrossingEvent {
+        kind: EVENT_CROSSING,
+        resource,
+        // SAFETY: helper without preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        scope_id,
+        trigger_cgroup_id,
+        value,
+        threshold,
+        old_level: old,
+        new_level: next,
+    };
+    if EVENTS.output::<CrossingEvent>(&event, 0).is_err() {
+        bump(COUNTER_RINGBUF_DROPS);
+    }
+    if layout!(log_enabled) != 0 {
+        info!(
+            ctx,
+            "scope {} resource {} level {} -> {} value {}",
+            scope_id,
+            resource,
+            old,
+            next,
+            value
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// OOM kills
+
+/// `mark_victim(struct task_struct *task, uid_t uid)` (Linux 6.8 and later).
+#[raw_tracepoint(tracepoint = "mark_victim")]
+pub fn oom_mark_victim(ctx: RawTracePointContext) -> i32 {
+    if report_oom_victim(&ctx).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+fn report_oom_victim(ctx: &RawTracePointContext) -> Result<(), i32> {
+    let task: u64 = ctx.arg(0);
+    let pid: u32 = read(task, layout!(task_pid) as u64)?;
+    let mut comm = [0u8; 16];
+    let comm_address = task + layout!(task_comm) as u64;
+    // SAFETY: fixed-size copy into a local buffer.
+    unsafe { bpf_probe_read_kernel_buf(comm_address as *const u8, &mut comm)? };
+    let memory_subsys_id = layout!(memory_subsys_id);
+    let memory_cgroup_id = if memory_subsys_id == u32::MAX {
+        0
+    } else {
+        css_cgroup_id(task_css(task, memory_subsys_id)?)?
+    };
+    let mm: u64 = read(task, layout!(task_mm) as u64)?;
+    let rss_pages = if mm == 0 {
+        0
+    } else {
+        rss_counter(mm, layout!(rss_file_index))?
+            + rss_counter(mm, layout!(rss_anon_index))?
+            + rss_counter(mm, layout!(rss_shmem_index))?
+    };
+    let event = OomVictimEvent {
+        kind: EVENT_OOM_VICTIM,
+        pid,
+        // SAFETY: helper without preconditions.
+        timestamp_ns: unsafe { bpf_ktime_get_ns() },
+        memory_cgroup_id,
+        rss_bytes: rss_pages << layout!(page_shift),
+        comm,
+    };
+    if EVENTS.output::<OomVictimEvent>(&event, 0).is_err() {
+        bump(COUNTER_RINGBUF_DROPS);
+    }
+    if layout!(log_enabled) != 0 {
+        info!(ctx, "oom victim pid {} memcg {}", pid, memory_cgroup_id);
+    }
+    Ok(())
+}
+
+fn rss_counter(mm: u64, index: u32) -> Result<u64, i32> {
+    let offset = layout!(mm_rss_stat) as u64
+        + index as u64 * layout!(percpu_counter_size) as u64
+        + layout!(percpu_counter_count) as u64;
+    let pages: i64 = read(mm, offset)?;
+    Ok(pages.max(0) as u64)
+}
+
+// ---------------------------------------------------------------------------
+// cgroup lifecycle
+
+/// `cgroup_mkdir(struct cgroup *cgrp, const char *path)`.
+#[raw_tracepoint(tracepoint = "cgroup_mkdir")]
+pub fn cgroup_mkdir(ctx: RawTracePointContext) -> i32 {
+    if report_cgroup(&ctx, EVENT_CGROUP_MKDIR).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+/// `cgroup_rmdir(struct cgroup *cgrp, const char *path)`.
+#[raw_tracepoint(tracepoint = "cgroup_rmdir")]
+pub fn cgroup_rmdir(ctx: RawTracePointContext) -> i32 {
+    if report_cgroup(&ctx, EVENT_CGROUP_RMDIR).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+fn report_cgroup(ctx: &RawTracePointContext, kind: u32) -> Result<(), i32> {
+    let cgroup: u64 = ctx.arg(0);
+    let path: u64 = ctx.arg(1);
+    let kn: u64 = read(cgroup, layout!(cgroup_kn) as u64)?;
+    let cgroup_id: u64 = read(kn, layout!(kernfs_node_id) as u64)?;
+    let level: u32 = read(cgroup, layout!(cgroup_level) as u64)?;
+    let root: u64 = read(cgroup, layout!(cgroup_root) as u64)?;
+    let hierarchy_id: u32 = read(root, layout!(cgroup_root_hierarchy_id) as u64)?;
+    let Some(mut entry) = EVENTS.reserve::<CgroupEvent>(0) else {
+        bump(COUNTER_RINGBUF_DROPS);
+        return Ok(());
+    };
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved record of the right size; every
+    // field is written before submit (the path up to `path_len`).
+    let copied = unsafe {
+        (*event).kind = kind;
+        (*event).hierarchy_id = hierarchy_id;
+        (*event).timestamp_ns = bpf_ktime_get_ns();
+        (*event).cgroup_id = cgroup_id;
+        (*event).level = level;
+        bpf_probe_read_kernel_str_bytes(path as *const u8, &mut (*event).path)
+            .map(|bytes| bytes.len() as u32 + 1)
+            .unwrap_or(0)
+    };
+    unsafe { (*event).path_len = copied.min(CGROUP_PATH_LEN as u32) };
+    entry.submit(0);
+    Ok(())
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
