@@ -7,10 +7,6 @@
 
 use core::mem::size_of;
 
-/// Most thresholds one watched scope can carry (kubelet configures at most a
-/// hard and a soft threshold per signal; two spare slots for tiered alerts).
-pub const MAX_THRESHOLDS: usize = 4;
-
 /// Resource a watched scope or a crossing event refers to.
 pub const RESOURCE_MEMORY: u32 = 0;
 pub const RESOURCE_PIDS: u32 = 1;
@@ -34,89 +30,40 @@ pub const COUNTERS_LEN: u32 = 3;
 /// Longest cgroup path a lifecycle event carries, NUL included.
 pub const CGROUP_PATH_LEN: usize = 256;
 
-/// Ascending thresholds of one scope and the hysteresis band that keeps a
-/// value hovering at a line from producing a stream of events.
+/// One watched scope as the kernel sees it: a band the value is expected to
+/// stay in. A value outside it is reported once, and the band is disarmed
+/// until the agent (which owns thresholds, levels and hysteresis) re-reads
+/// the scope and arms the band around the new level. Keeping the kernel side
+/// to two comparisons keeps it cheap and keeps the verifier's work linear in
+/// the depth of the cgroup walk.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Thresholds {
-    /// Ascending; only the first `count` are meaningful.
-    pub values: [u64; MAX_THRESHOLDS],
-    /// A level is left only once the value is this far below its threshold.
-    pub hysteresis: u64,
-    pub count: u32,
-    pub _pad: u32,
-}
-const _: () = assert!(size_of::<Thresholds>() == 48);
-
-impl Thresholds {
-    /// The level `value` is at, coming from `current`: the number of
-    /// thresholds crossed. Rising past threshold `i` needs `value >= t[i]`;
-    /// falling back below it needs `value + hysteresis < t[i]`. Between the two
-    /// the level does not move, which is what stops a hovering value from
-    /// flooding the ring buffer.
-    ///
-    /// Written without early returns or data-dependent loop bounds so the BPF
-    /// verifier sees a fixed four-step loop.
-    #[inline(always)]
-    pub fn next_level(&self, current: u32, value: u64) -> u32 {
-        let count = if self.count as usize > MAX_THRESHOLDS {
-            MAX_THRESHOLDS as u32
-        } else {
-            self.count
-        };
-        let sticky_value = value.saturating_add(self.hysteresis);
-        let mut reached = 0u32;
-        let mut held = 0u32;
-        let mut i = 0usize;
-        while i < MAX_THRESHOLDS {
-            if (i as u32) < count {
-                if value >= self.values[i] {
-                    reached += 1;
-                }
-                if sticky_value >= self.values[i] {
-                    held += 1;
-                }
-            }
-            i += 1;
-        }
-        let current = if current > count { count } else { current };
-        if reached > current {
-            reached
-        } else if held < current {
-            held
-        } else {
-            current
-        }
-    }
-
-    /// The threshold that a move from `old` to `new` crossed: the highest one
-    /// reached when rising, the lowest one left when falling.
-    #[inline(always)]
-    pub fn crossed(&self, old: u32, new: u32) -> u64 {
-        let index = if new > old { new - 1 } else { new };
-        match self.values.get(index as usize) {
-            Some(value) => *value,
-            None => 0,
-        }
-    }
-}
-
-/// One watched scope: a cgroup (keyed by its cgroup id in the hierarchy of
-/// the resource) or the node-wide PID count.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Scope {
-    pub thresholds: Thresholds,
-    /// Thresholds currently crossed, kept by the kernel; userspace seeds it
-    /// from a fresh cgroupfs read when it installs the scope.
-    pub level: u32,
-    pub _pad: u32,
-    /// Last value the kernel observed (bytes or tasks), for inspection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Band {
+    /// Report when the value reaches this (the next threshold up).
+    pub rise_at: u64,
+    /// Report when the value drops below this (the last threshold crossed,
+    /// minus hysteresis).
+    pub fall_below: u64,
+    /// Last value the kernel compared, for inspection.
     pub last_value: u64,
 }
-const _: () = assert!(size_of::<Scope>() == 64);
+const _: () = assert!(size_of::<Band>() == 24);
 
-/// A scope's value crossed one of its thresholds, up or down.
+impl Band {
+    /// A band nothing leaves: what the kernel writes after reporting.
+    pub const DISARMED: Band = Band {
+        rise_at: u64::MAX,
+        fall_below: 0,
+        last_value: 0,
+    };
+
+    #[inline(always)]
+    pub fn contains(&self, value: u64) -> bool {
+        value < self.rise_at && value >= self.fall_below
+    }
+}
+
+/// A scope's value left its band, up or down.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CrossingEvent {
@@ -132,10 +79,11 @@ pub struct CrossingEvent {
     pub trigger_cgroup_id: u64,
     /// Bytes charged to the scope, or tasks in it.
     pub value: u64,
-    /// The threshold crossed (see `Thresholds::crossed`).
-    pub threshold: u64,
-    pub old_level: u32,
-    pub new_level: u32,
+    /// The band edge crossed: `rise_at` when rising, `fall_below` when not.
+    pub bound: u64,
+    /// 1 when the value rose past `rise_at`, 0 when it fell below `fall_below`.
+    pub rising: u32,
+    pub _pad: u32,
 }
 const _: () = assert!(size_of::<CrossingEvent>() == 56);
 
@@ -258,8 +206,7 @@ pub mod names {
 mod pod {
     use super::*;
     // SAFETY: all are repr(C), Copy, made of integers with explicit padding.
-    unsafe impl aya::Pod for Thresholds {}
-    unsafe impl aya::Pod for Scope {}
+    unsafe impl aya::Pod for Band {}
     unsafe impl aya::Pod for KernelLayout {}
 }
 
@@ -267,63 +214,18 @@ mod pod {
 mod tests {
     use super::*;
 
-    fn thresholds(values: &[u64], hysteresis: u64) -> Thresholds {
-        let mut t = Thresholds {
-            hysteresis,
-            count: values.len() as u32,
-            ..Default::default()
+    #[test]
+    fn band_is_half_open() {
+        let band = Band {
+            rise_at: 200,
+            fall_below: 100,
+            last_value: 0,
         };
-        t.values[..values.len()].copy_from_slice(values);
-        t
-    }
-
-    #[test]
-    fn rises_through_every_threshold_reached_at_once() {
-        let t = thresholds(&[100, 200, 300], 10);
-        assert_eq!(t.next_level(0, 99), 0);
-        assert_eq!(t.next_level(0, 100), 1);
-        assert_eq!(t.next_level(0, 250), 2);
-        assert_eq!(t.next_level(1, 1000), 3);
-    }
-
-    #[test]
-    fn falls_only_past_the_hysteresis_band() {
-        let t = thresholds(&[100, 200], 10);
-        assert_eq!(t.next_level(1, 95), 1, "inside the band: stays");
-        assert_eq!(t.next_level(1, 90), 1, "exactly at the band edge: stays");
-        assert_eq!(t.next_level(1, 89), 0);
-        assert_eq!(t.next_level(2, 150), 1);
-        assert_eq!(t.next_level(2, 0), 0);
-    }
-
-    #[test]
-    fn hovering_at_the_line_changes_level_once() {
-        let t = thresholds(&[1000], 50);
-        let mut level = 0;
-        let mut changes = 0;
-        for value in [999, 1000, 990, 1001, 960, 1000, 955, 1002] {
-            let next = t.next_level(level, value);
-            if next != level {
-                changes += 1;
-            }
-            level = next;
-        }
-        assert_eq!(changes, 1);
-        assert_eq!(level, 1);
-    }
-
-    #[test]
-    fn no_thresholds_means_level_zero() {
-        let t = thresholds(&[], 0);
-        assert_eq!(t.next_level(0, u64::MAX), 0);
-        assert_eq!(t.next_level(3, 0), 0, "a stale level is clamped");
-    }
-
-    #[test]
-    fn crossed_names_the_line() {
-        let t = thresholds(&[100, 200, 300], 0);
-        assert_eq!(t.crossed(0, 2), 200);
-        assert_eq!(t.crossed(2, 1), 200);
-        assert_eq!(t.crossed(1, 0), 100);
+        assert!(band.contains(100));
+        assert!(band.contains(199));
+        assert!(!band.contains(200));
+        assert!(!band.contains(99));
+        assert!(Band::DISARMED.contains(0));
+        assert!(!Band::DISARMED.contains(u64::MAX));
     }
 }

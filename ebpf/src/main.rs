@@ -23,7 +23,7 @@ use evictd_common::{
     CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
     COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
     EVENT_CROSSING, EVENT_OOM_VICTIM, KernelLayout, NODE_PIDS_SCOPE_ID, OomVictimEvent,
-    RESOURCE_MEMORY, RESOURCE_PIDS, Scope,
+    RESOURCE_MEMORY, RESOURCE_PIDS, Band,
 };
 
 /// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
@@ -77,10 +77,10 @@ macro_rules! layout {
 }
 
 #[map]
-static MEMORY_SCOPES: HashMap<u64, Scope> = HashMap::with_max_entries(4096, 0);
+static MEMORY_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 
 #[map]
-static PIDS_SCOPES: HashMap<u64, Scope> = HashMap::with_max_entries(4096, 0);
+static PIDS_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
@@ -172,7 +172,7 @@ fn on_memcg_stat(ctx: &RawTracePointContext) {
     }
     unsafe { *budget = 0 };
     bump(COUNTER_MEMORY_CHECKS);
-    if check_memory(ctx, memcg).is_err() {
+    if check_memory(memcg).is_err() {
         bump(COUNTER_READ_ERRORS);
     }
 }
@@ -181,7 +181,7 @@ fn on_memcg_stat(ctx: &RawTracePointContext) {
 /// root. The page counter is what the kernel charges and limits against, so
 /// the value compared is exact at this instant.
 #[inline(always)]
-fn check_memory(ctx: &RawTracePointContext, memcg: u64) -> Result<(), i32> {
+fn check_memory(memcg: u64) -> Result<(), i32> {
     let css_offset = layout!(mem_cgroup_css) as u64;
     let usage_offset = layout!(mem_cgroup_memory_usage) as u64;
     let page_shift = layout!(page_shift);
@@ -196,7 +196,7 @@ fn check_memory(ctx: &RawTracePointContext, memcg: u64) -> Result<(), i32> {
         if let Some(scope) = MEMORY_SCOPES.get_ptr_mut(id) {
             let pages: i64 = read(css - css_offset, usage_offset)?;
             let bytes = (pages.max(0) as u64) << page_shift;
-            update_scope(ctx, scope, RESOURCE_MEMORY, id, trigger, bytes);
+            update_scope(scope, RESOURCE_MEMORY, id, trigger, bytes);
         }
         css = read(css, layout!(css_parent) as u64)?;
         depth += 1;
@@ -211,7 +211,7 @@ fn check_memory(ctx: &RawTracePointContext, memcg: u64) -> Result<(), i32> {
 /// the child is already charged to its pids cgroup here.
 #[raw_tracepoint(tracepoint = "sched_process_fork")]
 pub fn task_fork(ctx: RawTracePointContext) -> i32 {
-    if check_pids(&ctx, ctx.arg(1)).is_err() {
+    if check_pids(ctx.arg(1)).is_err() {
         bump(COUNTER_READ_ERRORS);
     }
     0
@@ -221,14 +221,14 @@ pub fn task_fork(ctx: RawTracePointContext) -> i32 {
 /// uncharged from its pids cgroup and its pid freed.
 #[raw_tracepoint(tracepoint = "sched_process_free")]
 pub fn task_free(ctx: RawTracePointContext) -> i32 {
-    if check_pids(&ctx, ctx.arg(0)).is_err() {
+    if check_pids(ctx.arg(0)).is_err() {
         bump(COUNTER_READ_ERRORS);
     }
     0
 }
 
 #[inline(always)]
-fn check_pids(ctx: &RawTracePointContext, task: u64) -> Result<(), i32> {
+fn check_pids(task: u64) -> Result<(), i32> {
     let trigger_id;
     let subsys_id = layout!(pids_subsys_id);
     if subsys_id != u32::MAX {
@@ -240,7 +240,7 @@ fn check_pids(ctx: &RawTracePointContext, task: u64) -> Result<(), i32> {
             let id = css_cgroup_id(css)?;
             if let Some(scope) = PIDS_SCOPES.get_ptr_mut(id) {
                 let tasks: i64 = read(css.wrapping_add_signed(counter_offset), 0)?;
-                update_scope(ctx, scope, RESOURCE_PIDS, id, trigger_id, tasks.max(0) as u64);
+                update_scope(scope, RESOURCE_PIDS, id, trigger_id, tasks.max(0) as u64);
             }
             css = read(css, layout!(css_parent) as u64)?;
             depth += 1;
@@ -257,37 +257,37 @@ fn check_pids(ctx: &RawTracePointContext, task: u64) -> Result<(), i32> {
         let namespace: u64 = read(pid, layout!(pid_init_ns) as u64)?;
         let allocated: u32 = read(namespace, layout!(pid_namespace_pid_allocated) as u64)?;
         let tasks = (allocated & !PIDNS_ADDING) as u64;
-        update_scope(ctx, scope, RESOURCE_PIDS, NODE_PIDS_SCOPE_ID, trigger_id, tasks);
+        update_scope(scope, RESOURCE_PIDS, NODE_PIDS_SCOPE_ID, trigger_id, tasks);
     }
     Ok(())
 }
 
 // ---------------------------------------------------------------------------
-// Thresholds
+// Bands
 
+/// Compares `value` with the scope's band; outside it, reports once and
+/// disarms the band until the agent arms it around the new level.
 #[inline(always)]
 fn update_scope(
-    ctx: &RawTracePointContext,
-    scope: *mut Scope,
+    scope: *mut Band,
     resource: u32,
     scope_id: u64,
     trigger_cgroup_id: u64,
     value: u64,
 ) {
-    // SAFETY: a live map value. Two CPUs may update one scope at once; each
-    // reports the move it wrote, from the level it read. A duplicate or a
-    // briefly stale level is possible and harmless: the agent re-reads
-    // cgroupfs on every event, and the next check (or its resync) rewrites
-    // the level. No atomics keeps the programs loadable on the BPF ISA v1.
-    let scope = unsafe { &mut *scope };
-    scope.last_value = value;
-    let old = scope.level;
-    let next = scope.thresholds.next_level(old, value);
-    if next == old {
+    // SAFETY: a live map value. Two CPUs may both see the value leave the
+    // band and both report; the agent handles a repeat as a no-op.
+    let band = unsafe { &mut *scope };
+    band.last_value = value;
+    if band.contains(value) {
         return;
     }
-    scope.level = next;
-    let threshold = scope.thresholds.crossed(old, next);
+    let rising = value >= band.rise_at;
+    let bound = if rising { band.rise_at } else { band.fall_below };
+    *band = Band {
+        last_value: value,
+        ..Band::DISARMED
+    };
     let event = CrossingEvent {
         kind: EVENT_CROSSING,
         resource,
@@ -296,23 +296,12 @@ fn update_scope(
         scope_id,
         trigger_cgroup_id,
         value,
-        threshold,
-        old_level: old,
-        new_level: next,
+        bound,
+        rising: u32::from(rising),
+        _pad: 0,
     };
     if EVENTS.output::<CrossingEvent>(&event, 0).is_err() {
         bump(COUNTER_RINGBUF_DROPS);
-    }
-    if layout!(log_enabled) != 0 {
-        info!(
-            ctx,
-            "scope {} resource {} level {} -> {} value {}",
-            scope_id,
-            resource,
-            old,
-            next,
-            value
-        );
     }
 }
 

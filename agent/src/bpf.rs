@@ -1,0 +1,584 @@
+//! Loads and attaches evictd's eBPF programs, configures the watched scopes
+//! through their maps, and turns ring-buffer records into events.
+//!
+//! Everything loaded here belongs to [`Probes`]: dropping it detaches every
+//! program and frees every map. Nothing is pinned, so an agent that dies
+//! leaves nothing behind in the kernel.
+use std::{
+    collections::BTreeMap,
+    os::fd::AsRawFd,
+    time::Duration,
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{ProgramError, RawTracePoint},
+};
+use evictd_common::{
+    COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, CgroupEvent,
+    CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_CROSSING, EVENT_OOM_VICTIM,
+    KernelLayout, OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS, Band, names,
+};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::kernel_layout::{KernelBtf, LayoutError};
+
+/// The programs, built from `ebpf/` by build.rs. Empty when the build had no
+/// bpf-linker (see build.rs).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/evictd"));
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Memory,
+    Pids,
+}
+
+impl Resource {
+    fn from_raw(raw: u32) -> Option<Self> {
+        match raw {
+            RESOURCE_MEMORY => Some(Self::Memory),
+            RESOURCE_PIDS => Some(Self::Pids),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+        }
+    }
+}
+
+/// What a program is for; the agent polls a resource whose programs are not
+/// all attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Purpose {
+    Memory,
+    Pids,
+    OomKills,
+    CgroupLifecycle,
+}
+
+/// Program name in the object, raw tracepoint it attaches to, number of
+/// tracepoint arguments it was written for, and its purpose.
+const PROGRAMS: [(&str, &str, usize, Purpose); 7] = [
+    ("memcg_lruvec_state", "mod_memcg_lruvec_state", 3, Purpose::Memory),
+    ("memcg_state", "mod_memcg_state", 3, Purpose::Memory),
+    ("task_fork", "sched_process_fork", 2, Purpose::Pids),
+    ("task_free", "sched_process_free", 1, Purpose::Pids),
+    ("oom_mark_victim", "mark_victim", 2, Purpose::OomKills),
+    ("cgroup_mkdir", "cgroup_mkdir", 2, Purpose::CgroupLifecycle),
+    ("cgroup_rmdir", "cgroup_rmdir", 2, Purpose::CgroupLifecycle),
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "this evictd binary was built without its eBPF programs (no bpf-linker at build time); \
+         build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("loading the eBPF object failed: {0}{hint}", hint = privilege_hint(.0))]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF object has no {0}")]
+    Missing(&'static str),
+    #[error("program {program} ({tracepoint}): {source}{hint}", hint = privilege_hint(.source))]
+    Program {
+        program: &'static str,
+        tracepoint: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("ring buffer: {0}")]
+    Poll(#[source] std::io::Error),
+}
+
+fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
+    let text = format!("{error:?}");
+    if text.contains("EPERM") || text.contains("Operation not permitted") || text.contains("PermissionDenied") {
+        " (loading BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)"
+    } else {
+        ""
+    }
+}
+
+/// A program that could not be attached, and why.
+#[derive(Debug)]
+pub struct Unattached {
+    pub program: &'static str,
+    pub tracepoint: &'static str,
+    pub purpose: Purpose,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeOptions {
+    /// Bytes of memcg stat churn a CPU sees between two page-counter reads.
+    pub check_step_bytes: u64,
+    /// Forward aya-log output of the programs to the agent's log.
+    pub kernel_log: bool,
+}
+
+/// Loaded and attached programs with their maps.
+pub struct Probes {
+    ebpf: Ebpf,
+    memory_scopes: HashMap<MapData, u64, Band>,
+    pids_scopes: HashMap<MapData, u64, Band>,
+    counters: PerCpuArray<MapData, u64>,
+    events: Option<RingBuf<MapData>>,
+    attached: Vec<(&'static str, &'static str, Purpose)>,
+    unattached: Vec<Unattached>,
+    layout: KernelLayout,
+}
+
+/// Sums of the per-CPU counters the programs keep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    pub ringbuf_drops: u64,
+    pub memory_checks: u64,
+    pub read_errors: u64,
+}
+
+impl Probes {
+    /// Loads the object with the layout of the running kernel and attaches
+    /// every program whose tracepoint exists. A missing tracepoint is not an
+    /// error: it is listed in [`Probes::unattached`] so the agent can poll
+    /// what that program would have watched.
+    pub fn load(btf: &KernelBtf, options: ProbeOptions) -> Result<Self, BpfError> {
+        if OBJECT.is_empty() {
+            return Err(BpfError::NoObject);
+        }
+        let layout = btf.layout(options.check_step_bytes, options.kernel_log)?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::LAYOUT, &layout, true)
+            .load(OBJECT)
+            .map_err(BpfError::Load)?;
+
+        let mut attached = Vec::new();
+        let mut unattached = Vec::new();
+        for (program, tracepoint, arity, purpose) in PROGRAMS {
+            let not_attached = |reason: String| Unattached {
+                program,
+                tracepoint,
+                purpose,
+                reason,
+            };
+            match btf.tracepoint_arity(tracepoint) {
+                None => {
+                    unattached.push(not_attached("the kernel has no such tracepoint".into()));
+                    continue;
+                }
+                Some(found) if found != arity => {
+                    unattached.push(not_attached(format!(
+                        "the tracepoint takes {found} arguments here, the program expects {arity}"
+                    )));
+                    continue;
+                }
+                Some(_) => {}
+            }
+            let prog: &mut RawTracePoint = ebpf
+                .program_mut(program)
+                .ok_or(BpfError::Missing(program))?
+                .try_into()
+                .map_err(|source| BpfError::Program {
+                    program,
+                    tracepoint,
+                    source,
+                })?;
+            prog.load().map_err(|source| BpfError::Program {
+                program,
+                tracepoint,
+                source,
+            })?;
+            match prog.attach(tracepoint) {
+                Ok(_) => attached.push((program, tracepoint, purpose)),
+                Err(e) => unattached.push(not_attached(e.to_string())),
+            }
+        }
+
+        let memory_scopes = take_map(&mut ebpf, names::MEMORY_SCOPES)?;
+        let pids_scopes = take_map(&mut ebpf, names::PIDS_SCOPES)?;
+        let counters = take_map(&mut ebpf, names::COUNTERS)?;
+        let events = Some(take_map(&mut ebpf, names::EVENTS)?);
+        Ok(Self {
+            ebpf,
+            memory_scopes,
+            pids_scopes,
+            counters,
+            events,
+            attached,
+            unattached,
+            layout,
+        })
+    }
+
+    /// `(program, tracepoint, purpose)` of every attached program.
+    pub fn attached(&self) -> &[(&'static str, &'static str, Purpose)] {
+        &self.attached
+    }
+
+    pub fn unattached(&self) -> &[Unattached] {
+        &self.unattached
+    }
+
+    /// Whether every program serving `purpose` is attached.
+    pub fn covers(&self, purpose: Purpose) -> bool {
+        !self.unattached.iter().any(|u| u.purpose == purpose)
+    }
+
+    pub fn layout(&self) -> &KernelLayout {
+        &self.layout
+    }
+
+    /// Arms (or re-arms) the band of scope `id` of `resource`.
+    pub fn set_band(&mut self, resource: Resource, id: u64, band: Band) -> Result<(), BpfError> {
+        let (map, name) = self.scopes_mut(resource);
+        map.insert(id, band, 0)
+            .map_err(|source| BpfError::Map { map: name, source })
+    }
+
+    /// Stops watching scope `id`; a scope that was not watched is fine.
+    pub fn remove_scope(&mut self, resource: Resource, id: u64) -> Result<(), BpfError> {
+        let (map, name) = self.scopes_mut(resource);
+        match map.remove(&id) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(source) => Err(BpfError::Map { map: name, source }),
+        }
+    }
+
+    /// The band as the kernel holds it now (last value included).
+    pub fn band(&self, resource: Resource, id: u64) -> Result<Option<Band>, BpfError> {
+        let (map, name) = match resource {
+            Resource::Memory => (&self.memory_scopes, names::MEMORY_SCOPES),
+            Resource::Pids => (&self.pids_scopes, names::PIDS_SCOPES),
+        };
+        match map.get(&id, 0) {
+            Ok(scope) => Ok(Some(scope)),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(source) => Err(BpfError::Map { map: name, source }),
+        }
+    }
+
+    fn scopes_mut(&mut self, resource: Resource) -> (&mut HashMap<MapData, u64, Band>, &'static str) {
+        match resource {
+            Resource::Memory => (&mut self.memory_scopes, names::MEMORY_SCOPES),
+            Resource::Pids => (&mut self.pids_scopes, names::PIDS_SCOPES),
+        }
+    }
+
+    pub fn counters(&self) -> Result<KernelCounters, BpfError> {
+        let sum = |index: u32| {
+            self.counters
+                .get(&index, 0)
+                .map(|values| values.iter().sum::<u64>())
+                .map_err(|source| BpfError::Map {
+                    map: names::COUNTERS,
+                    source,
+                })
+        };
+        Ok(KernelCounters {
+            ringbuf_drops: sum(COUNTER_RINGBUF_DROPS)?,
+            memory_checks: sum(COUNTER_MEMORY_CHECKS)?,
+            read_errors: sum(COUNTER_READ_ERRORS)?,
+        })
+    }
+
+    /// The event stream; can be taken once.
+    pub fn take_events(&mut self) -> Result<EventStream, BpfError> {
+        let ring = self.events.take().ok_or(BpfError::Missing(names::EVENTS))?;
+        Ok(EventStream {
+            ring: readable(ring)?,
+        })
+    }
+
+    /// Starts forwarding the programs' aya-log records to the `log` facade
+    /// (and so to tracing). Only useful when loaded with `kernel_log`.
+    pub fn kernel_logger(&mut self) -> Result<KernelLogger, BpfError> {
+        let logger = aya_log::EbpfLogger::init(&mut self.ebpf)
+            .map_err(|e| BpfError::Poll(std::io::Error::other(e)))?;
+        Ok(KernelLogger {
+            fd: readable(logger)?,
+        })
+    }
+
+    /// Ids of the loaded programs, as `bpftool prog list` shows them.
+    pub fn program_ids(&self) -> BTreeMap<&'static str, u32> {
+        self.attached
+            .iter()
+            .filter_map(|(name, _, _)| {
+                let program = self.ebpf.program(name)?;
+                Some((*name, program.info().ok()?.id()))
+            })
+            .collect()
+    }
+}
+
+/// Registers a map-backed reader with tokio for readability.
+fn readable<T: AsRawFd>(inner: T) -> Result<AsyncFd<T>, BpfError> {
+    // SAFETY: the fd belongs to `inner` (a ring buffer map it owns), which the
+    // AsyncFd owns in turn, so it stays open and unchanged while registered.
+    unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }
+        .map_err(|e| BpfError::Poll(e.into()))
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::Missing(name))?;
+    T::try_from(map).map_err(|source| BpfError::Map { map: name, source })
+}
+
+/// Drains aya-log records from the kernel programs.
+pub struct KernelLogger {
+    fd: AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl KernelLogger {
+    pub async fn run(mut self) {
+        loop {
+            let Ok(mut guard) = self.fd.readable_mut().await else {
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    }
+}
+
+/// One ring-buffer record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelEvent {
+    Crossing(Crossing),
+    OomVictim(OomVictimEvent),
+    CgroupCreated(CgroupChange),
+    CgroupRemoved(CgroupChange),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crossing {
+    pub resource: Resource,
+    pub raw: CrossingEvent,
+}
+
+impl Crossing {
+    pub fn rising(&self) -> bool {
+        self.raw.rising != 0
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupChange(pub CgroupEvent);
+
+impl CgroupChange {
+    /// The path relative to its hierarchy root, and whether the kernel had
+    /// to cut it.
+    pub fn path(&self) -> (String, bool) {
+        let len = (self.0.path_len as usize).min(self.0.path.len());
+        let bytes = &self.0.path[..len];
+        let text = bytes.split(|b| *b == 0).next().unwrap_or_default();
+        (
+            String::from_utf8_lossy(text).into_owned(),
+            len == self.0.path.len(),
+        )
+    }
+}
+
+impl KernelEvent {
+    pub fn timestamp_ns(&self) -> u64 {
+        match self {
+            Self::Crossing(c) => c.raw.timestamp_ns,
+            Self::OomVictim(o) => o.timestamp_ns,
+            Self::CgroupCreated(c) | Self::CgroupRemoved(c) => c.0.timestamp_ns,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Crossing(_) => "crossing",
+            Self::OomVictim(_) => "oom_victim",
+            Self::CgroupCreated(_) => "cgroup_mkdir",
+            Self::CgroupRemoved(_) => "cgroup_rmdir",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("record of {0} bytes is too short for a header")]
+    Short(usize),
+    #[error("record kind {kind} needs {needed} bytes, got {got}")]
+    Truncated { kind: u32, needed: usize, got: usize },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+    #[error("unknown resource {0}")]
+    UnknownResource(u32),
+}
+
+fn read_record<T: Copy>(bytes: &[u8], kind: u32) -> Result<T, DecodeError> {
+    let needed = size_of::<T>();
+    if bytes.len() < needed {
+        return Err(DecodeError::Truncated {
+            kind,
+            needed,
+            got: bytes.len(),
+        });
+    }
+    // SAFETY: length checked; T is a repr(C) integer-only type from
+    // evictd-common, valid for any bit pattern; read_unaligned needs no
+    // alignment.
+    Ok(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// Decodes one ring-buffer record.
+pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
+    let kind = bytes
+        .get(..4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_ne_bytes)
+        .ok_or(DecodeError::Short(bytes.len()))?;
+    match kind {
+        EVENT_CROSSING => {
+            let raw: CrossingEvent = read_record(bytes, kind)?;
+            let resource =
+                Resource::from_raw(raw.resource).ok_or(DecodeError::UnknownResource(raw.resource))?;
+            Ok(KernelEvent::Crossing(Crossing { resource, raw }))
+        }
+        EVENT_OOM_VICTIM => Ok(KernelEvent::OomVictim(read_record(bytes, kind)?)),
+        EVENT_CGROUP_MKDIR => Ok(KernelEvent::CgroupCreated(CgroupChange(read_record(bytes, kind)?))),
+        EVENT_CGROUP_RMDIR => Ok(KernelEvent::CgroupRemoved(CgroupChange(read_record(bytes, kind)?))),
+        other => Err(DecodeError::UnknownKind(other)),
+    }
+}
+
+/// CLOCK_MONOTONIC now, in the nanoseconds `bpf_ktime_get_ns()` uses.
+pub fn monotonic_now_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(Duration::from)
+        .unwrap_or_default();
+    now.as_nanos() as u64
+}
+
+/// An event with the time userspace read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Received {
+    pub event: KernelEvent,
+    pub received_ns: u64,
+}
+
+impl Received {
+    /// Kernel timestamp to userspace read.
+    pub fn latency(&self) -> Duration {
+        Duration::from_nanos(self.received_ns.saturating_sub(self.event.timestamp_ns()))
+    }
+}
+
+/// Ring-buffer reader woken by the kernel through epoll.
+pub struct EventStream {
+    ring: AsyncFd<RingBuf<MapData>>,
+}
+
+impl EventStream {
+    /// Waits for records and appends every one available to `out`. Records
+    /// that do not decode are returned as errors in place, never dropped
+    /// silently.
+    pub async fn next_batch(
+        &mut self,
+        out: &mut Vec<Result<Received, DecodeError>>,
+    ) -> Result<(), BpfError> {
+        let mut guard = self.ring.readable_mut().await.map_err(BpfError::Poll)?;
+        let ring = guard.get_inner_mut();
+        while let Some(record) = ring.next() {
+            let received_ns = monotonic_now_ns();
+            out.push(decode(&record).map(|event| Received { event, received_ns }));
+        }
+        guard.clear_ready();
+        Ok(())
+    }
+
+    pub fn raw_fd(&self) -> i32 {
+        self.ring.get_ref().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use evictd_common::CGROUP_PATH_LEN;
+
+    use super::*;
+
+    fn bytes_of<T: Copy>(value: &T) -> Vec<u8> {
+        // SAFETY: reading the bytes of a repr(C) integer-only value.
+        unsafe { std::slice::from_raw_parts((value as *const T).cast::<u8>(), size_of::<T>()) }
+            .to_vec()
+    }
+
+    #[test]
+    fn decodes_a_crossing() {
+        let raw = CrossingEvent {
+            kind: EVENT_CROSSING,
+            resource: RESOURCE_PIDS,
+            timestamp_ns: 5,
+            scope_id: 7,
+            trigger_cgroup_id: 9,
+            value: 100,
+            bound: 90,
+            rising: 1,
+            _pad: 0,
+        };
+        let event = decode(&bytes_of(&raw)).unwrap();
+        let KernelEvent::Crossing(crossing) = event else {
+            panic!("{event:?}")
+        };
+        assert_eq!(crossing.resource, Resource::Pids);
+        assert!(crossing.rising());
+        assert_eq!(crossing.raw, raw);
+    }
+
+    #[test]
+    fn decodes_a_cgroup_path() {
+        let mut raw = CgroupEvent {
+            kind: EVENT_CGROUP_MKDIR,
+            hierarchy_id: 3,
+            timestamp_ns: 1,
+            cgroup_id: 42,
+            level: 2,
+            path_len: 0,
+            path: [0xaa; CGROUP_PATH_LEN],
+        };
+        let path = b"/kubepods/pod1\0";
+        raw.path[..path.len()].copy_from_slice(path);
+        raw.path_len = path.len() as u32;
+        let KernelEvent::CgroupCreated(change) = decode(&bytes_of(&raw)).unwrap() else {
+            panic!()
+        };
+        assert_eq!(change.path(), ("/kubepods/pod1".to_owned(), false));
+        raw.path = [b'a'; CGROUP_PATH_LEN];
+        raw.path_len = CGROUP_PATH_LEN as u32;
+        assert!(CgroupChange(raw).path().1, "a full buffer may be cut");
+    }
+
+    #[test]
+    fn rejects_short_and_unknown_records() {
+        assert_eq!(decode(&[1, 0]), Err(DecodeError::Short(2)));
+        assert_eq!(
+            decode(&[EVENT_OOM_VICTIM as u8, 0, 0, 0, 0, 0, 0, 0]),
+            Err(DecodeError::Truncated {
+                kind: EVENT_OOM_VICTIM,
+                needed: size_of::<OomVictimEvent>(),
+                got: 8
+            })
+        );
+        assert_eq!(decode(&[99, 0, 0, 0]), Err(DecodeError::UnknownKind(99)));
+    }
+}

@@ -1,0 +1,352 @@
+//! cgroupfs: where the memory and pids controllers are mounted (v1 or v2),
+//! and fresh reads of the values the kernel programs track.
+use std::{
+    fs, io,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The cgroup was removed while being read: routine for pod cgroups.
+    #[error("{0}: cgroup is gone")]
+    Gone(PathBuf),
+    #[error("{path}: cannot parse {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("no cgroup hierarchy with the memory controller is mounted (looked in /proc/self/mountinfo)")]
+    NoMemoryController,
+    #[error("no cgroup hierarchy with the pids controller is mounted")]
+    NoPidsController,
+}
+
+impl CgroupError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        if source.kind() == io::ErrorKind::NotFound {
+            Self::Gone(path.to_owned())
+        } else {
+            Self::Io {
+                path: path.to_owned(),
+                source,
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+/// Mount points of the controllers evictd reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupFs {
+    pub version: CgroupVersion,
+    pub memory_root: PathBuf,
+    pub pids_root: Option<PathBuf>,
+}
+
+/// Memory of one cgroup as kubelet sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryReading {
+    /// Bytes charged (v1 `memory.usage_in_bytes`, v2 `memory.current`): the
+    /// value the kernel programs compare with thresholds.
+    pub usage_bytes: u64,
+    pub inactive_file_bytes: u64,
+}
+
+impl MemoryReading {
+    /// kubelet's working set: usage minus inactive file pages.
+    pub fn working_set_bytes(&self) -> u64 {
+        self.usage_bytes.saturating_sub(self.inactive_file_bytes)
+    }
+}
+
+impl CgroupFs {
+    /// Finds the controllers from `/proc/self/mountinfo`. A cgroup2 mount
+    /// counts only if it offers the memory controller (on a hybrid host the
+    /// unified mount has none).
+    pub fn discover() -> Result<Self, CgroupError> {
+        let path = Path::new("/proc/self/mountinfo");
+        let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+        Self::from_mountinfo(&text, |root| {
+            fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default()
+        })
+    }
+
+    fn from_mountinfo(
+        mountinfo: &str,
+        v2_controllers: impl Fn(&Path) -> String,
+    ) -> Result<Self, CgroupError> {
+        let mut v1_memory = None;
+        let mut v1_pids = None;
+        let mut v2 = None;
+        for line in mountinfo.lines() {
+            // id parent major:minor root mount-point options [optional...] - fstype source super-options
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let Some(mount_point) = left.split(' ').nth(4) else {
+                continue;
+            };
+            let mut right = right.split(' ');
+            let (Some(fstype), Some(_source), Some(super_options)) =
+                (right.next(), right.next(), right.next())
+            else {
+                continue;
+            };
+            let mount_point = PathBuf::from(mount_point);
+            match fstype {
+                "cgroup" => {
+                    let options: Vec<&str> = super_options.split(',').collect();
+                    if options.contains(&"memory") {
+                        v1_memory.get_or_insert(mount_point.clone());
+                    }
+                    if options.contains(&"pids") {
+                        v1_pids.get_or_insert(mount_point);
+                    }
+                }
+                "cgroup2" => {
+                    let controllers = v2_controllers(&mount_point);
+                    if controllers.split_whitespace().any(|c| c == "memory") {
+                        let has_pids = controllers.split_whitespace().any(|c| c == "pids");
+                        v2.get_or_insert((mount_point, has_pids));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if let Some(memory_root) = v1_memory {
+            return Ok(Self {
+                version: CgroupVersion::V1,
+                memory_root,
+                pids_root: v1_pids,
+            });
+        }
+        match v2 {
+            Some((root, has_pids)) => Ok(Self {
+                version: CgroupVersion::V2,
+                pids_root: has_pids.then(|| root.clone()),
+                memory_root: root,
+            }),
+            None => Err(CgroupError::NoMemoryController),
+        }
+    }
+
+    /// Directory of cgroup `path` (relative to the hierarchy root, e.g.
+    /// `/kubepods/burstable`) in the memory hierarchy.
+    pub fn memory_dir(&self, path: &str) -> PathBuf {
+        join(&self.memory_root, path)
+    }
+
+    pub fn pids_dir(&self, path: &str) -> Result<PathBuf, CgroupError> {
+        let root = self.pids_root.as_ref().ok_or(CgroupError::NoPidsController)?;
+        Ok(join(root, path))
+    }
+
+    /// The kernel's cgroup id: the inode number of the cgroup directory.
+    pub fn cgroup_id(dir: &Path) -> Result<u64, CgroupError> {
+        fs::metadata(dir)
+            .map(|m| m.ino())
+            .map_err(|e| CgroupError::io(dir, e))
+    }
+
+    pub fn read_memory(&self, path: &str) -> Result<MemoryReading, CgroupError> {
+        let dir = self.memory_dir(path);
+        match self.version {
+            CgroupVersion::V1 => Ok(MemoryReading {
+                usage_bytes: read_u64(&dir.join("memory.usage_in_bytes"))?,
+                // total_: hierarchical, counting the cgroup's descendants too.
+                inactive_file_bytes: stat_field(&dir.join("memory.stat"), "total_inactive_file")?,
+            }),
+            CgroupVersion::V2 if is_root(path) => read_meminfo(),
+            CgroupVersion::V2 => Ok(MemoryReading {
+                usage_bytes: read_u64(&dir.join("memory.current"))?,
+                inactive_file_bytes: stat_field(&dir.join("memory.stat"), "inactive_file")?,
+            }),
+        }
+    }
+
+    pub fn read_pids(&self, path: &str) -> Result<u64, CgroupError> {
+        read_u64(&self.pids_dir(path)?.join("pids.current"))
+    }
+}
+
+/// Tasks on the node, as kubelet counts them for `pid.available`
+/// (`sysinfo(2)`'s `procs`, which counts threads).
+pub fn node_tasks() -> Result<u64, CgroupError> {
+    let mut info = std::mem::MaybeUninit::<libc::sysinfo>::uninit();
+    // SAFETY: sysinfo fills the struct it is given.
+    if unsafe { libc::sysinfo(info.as_mut_ptr()) } != 0 {
+        return Err(CgroupError::io(
+            Path::new("sysinfo(2)"),
+            io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: initialised by the successful call above.
+    Ok(u64::from(unsafe { info.assume_init() }.procs))
+}
+
+/// Hierarchy ids (as in `/proc/cgroups` and cgroup lifecycle events) of the
+/// memory and pids controllers. cgroup2 is hierarchy 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HierarchyIds {
+    pub memory: Option<u32>,
+    pub pids: Option<u32>,
+}
+
+pub fn hierarchy_ids(cgroupfs: &CgroupFs) -> HierarchyIds {
+    match cgroupfs.version {
+        CgroupVersion::V2 => HierarchyIds {
+            memory: Some(0),
+            pids: cgroupfs.pids_root.as_ref().map(|_| 0),
+        },
+        CgroupVersion::V1 => {
+            parse_proc_cgroups(&fs::read_to_string("/proc/cgroups").unwrap_or_default())
+        }
+    }
+}
+
+fn parse_proc_cgroups(text: &str) -> HierarchyIds {
+    let mut ids = HierarchyIds::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut fields = line.split_whitespace();
+        let (Some(name), Some(Ok(id))) = (fields.next(), fields.next().map(str::parse)) else {
+            continue;
+        };
+        match name {
+            "memory" => ids.memory = Some(id),
+            "pids" => ids.pids = Some(id),
+            _ => {}
+        }
+    }
+    ids
+}
+
+fn is_root(path: &str) -> bool {
+    path.trim_matches('/').is_empty()
+}
+
+fn join(root: &Path, path: &str) -> PathBuf {
+    let relative = path.trim_matches('/');
+    if relative.is_empty() {
+        root.to_owned()
+    } else {
+        root.join(relative)
+    }
+}
+
+fn read_u64(path: &Path) -> Result<u64, CgroupError> {
+    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    text.trim().parse().map_err(|_| CgroupError::Parse {
+        path: path.to_owned(),
+        text: text.trim().to_owned(),
+    })
+}
+
+fn stat_field(path: &Path, field: &str) -> Result<u64, CgroupError> {
+    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    parse_keyed(&text, field).ok_or_else(|| CgroupError::Parse {
+        path: path.to_owned(),
+        text: format!("no {field} line"),
+    })
+}
+
+/// Value of `key` in a `key value` per line file (memory.stat, meminfo).
+fn parse_keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        (fields.next()?.trim_end_matches(':') == key)
+            .then(|| fields.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+/// The v2 root has no memory.current; use the machine's own accounting.
+fn read_meminfo() -> Result<MemoryReading, CgroupError> {
+    let path = Path::new("/proc/meminfo");
+    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    let field = |key: &str| {
+        parse_keyed(&text, key)
+            .map(|kib| kib * 1024)
+            .ok_or_else(|| CgroupError::Parse {
+                path: path.to_owned(),
+                text: format!("no {key} line"),
+            })
+    };
+    Ok(MemoryReading {
+        usage_bytes: field("MemTotal")?.saturating_sub(field("MemFree")?),
+        inactive_file_bytes: field("Inactive(file)")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HYBRID: &str = "\
+35 25 0:30 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
+36 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory
+37 25 0:32 / /sys/fs/cgroup/pids rw,relatime shared:12 - cgroup cgroup rw,pids
+38 25 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct";
+
+    const UNIFIED: &str = "\
+30 25 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate";
+
+    #[test]
+    fn hybrid_host_uses_the_v1_memory_and_pids_mounts() {
+        let fs = CgroupFs::from_mountinfo(HYBRID, |_| String::new()).unwrap();
+        assert_eq!(fs.version, CgroupVersion::V1);
+        assert_eq!(fs.memory_root, Path::new("/sys/fs/cgroup/memory"));
+        assert_eq!(fs.pids_root.as_deref(), Some(Path::new("/sys/fs/cgroup/pids")));
+        assert_eq!(fs.memory_dir("/kubepods/"), Path::new("/sys/fs/cgroup/memory/kubepods"));
+        assert_eq!(fs.memory_dir("/"), Path::new("/sys/fs/cgroup/memory"));
+    }
+
+    #[test]
+    fn unified_host_needs_the_memory_controller() {
+        let fs = CgroupFs::from_mountinfo(UNIFIED, |_| "cpuset cpu io memory pids\n".into()).unwrap();
+        assert_eq!(fs.version, CgroupVersion::V2);
+        assert_eq!(fs.pids_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
+        let err = CgroupFs::from_mountinfo(UNIFIED, |_| "cpu io\n".into()).unwrap_err();
+        assert!(matches!(err, CgroupError::NoMemoryController));
+    }
+
+    #[test]
+    fn keyed_files_parse_by_exact_key() {
+        let stat = "inactive_file 10\ntotal_inactive_file 30\n";
+        assert_eq!(parse_keyed(stat, "inactive_file"), Some(10));
+        assert_eq!(parse_keyed(stat, "total_inactive_file"), Some(30));
+        assert_eq!(parse_keyed("MemTotal:  2048 kB\n", "MemTotal"), Some(2048));
+        assert_eq!(parse_keyed(stat, "active_file"), None);
+    }
+
+    #[test]
+    fn finds_hierarchy_ids_in_proc_cgroups() {
+        let text = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t2\t1\t1\nmemory\t5\t9\t1\npids\t8\t3\t1\n";
+        assert_eq!(
+            parse_proc_cgroups(text),
+            HierarchyIds {
+                memory: Some(5),
+                pids: Some(8)
+            }
+        );
+    }
+
+    #[test]
+    fn reads_this_machine() {
+        let fs = CgroupFs::discover().unwrap();
+        let root = fs.read_memory("/").unwrap();
+        assert!(root.usage_bytes > 0);
+        assert!(root.working_set_bytes() <= root.usage_bytes);
+        assert!(node_tasks().unwrap() > 0);
+        let gone = fs.read_memory("/no-such-cgroup-evictd").unwrap_err();
+        assert!(matches!(gone, CgroupError::Gone(_)), "{gone}");
+    }
+}

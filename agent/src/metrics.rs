@@ -1,0 +1,219 @@
+//! Prometheus metrics and the HTTP endpoint that serves them.
+use std::{future::Future, net::SocketAddr, sync::Arc};
+
+use axum::{Router, http::header, response::IntoResponse, routing::get};
+use prometheus::{
+    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("registering metric: {0}")]
+    Register(#[from] prometheus::Error),
+    #[error("metrics endpoint on {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics endpoint: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Every metric evictd exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Ring-buffer records by kind (`crossing`, `oom_victim`, ...).
+    pub events: IntCounterVec,
+    /// Records that did not decode (a kernel/agent version mismatch).
+    pub decode_errors: IntCounter,
+    /// Records the kernel could not queue because the ring buffer was full.
+    pub ringbuf_drops: IntCounter,
+    /// Page-counter reads the memory programs made.
+    pub kernel_memory_checks: IntCounter,
+    /// Kernel reads that failed (a struct layout problem if it grows).
+    pub kernel_read_errors: IntCounter,
+    /// Kernel timestamp to userspace read of each record.
+    pub event_latency: Histogram,
+    /// Threshold crossings by resource, direction and source
+    /// (`kernel`, `resync`, `poll`).
+    pub crossings: IntCounterVec,
+    /// Current value of each watched scope from cgroupfs (bytes or tasks).
+    pub scope_value: IntGaugeVec,
+    /// kubelet's working set of each memory scope.
+    pub scope_working_set: IntGaugeVec,
+    /// Thresholds each scope currently has crossed.
+    pub scope_level: IntGaugeVec,
+    /// Kernel OOM killer victims.
+    pub oom_kills: IntCounter,
+    /// 1 for the trigger in use per resource (`bpf` or `poll`).
+    pub trigger: IntGaugeVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Arc<Self>, MetricsError> {
+        let registry = Registry::new_custom(Some("evictd".into()), None)?;
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| -> Result<_, MetricsError> {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> Result<_, MetricsError> {
+            let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let counter = |name: &str, help: &str| -> Result<_, MetricsError> {
+            let metric = IntCounter::new(name, help)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        // 5 µs .. ~0.3 s: the ring buffer is read within microseconds when
+        // the agent keeps up; the tail shows when it does not.
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "event_latency_seconds",
+                "Kernel timestamp to userspace read of each ring-buffer record",
+            )
+            .buckets(prometheus::exponential_buckets(5e-6, 2.0, 16)?),
+        )?;
+        registry.register(Box::new(latency.clone()))?;
+        Ok(Arc::new(Self {
+            events: counter_vec("bpf_events_total", "Ring-buffer records by kind", &["kind"])?,
+            decode_errors: counter("bpf_decode_errors_total", "Ring-buffer records that did not decode")?,
+            ringbuf_drops: counter(
+                "ringbuf_drops_total",
+                "Records the kernel dropped because the ring buffer was full",
+            )?,
+            kernel_memory_checks: counter(
+                "kernel_memory_checks_total",
+                "Page-counter reads by the memory programs",
+            )?,
+            kernel_read_errors: counter(
+                "kernel_read_errors_total",
+                "Kernel memory reads by the programs that failed",
+            )?,
+            event_latency: latency,
+            crossings: counter_vec(
+                "threshold_crossings_total",
+                "Threshold crossings by resource, direction and source",
+                &["resource", "direction", "source"],
+            )?,
+            scope_value: gauge_vec(
+                "scope_value",
+                "Current value of a watched scope from cgroupfs (bytes for memory, tasks for pids)",
+                &["scope", "resource"],
+            )?,
+            scope_working_set: gauge_vec(
+                "scope_memory_working_set_bytes",
+                "kubelet's working set (usage - inactive_file) of a watched memory scope",
+                &["scope"],
+            )?,
+            scope_level: gauge_vec(
+                "scope_thresholds_crossed",
+                "Number of thresholds a watched scope is above",
+                &["scope", "resource"],
+            )?,
+            oom_kills: counter("kernel_oom_kills_total", "Victims chosen by the kernel OOM killer")?,
+            trigger: gauge_vec(
+                "trigger_info",
+                "Trigger in use per resource: bpf (kernel-pushed) or poll",
+                &["resource", "trigger"],
+            )?,
+            registry,
+        }))
+    }
+
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed registries.
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8_lossy(&buffer).into_owned()
+    }
+}
+
+/// Binds the endpoint; returns the bound address (useful with port 0) and
+/// the future that serves `/metrics` and `/healthz` until `shutdown`.
+pub async fn serve(
+    metrics: Arc<Metrics>,
+    address: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), MetricsError>>), MetricsError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| MetricsError::Bind { address, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { address, source })?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                        metrics.render(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }));
+    let server = async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(MetricsError::Serve)
+    };
+    Ok((bound, server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_with_the_evictd_prefix() {
+        let metrics = Metrics::new().unwrap();
+        metrics.events.with_label_values(&["crossing"]).inc();
+        metrics.event_latency.observe(12e-6);
+        let text = metrics.render();
+        assert!(text.contains("evictd_bpf_events_total{kind=\"crossing\"} 1"), "{text}");
+        assert!(text.contains("evictd_event_latency_seconds_bucket{le=\"0.00002\"} 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let metrics = Metrics::new().unwrap();
+        metrics.oom_kills.inc();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (address, server) = serve(metrics, "127.0.0.1:0".parse().unwrap(), async {
+            let _ = stop_rx.await;
+        })
+        .await
+        .unwrap();
+        let server = tokio::spawn(server);
+        let body = http_get(address, "/metrics").await;
+        assert!(body.contains("evictd_kernel_oom_kills_total 1"), "{body}");
+        assert!(http_get(address, "/healthz").await.ends_with("ok\n"));
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    async fn http_get(address: SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+}
