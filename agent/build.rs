@@ -50,7 +50,6 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn which_bpf_linker() -> bool {
-    env::var_os("PATH").is_some_and(|paths| {
-        env::split_paths(&paths).any(|dir| dir.join("bpf-linker").is_file())
-    })
+    env::var_os("PATH")
+        .is_some_and(|paths| env::split_paths(&paths).any(|dir| dir.join("bpf-linker").is_file()))
 }

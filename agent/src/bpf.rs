@@ -4,11 +4,7 @@
 //! Everything loaded here belongs to [`Probes`]: dropping it detaches every
 //! program and frees every map. Nothing is pinned, so an agent that dies
 //! leaves nothing behind in the kernel.
-use std::{
-    collections::BTreeMap,
-    os::fd::AsRawFd,
-    time::Duration,
-};
+use std::{collections::BTreeMap, os::fd::AsRawFd, time::Duration};
 
 use aya::{
     Ebpf, EbpfLoader,
@@ -16,9 +12,9 @@ use aya::{
     programs::{ProgramError, RawTracePoint},
 };
 use evictd_common::{
-    COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, CgroupEvent,
+    Band, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, CgroupEvent,
     CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_CROSSING, EVENT_OOM_VICTIM,
-    KernelLayout, OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS, Band, names,
+    KernelLayout, OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS, names,
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -64,7 +60,12 @@ pub enum Purpose {
 /// Program name in the object, raw tracepoint it attaches to, number of
 /// tracepoint arguments it was written for, and its purpose.
 const PROGRAMS: [(&str, &str, usize, Purpose); 7] = [
-    ("memcg_lruvec_state", "mod_memcg_lruvec_state", 3, Purpose::Memory),
+    (
+        "memcg_lruvec_state",
+        "mod_memcg_lruvec_state",
+        3,
+        Purpose::Memory,
+    ),
     ("memcg_state", "mod_memcg_state", 3, Purpose::Memory),
     ("task_fork", "sched_process_fork", 2, Purpose::Pids),
     ("task_free", "sched_process_free", 1, Purpose::Pids),
@@ -105,7 +106,10 @@ pub enum BpfError {
 
 fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
     let text = format!("{error:?}");
-    if text.contains("EPERM") || text.contains("Operation not permitted") || text.contains("PermissionDenied") {
+    if text.contains("EPERM")
+        || text.contains("Operation not permitted")
+        || text.contains("PermissionDenied")
+    {
         " (loading BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)"
     } else {
         ""
@@ -269,7 +273,10 @@ impl Probes {
         }
     }
 
-    fn scopes_mut(&mut self, resource: Resource) -> (&mut HashMap<MapData, u64, Band>, &'static str) {
+    fn scopes_mut(
+        &mut self,
+        resource: Resource,
+    ) -> (&mut HashMap<MapData, u64, Band>, &'static str) {
         match resource {
             Resource::Memory => (&mut self.memory_scopes, names::MEMORY_SCOPES),
             Resource::Pids => (&mut self.pids_scopes, names::PIDS_SCOPES),
@@ -418,7 +425,11 @@ pub enum DecodeError {
     #[error("record of {0} bytes is too short for a header")]
     Short(usize),
     #[error("record kind {kind} needs {needed} bytes, got {got}")]
-    Truncated { kind: u32, needed: usize, got: usize },
+    Truncated {
+        kind: u32,
+        needed: usize,
+        got: usize,
+    },
     #[error("unknown record kind {0}")]
     UnknownKind(u32),
     #[error("unknown resource {0}")]
@@ -450,13 +461,17 @@ pub fn decode(bytes: &[u8]) -> Result<KernelEvent, DecodeError> {
     match kind {
         EVENT_CROSSING => {
             let raw: CrossingEvent = read_record(bytes, kind)?;
-            let resource =
-                Resource::from_raw(raw.resource).ok_or(DecodeError::UnknownResource(raw.resource))?;
+            let resource = Resource::from_raw(raw.resource)
+                .ok_or(DecodeError::UnknownResource(raw.resource))?;
             Ok(KernelEvent::Crossing(Crossing { resource, raw }))
         }
         EVENT_OOM_VICTIM => Ok(KernelEvent::OomVictim(read_record(bytes, kind)?)),
-        EVENT_CGROUP_MKDIR => Ok(KernelEvent::CgroupCreated(CgroupChange(read_record(bytes, kind)?))),
-        EVENT_CGROUP_RMDIR => Ok(KernelEvent::CgroupRemoved(CgroupChange(read_record(bytes, kind)?))),
+        EVENT_CGROUP_MKDIR => Ok(KernelEvent::CgroupCreated(CgroupChange(read_record(
+            bytes, kind,
+        )?))),
+        EVENT_CGROUP_RMDIR => Ok(KernelEvent::CgroupRemoved(CgroupChange(read_record(
+            bytes, kind,
+        )?))),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }

@@ -19,7 +19,9 @@ pub enum CgroupError {
     Gone(PathBuf),
     #[error("{path}: cannot parse {text:?}")]
     Parse { path: PathBuf, text: String },
-    #[error("no cgroup hierarchy with the memory controller is mounted (looked in /proc/self/mountinfo)")]
+    #[error(
+        "no cgroup hierarchy with the memory controller is mounted (looked in /proc/self/mountinfo)"
+    )]
     NoMemoryController,
     #[error("no cgroup hierarchy with the pids controller is mounted")]
     NoPidsController,
@@ -146,7 +148,10 @@ impl CgroupFs {
     }
 
     pub fn pids_dir(&self, path: &str) -> Result<PathBuf, CgroupError> {
-        let root = self.pids_root.as_ref().ok_or(CgroupError::NoPidsController)?;
+        let root = self
+            .pids_root
+            .as_ref()
+            .ok_or(CgroupError::NoPidsController)?;
         Ok(join(root, path))
     }
 
@@ -304,14 +309,21 @@ mod tests {
         let fs = CgroupFs::from_mountinfo(HYBRID, |_| String::new()).unwrap();
         assert_eq!(fs.version, CgroupVersion::V1);
         assert_eq!(fs.memory_root, Path::new("/sys/fs/cgroup/memory"));
-        assert_eq!(fs.pids_root.as_deref(), Some(Path::new("/sys/fs/cgroup/pids")));
-        assert_eq!(fs.memory_dir("/kubepods/"), Path::new("/sys/fs/cgroup/memory/kubepods"));
+        assert_eq!(
+            fs.pids_root.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/pids"))
+        );
+        assert_eq!(
+            fs.memory_dir("/kubepods/"),
+            Path::new("/sys/fs/cgroup/memory/kubepods")
+        );
         assert_eq!(fs.memory_dir("/"), Path::new("/sys/fs/cgroup/memory"));
     }
 
     #[test]
     fn unified_host_needs_the_memory_controller() {
-        let fs = CgroupFs::from_mountinfo(UNIFIED, |_| "cpuset cpu io memory pids\n".into()).unwrap();
+        let fs =
+            CgroupFs::from_mountinfo(UNIFIED, |_| "cpuset cpu io memory pids\n".into()).unwrap();
         assert_eq!(fs.version, CgroupVersion::V2);
         assert_eq!(fs.pids_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
         let err = CgroupFs::from_mountinfo(UNIFIED, |_| "cpu io\n".into()).unwrap_err();

@@ -176,16 +176,16 @@ mod tests {
 
     #[test]
     fn bad_values_are_usage_errors_quoting_the_text() {
-        for args in [
-            &["--watch-memory", "/a=12Xi"][..],
-            &["--resync-interval", "0s"],
-            &["--resync-interval", "fast"],
-            &["--memory-hysteresis", "-1Mi"],
+        for (arg, quoted) in [
+            ("--watch-memory=/a=12Xi", "12Xi"),
+            ("--resync-interval=0s", "0s"),
+            ("--resync-interval=fast", "fast"),
+            ("--memory-hysteresis=-1Mi", "-1Mi"),
         ] {
-            let err = parse(args).unwrap_err();
-            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{args:?}");
+            let err = parse(&[arg]).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::ValueValidation, "{arg}");
             assert_eq!(err.exit_code(), 2);
-            assert!(err.to_string().contains(args[1]), "{err}");
+            assert!(err.to_string().contains(&format!("{quoted:?}")), "{err}");
         }
     }
 }

@@ -46,8 +46,12 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
     let mut kernel_log = None;
     if let Some(probes) = probes.as_mut() {
         for missing in probes.unattached() {
-            warn!(program = missing.program, tracepoint = missing.tracepoint,
-                reason = missing.reason, "program not attached");
+            warn!(
+                program = missing.program,
+                tracepoint = missing.tracepoint,
+                reason = missing.reason,
+                "program not attached"
+            );
         }
         info!(programs = ?probes.program_ids(), "eBPF programs attached");
         if args.bpf_log {
@@ -77,8 +81,15 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
         (crate::bpf::Resource::Memory, Purpose::Memory),
         (crate::bpf::Resource::Pids, Purpose::Pids),
     ] {
-        let trigger = if monitor.kernel_watches(resource) { "bpf" } else { "poll" };
-        metrics.trigger.with_label_values(&[resource.as_str(), trigger]).set(1);
+        let trigger = if monitor.kernel_watches(resource) {
+            "bpf"
+        } else {
+            "poll"
+        };
+        metrics
+            .trigger
+            .with_label_values(&[resource.as_str(), trigger])
+            .set(1);
         if trigger == "poll" && args.mode == Mode::Event {
             warn!(resource = resource.as_str(), ?purpose, period = ?check_interval,
                 "no kernel trigger for this resource: POLLING cgroupfs");

@@ -14,7 +14,9 @@ pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
-    #[error("cannot read kernel BTF from {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)")]
+    #[error(
+        "cannot read kernel BTF from {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)"
+    )]
     Read {
         path: String,
         #[source]
@@ -93,10 +95,12 @@ impl KernelBtf {
             Type::Typedef(t) => Some(t),
             _ => None,
         })?;
-        self.btf.chained_type_iter(&typedef).find_map(|ty| match ty {
-            Type::FuncProto(proto) => Some(proto.parameters.len().saturating_sub(1)),
-            _ => None,
-        })
+        self.btf
+            .chained_type_iter(&typedef)
+            .find_map(|ty| match ty {
+                Type::FuncProto(proto) => Some(proto.parameters.len().saturating_sub(1)),
+                _ => None,
+            })
     }
 
     fn strukt(&self, name: &str) -> Result<btf_rs::Struct, LayoutError> {
@@ -140,7 +144,10 @@ impl KernelBtf {
         base_bits: u32,
     ) -> Result<Option<u32>, LayoutError> {
         for member in &s.members {
-            let name = self.btf.resolve_name(member).map_err(LayoutError::Malformed)?;
+            let name = self
+                .btf
+                .resolve_name(member)
+                .map_err(LayoutError::Malformed)?;
             let bits = base_bits + member.bit_offset();
             if name == wanted {
                 return Ok(Some(bits));
@@ -184,7 +191,10 @@ impl KernelBtf {
             for ty in types {
                 let Type::Enum(e) = ty else { continue };
                 for member in &e.members {
-                    let name = self.btf.resolve_name(member).map_err(LayoutError::Malformed)?;
+                    let name = self
+                        .btf
+                        .resolve_name(member)
+                        .map_err(LayoutError::Malformed)?;
                     let value = member.val();
                     if name.ends_with("_B") && value < 128 {
                         mask[(value / 64) as usize] |= 1 << (value % 64);
@@ -197,7 +207,11 @@ impl KernelBtf {
 
     /// The layout the programs need. `memory_subsys_id` / `pids_subsys_id`
     /// are `u32::MAX` when the kernel lacks that controller.
-    pub fn layout(&self, check_step_bytes: u64, log_enabled: bool) -> Result<KernelLayout, LayoutError> {
+    pub fn layout(
+        &self,
+        check_step_bytes: u64,
+        log_enabled: bool,
+    ) -> Result<KernelLayout, LayoutError> {
         let subsys = |name: &str| {
             self.enumerator(name)
                 .ok()
@@ -276,7 +290,11 @@ mod tests {
     fn resolves_the_layout_of_the_running_kernel() {
         let layout = kernel().layout(256 * 1024, false).expect("layout");
         assert_eq!(layout.page_shift, 12);
-        assert_ne!(layout.memory_subsys_id, u32::MAX, "memory controller compiled in");
+        assert_ne!(
+            layout.memory_subsys_id,
+            u32::MAX,
+            "memory controller compiled in"
+        );
         assert!(layout.mem_cgroup_memory_usage > layout.mem_cgroup_css);
         assert!(layout.percpu_counter_size >= 8);
         assert_eq!(layout.check_step_pages, 64);
@@ -294,7 +312,9 @@ mod tests {
     #[test]
     fn names_what_is_missing() {
         let btf = kernel();
-        let err = btf.offset("mem_cgroup", "no_such_member").expect_err("missing");
+        let err = btf
+            .offset("mem_cgroup", "no_such_member")
+            .expect_err("missing");
         assert_eq!(
             err.to_string(),
             "kernel BTF: struct mem_cgroup has no member no_such_member"

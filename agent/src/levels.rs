@@ -92,7 +92,11 @@ mod tests {
     fn falls_only_past_the_hysteresis_band() {
         let levels = Levels::new(vec![100, 200], 10);
         assert_eq!(levels.next_level(1, 95), 1, "inside the band: stays");
-        assert_eq!(levels.next_level(1, 90), 1, "exactly at the band edge: stays");
+        assert_eq!(
+            levels.next_level(1, 90),
+            1,
+            "exactly at the band edge: stays"
+        );
         assert_eq!(levels.next_level(1, 89), 0);
         assert_eq!(levels.next_level(2, 150), 1);
         assert_eq!(levels.next_level(2, 0), 0);
@@ -122,9 +126,18 @@ mod tests {
     #[test]
     fn bands_bracket_each_level() {
         let levels = Levels::new(vec![100, 200], 10);
-        assert_eq!((levels.band(0, 5).fall_below, levels.band(0, 5).rise_at), (0, 100));
-        assert_eq!((levels.band(1, 5).fall_below, levels.band(1, 5).rise_at), (90, 200));
-        assert_eq!((levels.band(2, 5).fall_below, levels.band(2, 5).rise_at), (190, u64::MAX));
+        assert_eq!(
+            (levels.band(0, 5).fall_below, levels.band(0, 5).rise_at),
+            (0, 100)
+        );
+        assert_eq!(
+            (levels.band(1, 5).fall_below, levels.band(1, 5).rise_at),
+            (90, 200)
+        );
+        assert_eq!(
+            (levels.band(2, 5).fall_below, levels.band(2, 5).rise_at),
+            (190, u64::MAX)
+        );
     }
 
     proptest! {

@@ -1,13 +1,16 @@
 //! evictd: a Kubernetes node agent that detects memory and PID pressure in
-//! the kernel (eBPF on tracepoints) and keeps kubelet's eviction policy.
-pub mod kernel_layout;
+//! the kernel (eBPF on raw tracepoints) and keeps kubelet's eviction policy.
+//!
+//! Data path: kernel band crossing -> [`bpf`] event stream -> [`monitor`]
+//! (fresh cgroupfs read, levels, re-arm) -> logs and [`metrics`].
 pub mod bpf;
 pub mod cgroup;
+pub mod config;
+pub mod daemon;
 pub mod duration;
+pub mod kernel_layout;
 pub mod levels;
 pub mod metrics;
 pub mod monitor;
+pub mod quantity;
 pub mod watch;
-pub mod config;
-pub mod daemon;
-#[path = "/tmp/quantity_shim.rs"] pub mod quantity;

@@ -3,8 +3,8 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use axum::{Router, http::header, response::IntoResponse, routing::get};
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -81,7 +81,10 @@ impl Metrics {
         registry.register(Box::new(latency.clone()))?;
         Ok(Arc::new(Self {
             events: counter_vec("bpf_events_total", "Ring-buffer records by kind", &["kind"])?,
-            decode_errors: counter("bpf_decode_errors_total", "Ring-buffer records that did not decode")?,
+            decode_errors: counter(
+                "bpf_decode_errors_total",
+                "Ring-buffer records that did not decode",
+            )?,
             ringbuf_drops: counter(
                 "ringbuf_drops_total",
                 "Records the kernel dropped because the ring buffer was full",
@@ -115,7 +118,10 @@ impl Metrics {
                 "Number of thresholds a watched scope is above",
                 &["scope", "resource"],
             )?,
-            oom_kills: counter("kernel_oom_kills_total", "Victims chosen by the kernel OOM killer")?,
+            oom_kills: counter(
+                "kernel_oom_kills_total",
+                "Victims chosen by the kernel OOM killer",
+            )?,
             trigger: gauge_vec(
                 "trigger_info",
                 "Trigger in use per resource: bpf (kernel-pushed) or poll",
@@ -185,8 +191,14 @@ mod tests {
         metrics.events.with_label_values(&["crossing"]).inc();
         metrics.event_latency.observe(12e-6);
         let text = metrics.render();
-        assert!(text.contains("evictd_bpf_events_total{kind=\"crossing\"} 1"), "{text}");
-        assert!(text.contains("evictd_event_latency_seconds_bucket{le=\"0.00002\"} 1"), "{text}");
+        assert!(
+            text.contains("evictd_bpf_events_total{kind=\"crossing\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evictd_event_latency_seconds_bucket{le=\"0.00002\"} 1"),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -158,7 +158,9 @@ impl Monitor {
         let levels = spec.levels(hysteresis);
         let resolved = match &path {
             None => Ok(NODE_PIDS_SCOPE_ID),
-            Some(path) => self.cgroup_dir(resource, path).and_then(|dir| CgroupFs::cgroup_id(&dir)),
+            Some(path) => self
+                .cgroup_dir(resource, path)
+                .and_then(|dir| CgroupFs::cgroup_id(&dir)),
         };
         let id = match resolved {
             Ok(id) => id,
@@ -206,7 +208,11 @@ impl Monitor {
         self.watched.insert((resource, id), watched);
     }
 
-    fn cgroup_dir(&self, resource: Resource, path: &str) -> Result<std::path::PathBuf, CgroupError> {
+    fn cgroup_dir(
+        &self,
+        resource: Resource,
+        path: &str,
+    ) -> Result<std::path::PathBuf, CgroupError> {
         match resource {
             Resource::Memory => Ok(self.cgroupfs.memory_dir(path)),
             Resource::Pids => self.cgroupfs.pids_dir(path),
@@ -246,8 +252,15 @@ impl Monitor {
         // A series that was never set is not an error worth reporting.
         let _ = self.metrics.scope_value.remove_label_values(&labels);
         let _ = self.metrics.scope_level.remove_label_values(&labels);
-        let _ = self.metrics.scope_working_set.remove_label_values(&[watched.label()]);
-        info!(scope = watched.label(), resource = resource.as_str(), "scope removed");
+        let _ = self
+            .metrics
+            .scope_working_set
+            .remove_label_values(&[watched.label()]);
+        info!(
+            scope = watched.label(),
+            resource = resource.as_str(),
+            "scope removed"
+        );
     }
 
     /// Handles one ring-buffer record.
@@ -293,7 +306,10 @@ impl Monitor {
         let reading = match self.read(watched.resource, watched.path.as_deref()) {
             Ok(reading) => reading,
             Err(CgroupError::Gone(_)) => {
-                debug!(scope = watched.label(), "scope vanished before it could be re-read");
+                debug!(
+                    scope = watched.label(),
+                    "scope vanished before it could be re-read"
+                );
                 return;
             }
             Err(e) => {
@@ -308,8 +324,11 @@ impl Monitor {
             latency: Some(latency),
         };
         if !self.settle(key, reading, origin) {
-            debug!(scope = label, value = reading.value,
-                "band left but the level holds (value moved back, or a repeat); re-armed");
+            debug!(
+                scope = label,
+                value = reading.value,
+                "band left but the level holds (value moved back, or a repeat); re-armed"
+            );
         }
     }
 
@@ -334,7 +353,9 @@ impl Monitor {
         if kernel && let Some(probes) = self.probes.as_mut() {
             let current = probes.band(key.0, key.1);
             let rearm = match current {
-                Ok(Some(current)) => (current.rise_at, current.fall_below) != (band.rise_at, band.fall_below),
+                Ok(Some(current)) => {
+                    (current.rise_at, current.fall_below) != (band.rise_at, band.fall_below)
+                }
                 Ok(None) | Err(_) => true,
             };
             if rearm && let Err(e) = probes.set_band(key.0, key.1, band) {
@@ -346,9 +367,17 @@ impl Monitor {
 
     fn on_mkdir(&mut self, change: CgroupChange) {
         let (path, cut) = change.path();
-        debug!(path, hierarchy = change.0.hierarchy_id, cgroup_id = change.0.cgroup_id, "cgroup created");
+        debug!(
+            path,
+            hierarchy = change.0.hierarchy_id,
+            cgroup_id = change.0.cgroup_id,
+            "cgroup created"
+        );
         if cut {
-            warn!(path, "cgroup path too long for the event; not matched against watches");
+            warn!(
+                path,
+                "cgroup path too long for the event; not matched against watches"
+            );
             return;
         }
         let matching: Vec<WatchSpec> = self
@@ -405,7 +434,11 @@ impl Monitor {
                     continue;
                 }
             };
-            let origin = if watched.kernel { Origin::RESYNC } else { Origin::POLL };
+            let origin = if watched.kernel {
+                Origin::RESYNC
+            } else {
+                Origin::POLL
+            };
             self.settle(key, reading, origin);
         }
     }
@@ -421,17 +454,26 @@ impl Monitor {
                 return;
             }
         };
-        let drops = counters.ringbuf_drops.saturating_sub(self.counters.ringbuf_drops);
+        let drops = counters
+            .ringbuf_drops
+            .saturating_sub(self.counters.ringbuf_drops);
         if drops > 0 {
-            warn!(drops, "ring buffer was full and dropped records; resyncing from cgroupfs");
+            warn!(
+                drops,
+                "ring buffer was full and dropped records; resyncing from cgroupfs"
+            );
         }
         self.metrics.ringbuf_drops.inc_by(drops);
-        self.metrics
-            .kernel_memory_checks
-            .inc_by(counters.memory_checks.saturating_sub(self.counters.memory_checks));
-        self.metrics
-            .kernel_read_errors
-            .inc_by(counters.read_errors.saturating_sub(self.counters.read_errors));
+        self.metrics.kernel_memory_checks.inc_by(
+            counters
+                .memory_checks
+                .saturating_sub(self.counters.memory_checks),
+        );
+        self.metrics.kernel_read_errors.inc_by(
+            counters
+                .read_errors
+                .saturating_sub(self.counters.read_errors),
+        );
         self.counters = counters;
     }
 

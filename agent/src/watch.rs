@@ -50,10 +50,11 @@ impl CgroupPattern {
 
     pub fn matches(&self, path: &str) -> bool {
         let mut parts = path.split('/').filter(|s| !s.is_empty());
-        self.segments
-            .iter()
-            .all(|segment| parts.next().is_some_and(|part| segment == "*" || segment == part))
-            && parts.next().is_none()
+        self.segments.iter().all(|segment| {
+            parts
+                .next()
+                .is_some_and(|part| segment == "*" || segment == part)
+        }) && parts.next().is_none()
     }
 
     /// Every existing cgroup under `root` (a hierarchy mount point) that
@@ -81,7 +82,13 @@ impl CgroupPattern {
         }
         found
             .into_iter()
-            .map(|path| if path.is_empty() { "/".to_owned() } else { path })
+            .map(|path| {
+                if path.is_empty() {
+                    "/".to_owned()
+                } else {
+                    path
+                }
+            })
             .collect()
     }
 }
@@ -187,11 +194,17 @@ mod tests {
     #[test]
     fn rejects_bad_watches_quoting_them() {
         let err = WatchSpec::memory("/kubepods").unwrap_err();
-        assert_eq!(err.to_string(), "watch \"/kubepods\": expected PATH=THRESHOLD[,THRESHOLD...]");
+        assert_eq!(
+            err.to_string(),
+            "watch \"/kubepods\": expected PATH=THRESHOLD[,THRESHOLD...]"
+        );
         let err = WatchSpec::memory("kubepods=1Gi").unwrap_err();
         assert!(matches!(err, WatchError::Relative { .. }));
         let err = WatchSpec::pids("/a=10,-1").unwrap_err();
-        assert!(err.to_string().contains("\"-1\": must not be negative"), "{err}");
+        assert!(
+            err.to_string().contains("\"-1\": must not be negative"),
+            "{err}"
+        );
         let err = WatchSpec::memory("/a=1Xi").unwrap_err();
         assert!(err.to_string().contains("\"1Xi\""), "{err}");
         let err = WatchSpec::node_pids("1,2,3,4,5").unwrap_err();
@@ -212,14 +225,21 @@ mod tests {
     #[test]
     fn expands_against_a_directory_tree() {
         let dir = std::env::temp_dir().join(format!("evictd-watch-{}", std::process::id()));
-        for leaf in ["kubepods/pod-a", "kubepods/pod-b", "kubepods/burstable/pod-c"] {
+        for leaf in [
+            "kubepods/pod-a",
+            "kubepods/pod-b",
+            "kubepods/burstable/pod-c",
+        ] {
             fs::create_dir_all(dir.join(leaf)).unwrap();
         }
         fs::write(dir.join("kubepods/not-a-cgroup"), "").unwrap();
         let pattern = CgroupPattern::parse("/kubepods/*", "").unwrap();
         let mut found = pattern.expand(&dir);
         found.sort();
-        assert_eq!(found, ["/kubepods/burstable", "/kubepods/pod-a", "/kubepods/pod-b"]);
+        assert_eq!(
+            found,
+            ["/kubepods/burstable", "/kubepods/pod-a", "/kubepods/pod-b"]
+        );
         let missing = CgroupPattern::parse("/nope", "").unwrap();
         assert!(missing.expand(&dir).is_empty());
         assert_eq!(CgroupPattern::parse("/", "").unwrap().expand(&dir), ["/"]);

@@ -20,10 +20,10 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::info;
 use evictd_common::{
-    CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
+    Band, CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
     COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
     EVENT_CROSSING, EVENT_OOM_VICTIM, KernelLayout, NODE_PIDS_SCOPE_ID, OomVictimEvent,
-    RESOURCE_MEMORY, RESOURCE_PIDS, Band,
+    RESOURCE_MEMORY, RESOURCE_PIDS,
 };
 
 /// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
@@ -283,7 +283,11 @@ fn update_scope(
         return;
     }
     let rising = value >= band.rise_at;
-    let bound = if rising { band.rise_at } else { band.fall_below };
+    let bound = if rising {
+        band.rise_at
+    } else {
+        band.fall_below
+    };
     *band = Band {
         last_value: value,
         ..Band::DISARMED

@@ -1,1 +1,170 @@
-fn main() {}
+//! `cargo xtask`: the project's developer commands. Each one installs what it
+//! needs first (see `setup`), so a fresh clone needs nothing else.
+mod setup;
+
+use std::{
+    path::PathBuf,
+    process::{Command, ExitCode},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand};
+use setup::Toolchain;
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "evictd developer commands")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building the eBPF programs needs (idempotent).
+    Setup,
+    /// Build the agent with its eBPF programs embedded.
+    Build {
+        #[arg(long)]
+        release: bool,
+    },
+    /// Build and run the agent (needs root). Arguments after `--` go to evictd.
+    Run {
+        #[arg(long)]
+        release: bool,
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// fmt check, clippy, unit tests, then the privileged integration tests.
+    Test {
+        /// Skip the integration tests that need root and a real kernel.
+        #[arg(long)]
+        no_privileged: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse().command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("xtask: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(task: Task) -> Result<ExitCode> {
+    match task {
+        Task::Setup => {
+            setup::ensure()?;
+        }
+        Task::Build { release } => {
+            let toolchain = setup::ensure()?;
+            build(&toolchain, release)?;
+        }
+        Task::Run { release, args } => {
+            let toolchain = setup::ensure()?;
+            build(&toolchain, release)?;
+            if !setup::is_root() {
+                bail!(
+                    "evictd loads BPF programs: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)"
+                );
+            }
+            let binary = target_dir()?
+                .join(if release { "release" } else { "debug" })
+                .join("evictd");
+            // Ctrl-C reaches the agent directly (same process group); wait
+            // for it to shut down cleanly and pass its status on.
+            let status = Command::new(&binary)
+                .args(&args)
+                .status()
+                .with_context(|| format!("starting {}", binary.display()))?;
+            return Ok(ExitCode::from(
+                status.code().unwrap_or(1).clamp(0, 255) as u8
+            ));
+        }
+        Task::Test { no_privileged } => test(no_privileged)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
+    let mut cargo = toolchain.cargo_host();
+    cargo.args(["build", "--package", "evictd"]);
+    if release {
+        cargo.arg("--release");
+    }
+    setup::step("build evictd", &mut cargo)
+}
+
+fn test(no_privileged: bool) -> Result<()> {
+    let toolchain = setup::ensure()?;
+    let target = target_dir()?;
+
+    setup::step(
+        "rustfmt",
+        toolchain
+            .cargo_host()
+            .args(["fmt", "--all", "--", "--check"]),
+    )?;
+    setup::step(
+        "clippy (host crates)",
+        toolchain
+            .cargo_host()
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    setup::step(
+        "clippy (eBPF crate)",
+        toolchain
+            .cargo_ebpf()
+            .env(
+                "CARGO_ENCODED_RUSTFLAGS",
+                format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+            )
+            .args(["clippy", "--package", "evictd-ebpf", "--release"])
+            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            .arg("--target-dir")
+            .arg(target.join("ebpf-clippy"))
+            .args(["--", "-D", "warnings"]),
+    )?;
+    setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
+    if no_privileged {
+        println!("xtask: skipping the privileged integration tests (--no-privileged)");
+        return Ok(());
+    }
+    if !setup::is_root() {
+        bail!(
+            "the integration tests load BPF programs and build cgroups: run `cargo xtask test` as root \
+             (or pass --no-privileged to skip them)"
+        );
+    }
+    // The end-to-end tests run the agent binary itself.
+    build(&toolchain, false)?;
+    setup::step(
+        "privileged integration tests",
+        toolchain.cargo_host().args([
+            "test",
+            "--package",
+            "evictd-integration",
+            "--",
+            "--ignored",
+            // They share the kernel's cgroup and BPF state.
+            "--test-threads=1",
+        ]),
+    )
+}
+
+fn target_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("CARGO_TARGET_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    let output = Command::new(env!("CARGO"))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .output()
+        .context("running cargo metadata")?;
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).context("parsing cargo metadata")?;
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("cargo metadata has no target_directory")
+}

@@ -1,0 +1,360 @@
+//! The eBPF programs on the real kernel: real cgroups, real processes, the
+//! records that reach userspace. Run as root through `cargo xtask test`
+//! (single-threaded: the tests share the kernel's cgroup and BPF state).
+use std::time::Duration;
+
+use evictd::{
+    bpf::{KernelEvent, ProbeOptions, Probes, Received, Resource},
+    kernel_layout::{KernelBtf, VMLINUX_BTF},
+    levels::Levels,
+};
+use evictd_common::NODE_PIDS_SCOPE_ID;
+use evictd_integration::{CgroupTree, Workload, wait_until};
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const CHECK_STEP: u64 = 256 * 1024;
+const EVENT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// How far past a threshold the kernel may first notice it: each CPU can
+/// hold up to one check step of unexamined churn, and one fault can charge a
+/// 2 MiB transparent huge page at once.
+fn detection_tolerance() -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    CHECK_STEP * cpus + 2 * MIB
+}
+
+/// Loaded programs and the records read from them so far.
+struct Kernel {
+    runtime: tokio::runtime::Runtime,
+    probes: Probes,
+    events: evictd::bpf::EventStream,
+    unclaimed: Vec<Received>,
+}
+
+impl Kernel {
+    fn load() -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let btf = KernelBtf::open(std::path::Path::new(VMLINUX_BTF)).unwrap();
+        let mut probes = Probes::load(
+            &btf,
+            ProbeOptions {
+                check_step_bytes: CHECK_STEP,
+                kernel_log: false,
+            },
+        )
+        .unwrap();
+        assert!(
+            probes.unattached().is_empty(),
+            "every program attaches on this kernel: {:?}",
+            probes.unattached()
+        );
+        let events = {
+            let _guard = runtime.enter();
+            probes.take_events().unwrap()
+        };
+        Self {
+            runtime,
+            probes,
+            events,
+            unclaimed: Vec::new(),
+        }
+    }
+
+    fn watch(&mut self, resource: Resource, id: u64, thresholds: &[u64], hysteresis: u64) {
+        let band = Levels::new(thresholds.to_vec(), hysteresis).band(0, 0);
+        self.probes.set_band(resource, id, band).unwrap();
+    }
+
+    /// Re-arms a scope at `level`, as the agent does after a crossing.
+    fn rearm(
+        &mut self,
+        resource: Resource,
+        id: u64,
+        thresholds: &[u64],
+        hysteresis: u64,
+        level: usize,
+    ) {
+        let band = Levels::new(thresholds.to_vec(), hysteresis).band(level, 0);
+        self.probes.set_band(resource, id, band).unwrap();
+    }
+
+    /// Reads whatever records are queued, waiting at most `deadline` for the
+    /// first one.
+    fn read(&mut self, deadline: Duration) {
+        let mut batch = Vec::new();
+        let events = &mut self.events;
+        let _ = self.runtime.block_on(async {
+            tokio::time::timeout(deadline, events.next_batch(&mut batch)).await
+        });
+        self.unclaimed
+            .extend(batch.into_iter().map(|r| r.expect("every record decodes")));
+    }
+
+    /// The first record matching `wanted`, waiting up to EVENT_DEADLINE.
+    fn expect(&mut self, what: &str, wanted: impl Fn(&KernelEvent) -> bool) -> Received {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(i) = self.unclaimed.iter().position(|r| wanted(&r.event)) {
+                return self.unclaimed.remove(i);
+            }
+            let left = EVENT_DEADLINE.saturating_sub(started.elapsed());
+            assert!(
+                !left.is_zero(),
+                "no {what} within {EVENT_DEADLINE:?}; saw {:?}",
+                self.unclaimed
+            );
+            self.read(left);
+        }
+    }
+
+    /// Records matching `wanted` among those queued now.
+    fn count_queued(&mut self, wanted: impl Fn(&KernelEvent) -> bool) -> usize {
+        self.read(Duration::from_millis(50));
+        self.unclaimed.iter().filter(|r| wanted(&r.event)).count()
+    }
+}
+
+fn crossing(resource: Resource, scope: u64, rising: bool) -> impl Fn(&KernelEvent) -> bool {
+    move |event| {
+        matches!(event, KernelEvent::Crossing(c)
+            if c.resource == resource && c.raw.scope_id == scope && c.rising() == rising)
+    }
+}
+
+fn crossing_value(received: &Received) -> u64 {
+    match received.event {
+        KernelEvent::Crossing(c) => c.raw.value,
+        other => panic!("not a crossing: {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("node/kubepods/pod-a").unwrap();
+    let limit = 512 * MIB;
+    tree.set_memory_limit("node/kubepods/pod-a", limit).unwrap();
+    let mut kernel = Kernel::load();
+    let scopes = [
+        ("node/kubepods/pod-a", 64 * MIB),
+        ("node/kubepods", 96 * MIB),
+        ("node", 128 * MIB),
+    ];
+    for (rel, threshold) in scopes {
+        kernel.watch(
+            Resource::Memory,
+            tree.memory_id(rel).unwrap(),
+            &[threshold],
+            16 * MIB,
+        );
+    }
+    let mut workload = Workload::start_in(&tree, "node/kubepods/pod-a", WORKLOAD).unwrap();
+
+    let mut allocated = 0;
+    while allocated < 200 * MIB {
+        allocated = workload.alloc(8 * MIB).unwrap();
+    }
+    let usage = tree.memory_usage("node/kubepods/pod-a").unwrap();
+    assert!(usage < limit, "the workload stayed below its limit");
+    for (rel, threshold) in scopes {
+        let id = tree.memory_id(rel).unwrap();
+        let event = kernel.expect(rel, crossing(Resource::Memory, id, true));
+        let value = crossing_value(&event);
+        assert!(
+            value >= threshold,
+            "{rel}: reported {value} below threshold {threshold}"
+        );
+        assert!(
+            value - threshold <= detection_tolerance(),
+            "{rel}: reported {value}, {} past threshold {threshold}",
+            value - threshold
+        );
+        // The value was read from the page counter cgroupfs reports; the
+        // workload only grew since.
+        assert!(
+            value <= tree.memory_usage(rel).unwrap(),
+            "{rel}: {value} above cgroupfs"
+        );
+        let KernelEvent::Crossing(c) = event.event else {
+            unreachable!()
+        };
+        assert_eq!(
+            c.raw.trigger_cgroup_id,
+            tree.memory_id("node/kubepods/pod-a").unwrap()
+        );
+        assert_eq!(c.raw.bound, threshold);
+    }
+    assert_eq!(tree.oom_kills("node/kubepods/pod-a").unwrap(), 0);
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn memory_falling_below_the_band_is_reported_after_a_rearm() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let id = tree.memory_id("pod").unwrap();
+    let mut kernel = Kernel::load();
+    let (thresholds, hysteresis) = ([64 * MIB], 16 * MIB);
+    kernel.watch(Resource::Memory, id, &thresholds, hysteresis);
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(100 * MIB).unwrap();
+    kernel.expect("rising crossing", crossing(Resource::Memory, id, true));
+    kernel.rearm(Resource::Memory, id, &thresholds, hysteresis, 1);
+
+    // Inside the hysteresis band: no report.
+    workload.free(40 * MIB).unwrap();
+    assert_eq!(
+        kernel.count_queued(crossing(Resource::Memory, id, false)),
+        0
+    );
+    workload.free(50 * MIB).unwrap();
+    let event = kernel.expect("falling crossing", crossing(Resource::Memory, id, false));
+    let value = crossing_value(&event);
+    assert!(value < thresholds[0] - hysteresis, "fell to {value}");
+    assert!(
+        value >= tree.memory_usage("pod").unwrap(),
+        "only freed since"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn a_value_hovering_at_the_line_is_reported_once() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let id = tree.memory_id("pod").unwrap();
+    let mut kernel = Kernel::load();
+    kernel.watch(Resource::Memory, id, &[64 * MIB], 16 * MIB);
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(62 * MIB).unwrap();
+    for _ in 0..20 {
+        workload.alloc(4 * MIB).unwrap();
+        workload.free(4 * MIB).unwrap();
+    }
+    kernel.expect("the crossing", crossing(Resource::Memory, id, true));
+    let repeats =
+        kernel.count_queued(|e| matches!(e, KernelEvent::Crossing(c) if c.raw.scope_id == id));
+    assert_eq!(
+        repeats, 0,
+        "a disarmed band stays quiet until the agent re-arms it"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn task_count_crossings_in_a_cgroup_both_ways() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let id = tree.pids_id("pod").unwrap();
+    let mut kernel = Kernel::load();
+    let (thresholds, hysteresis) = ([20], 4);
+    kernel.watch(Resource::Pids, id, &thresholds, hysteresis);
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+
+    workload.fork(30).unwrap();
+    let event = kernel.expect("rising task count", crossing(Resource::Pids, id, true));
+    assert_eq!(
+        crossing_value(&event),
+        20,
+        "reported at the fork that reached it"
+    );
+    assert_eq!(
+        tree.pids_current("pod").unwrap(),
+        31,
+        "workload and its 30 children"
+    );
+
+    kernel.rearm(Resource::Pids, id, &thresholds, hysteresis, 1);
+    workload.reap(30).unwrap();
+    let event = kernel.expect("falling task count", crossing(Resource::Pids, id, false));
+    // Tasks are released in RCU batches, so several may go before the first
+    // free is traced.
+    let value = crossing_value(&event);
+    assert!(
+        value < 16 && value >= tree.pids_current("pod").unwrap(),
+        "{value}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn node_wide_task_count_crossing() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let mut kernel = Kernel::load();
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let now = evictd::cgroup::node_tasks().unwrap();
+    kernel.watch(Resource::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
+    workload.fork(60).unwrap();
+    let event = kernel.expect(
+        "node crossing",
+        crossing(Resource::Pids, NODE_PIDS_SCOPE_ID, true),
+    );
+    // Other tasks on the machine come and go; the count is within reach.
+    let value = crossing_value(&event);
+    assert!(
+        value >= now + 40 && value <= now + 61,
+        "{value} vs {now} + 40"
+    );
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn cgroup_creation_and_removal_are_reported() {
+    let tree = CgroupTree::new().unwrap();
+    let mut kernel = Kernel::load();
+    tree.create("pod-new").unwrap();
+    let id = tree.memory_id("pod-new").unwrap();
+    let path = tree.path("pod-new");
+    let created = kernel.expect(
+        "mkdir",
+        |e| matches!(e, KernelEvent::CgroupCreated(c) if c.0.cgroup_id == id),
+    );
+    let KernelEvent::CgroupCreated(change) = created.event else {
+        unreachable!()
+    };
+    assert_eq!(change.path(), (path, false));
+    assert_eq!(change.0.level, 2);
+    tree.remove("pod-new").unwrap();
+    kernel.expect(
+        "rmdir",
+        |e| matches!(e, KernelEvent::CgroupRemoved(c) if c.0.cgroup_id == id),
+    );
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn a_kernel_oom_kill_is_reported() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    tree.set_memory_limit("pod", 64 * MIB).unwrap();
+    let id = tree.memory_id("pod").unwrap();
+    let mut kernel = Kernel::load();
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let pid = workload.pid();
+    assert!(
+        workload.alloc(128 * MIB).is_err(),
+        "the OOM killer ends the workload"
+    );
+    let status = workload.wait_exit(EVENT_DEADLINE).unwrap();
+    assert!(status.is_some_and(|s| !s.success()), "killed: {status:?}");
+    let event = kernel.expect(
+        "OOM victim",
+        |e| matches!(e, KernelEvent::OomVictim(o) if o.pid == pid),
+    );
+    let KernelEvent::OomVictim(victim) = event.event else {
+        unreachable!()
+    };
+    assert_eq!(victim.memory_cgroup_id, id);
+    assert!(victim.rss_bytes > 32 * MIB, "rss {}", victim.rss_bytes);
+    assert_eq!(&victim.comm[..15], b"evictd-workload");
+    wait_until(EVENT_DEADLINE, "oom_kill in memory.oom_control", || {
+        tree.oom_kills("pod").unwrap_or(0) >= 1
+    })
+    .unwrap();
+}
