@@ -178,11 +178,12 @@ impl Monitor {
         };
         let level = levels.next_level(0, reading.value);
         let kernel = self.kernel_watches(resource);
-        if kernel && let Some(probes) = self.probes.as_mut() {
-            if let Err(e) = probes.set_band(resource, id, levels.band(level, reading.value)) {
-                warn!(scope = label, error = %e, "cannot install scope in the kernel");
-                return;
-            }
+        if kernel
+            && let Some(probes) = self.probes.as_mut()
+            && let Err(e) = probes.set_band(resource, id, levels.band(level, reading.value))
+        {
+            warn!(scope = label, error = %e, "cannot install scope in the kernel");
+            return;
         }
         info!(
             scope = label,

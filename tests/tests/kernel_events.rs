@@ -1,6 +1,12 @@
 //! The eBPF programs on the real kernel: real cgroups, real processes, the
 //! records that reach userspace. Run as root through `cargo xtask test`
 //! (single-threaded: the tests share the kernel's cgroup and BPF state).
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
 use std::time::Duration;
 
 use evictd::{
