@@ -145,6 +145,13 @@ pub struct Probes {
     layout: KernelLayout,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProgramStats {
+    pub program: &'static str,
+    pub runs: u64,
+    pub run_time: Duration,
+}
+
 /// Sums of the per-CPU counters the programs keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCounters {
@@ -316,6 +323,23 @@ impl Probes {
         Ok(KernelLogger {
             fd: readable(logger)?,
         })
+    }
+
+    /// Run count and total run time of each attached program. The kernel
+    /// counts only while `kernel.bpf_stats_enabled` is 1 (it costs a clock
+    /// read per run), so both stay 0 otherwise.
+    pub fn program_stats(&self) -> Vec<ProgramStats> {
+        self.attached
+            .iter()
+            .filter_map(|(name, _, _)| {
+                let info = self.ebpf.program(name)?.info().ok()?;
+                Some(ProgramStats {
+                    program: name,
+                    runs: info.run_count(),
+                    run_time: info.run_time(),
+                })
+            })
+            .collect()
     }
 
     /// Ids of the loaded programs, as `bpftool prog list` shows them.

@@ -49,6 +49,10 @@ pub struct Metrics {
     pub oom_kills: IntCounter,
     /// 1 for the trigger in use per resource (`bpf` or `poll`).
     pub trigger: IntGaugeVec,
+    /// Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1).
+    pub program_runs: IntGaugeVec,
+    /// Total run time of each eBPF program, nanoseconds (same condition).
+    pub program_run_time: IntGaugeVec,
 }
 
 impl Metrics {
@@ -126,6 +130,16 @@ impl Metrics {
                 "trigger_info",
                 "Trigger in use per resource: bpf (kernel-pushed) or poll",
                 &["resource", "trigger"],
+            )?,
+            program_runs: gauge_vec(
+                "bpf_program_runs",
+                "Runs of each eBPF program since load (counted while kernel.bpf_stats_enabled=1)",
+                &["program"],
+            )?,
+            program_run_time: gauge_vec(
+                "bpf_program_run_time_nanoseconds",
+                "Total run time of each eBPF program since load (counted while kernel.bpf_stats_enabled=1)",
+                &["program"],
             )?,
             registry,
         }))

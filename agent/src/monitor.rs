@@ -121,21 +121,14 @@ impl Monitor {
     }
 
     /// Installs every scope the specs name that exists now. Scopes created
-    /// later are installed when the kernel reports their mkdir.
+    /// later are installed when the kernel reports their mkdir, or, without
+    /// the lifecycle programs, found by `check_all`.
     pub fn install_all(&mut self) {
         for spec in self.specs.clone() {
             match &spec.target {
                 Target::NodeTasks => self.install(&spec, None),
                 Target::Cgroups(pattern) => {
-                    let root = match spec.resource {
-                        Resource::Memory => Some(self.cgroupfs.memory_root.clone()),
-                        Resource::Pids => self.cgroupfs.pids_root.clone(),
-                    };
-                    let Some(root) = root else {
-                        warn!(scope = %pattern, "no pids controller mounted; scope not watched");
-                        continue;
-                    };
-                    let paths = pattern.expand(&root);
+                    let paths = self.existing(&spec);
                     if paths.is_empty() {
                         info!(scope = %pattern, resource = spec.resource.as_str(),
                             "no such cgroup yet; it will be watched once created");
@@ -143,6 +136,39 @@ impl Monitor {
                     for path in paths {
                         self.install(&spec, Some(path));
                     }
+                }
+            }
+        }
+    }
+
+    /// Existing cgroups a spec matches.
+    fn existing(&self, spec: &WatchSpec) -> Vec<String> {
+        let Target::Cgroups(pattern) = &spec.target else {
+            return Vec::new();
+        };
+        let root = match spec.resource {
+            Resource::Memory => Some(&self.cgroupfs.memory_root),
+            Resource::Pids => self.cgroupfs.pids_root.as_ref(),
+        };
+        match root {
+            Some(root) => pattern.expand(root),
+            None => {
+                warn!(scope = %pattern, "no pids controller mounted; scope not watched");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Installs matching cgroups created since the last look; used when no
+    /// kernel program reports cgroup creation.
+    fn install_new(&mut self) {
+        for spec in self.specs.clone() {
+            for path in self.existing(&spec) {
+                let known = self.watched.iter().any(|((resource, _), w)| {
+                    *resource == spec.resource && w.path.as_deref() == Some(path.as_str())
+                });
+                if !known {
+                    self.install(&spec, Some(path));
                 }
             }
         }
@@ -418,6 +444,13 @@ impl Monitor {
     /// buffer dropped; for the others it is the polling trigger.
     pub fn check_all(&mut self) {
         self.refresh_counters();
+        let lifecycle_events = self
+            .probes
+            .as_ref()
+            .is_some_and(|p| p.covers(Purpose::CgroupLifecycle));
+        if !lifecycle_events {
+            self.install_new();
+        }
         let keys: Vec<_> = self.watched.keys().copied().collect();
         for key in keys {
             let Some(watched) = self.watched.get(&key) else {
@@ -476,6 +509,16 @@ impl Monitor {
                 .saturating_sub(self.counters.read_errors),
         );
         self.counters = counters;
+        for stats in probes.program_stats() {
+            self.metrics
+                .program_runs
+                .with_label_values(&[stats.program])
+                .set(stats.runs as i64);
+            self.metrics
+                .program_run_time
+                .with_label_values(&[stats.program])
+                .set(stats.run_time.as_nanos() as i64);
+        }
     }
 
     fn update_gauges_of(&self, key: (Resource, u64), reading: Reading) {

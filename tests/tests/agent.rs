@@ -74,6 +74,46 @@ impl Log {
     }
 }
 
+/// Starts the agent with JSON logs, metrics on a free port and `args`.
+fn start_agent(args: &[&str]) -> (std::process::Child, Log, std::thread::JoinHandle<()>) {
+    let mut agent = Command::new(agent_binary())
+        .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = agent.stdout.take().unwrap();
+    let (sender, lines) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                let _ = sender.send(value);
+            }
+        }
+    });
+    let log = Log {
+        lines,
+        seen: Vec::new(),
+    };
+    (agent, log, reader)
+}
+
+fn stop(mut agent: std::process::Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut status = None;
+    wait_until(DEADLINE, "the agent to exit", || {
+        status = agent.try_wait().unwrap();
+        status.is_some()
+    })
+    .unwrap();
+    status.unwrap()
+}
+
 fn http_get(address: &str, path: &str) -> String {
     let mut stream = TcpStream::connect(address).unwrap();
     write!(
@@ -92,27 +132,12 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     let tree = CgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let scope = tree.path("pod");
-    let mut agent = Command::new(agent_binary())
-        .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
-        .args(["--watch-memory", &format!("{scope}=64Mi")])
-        .args(["--memory-hysteresis", "16Mi"])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = agent.stdout.take().unwrap();
-    let (sender, lines) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Ok(value) = serde_json::from_str::<Value>(&line) {
-                let _ = sender.send(value);
-            }
-        }
-    });
-    let mut log = Log {
-        lines,
-        seen: Vec::new(),
-    };
+    let (agent, mut log, reader) = start_agent(&[
+        "--watch-memory",
+        &format!("{scope}=64Mi"),
+        "--memory-hysteresis",
+        "16Mi",
+    ]);
     let attached = log.expect("eBPF programs attached", &[]);
     let program_ids: Vec<u32> = attached["programs"]
         .as_str()
@@ -166,18 +191,8 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     assert!(metrics.contains("evictd_trigger_info{resource=\"memory\",trigger=\"bpf\"} 1"));
     assert!(metrics.contains("evictd_event_latency_seconds_count"));
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let mut status = None;
-    wait_until(DEADLINE, "the agent to exit", || {
-        status = agent.try_wait().unwrap();
-        status.is_some()
-    })
-    .unwrap();
-    assert!(status.unwrap().success(), "{status:?}");
+    let status = stop(agent);
+    assert!(status.success(), "{status:?}");
     log.expect("all eBPF programs detached", &[]);
     reader.join().unwrap();
     // The kernel frees a program once its last reference (link, fd) is
@@ -193,4 +208,70 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         still_loaded().is_empty()
     });
     assert!(freed.is_ok(), "programs left loaded: {:?}", still_loaded());
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
+    let tree = CgroupTree::new().unwrap();
+    let pattern = format!("{}/*", tree.path(""));
+    let (agent, mut log, reader) = start_agent(&["--watch-memory", &format!("{pattern}=32Mi")]);
+    log.expect("serving /metrics and /healthz", &[]);
+    tree.create("late-pod").unwrap();
+    let scope = tree.path("late-pod");
+    log.expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
+    let mut workload = Workload::start_in(&tree, "late-pod", WORKLOAD).unwrap();
+    workload.alloc(48 * MIB).unwrap();
+    log.expect(
+        "threshold crossed",
+        &[
+            ("scope", &scope),
+            ("direction", "above"),
+            ("source", "kernel"),
+        ],
+    );
+    drop(workload);
+    tree.remove("late-pod").unwrap();
+    log.expect("scope removed", &[("scope", &scope)]);
+    assert!(stop(agent).success());
+    reader.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn poll_mode_reports_crossings_from_cgroupfs() {
+    let tree = CgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let scope = tree.path("pod");
+    let (agent, mut log, reader) = start_agent(&[
+        "--mode",
+        "poll",
+        "--housekeeping-interval",
+        "100ms",
+        "--watch-memory",
+        &format!("{scope}=32Mi"),
+    ]);
+    log.expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
+    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(48 * MIB).unwrap();
+    let above = log.expect(
+        "threshold crossed",
+        &[
+            ("scope", &scope),
+            ("direction", "above"),
+            ("source", "poll"),
+        ],
+    );
+    assert!(above["value"].as_u64().unwrap() >= 32 * MIB);
+    assert!(above["kernel_value"].is_null());
+    assert_eq!(
+        log.count(
+            "eBPF programs attached",
+            "message",
+            "eBPF programs attached"
+        ),
+        0
+    );
+    assert!(stop(agent).success());
+    reader.join().unwrap();
 }

@@ -34,6 +34,13 @@ enum Task {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Measure each eBPF program's cost per invocation under memory churn
+    /// (needs root; turns kernel.bpf_stats_enabled on for the run).
+    BpfCost {
+        /// Free/re-touch rounds of 128 MiB.
+        #[arg(long, default_value_t = 40)]
+        rounds: u32,
+    },
     /// fmt check, clippy, unit tests, then the privileged integration tests.
     Test {
         /// Skip the integration tests that need root and a real kernel.
@@ -83,6 +90,31 @@ fn run(task: Task) -> Result<ExitCode> {
             ));
         }
         Task::Test { no_privileged } => test(no_privileged)?,
+        Task::BpfCost { rounds } => {
+            let toolchain = setup::ensure()?;
+            build(&toolchain, true)?;
+            setup::step(
+                "build the workload",
+                toolchain.cargo_host().args([
+                    "build",
+                    "--release",
+                    "--package",
+                    "evictd-integration",
+                    "--bins",
+                ]),
+            )?;
+            if !setup::is_root() {
+                bail!("measuring BPF programs needs root");
+            }
+            let release = target_dir()?.join("release");
+            setup::step(
+                "measure",
+                Command::new(release.join("evictd-bpf-cost"))
+                    .arg(release.join("evictd"))
+                    .arg(release.join("evictd-workload"))
+                    .arg(rounds.to_string()),
+            )?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

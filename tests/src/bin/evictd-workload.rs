@@ -1,84 +1,170 @@
-//! A process the integration tests steer through stdin, one command per line,
-//! answering one line each once the effect is complete:
-//! `alloc BYTES` (allocated and touched), `free BYTES`, `fork N` (N sleeping
-//! children), `reap N`, `exit`.
+//! A process the integration tests steer through stdin, one command per line.
+//! Each command gets one line on stdout, `ok ...` or `err ...`, written only
+//! once its effect is complete:
+//!
+//! - `alloc BYTES`: allocate BYTES more (in 1 MiB chunks) and touch every
+//!   page, so it is resident and charged; answers `ok <bytes held>`.
+//! - `free BYTES`: drop chunks from the end until at least BYTES are gone
+//!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
+//! - `fork N`: start N children that sleep until killed; `ok <children>`.
+//! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
+//! - `pid`: `ok <pid>`.
+//! - `exit`: `ok exit`, then exit (children die with it).
+//!
+//! Children are this binary run as `evictd-workload sleep-child <parent pid>`:
+//! a fresh exec, so they share none of the parent's allocations (a plain
+//! fork would keep copy-on-write references that stop `free` from returning
+//! memory).
 use std::{
     io::{self, BufRead as _, Write as _},
     process::{Child, Command, Stdio},
+};
+
+use nix::{
+    sys::{prctl, signal::Signal},
+    unistd::{Pid, getppid, pause},
 };
 
 const CHUNK: usize = 1 << 20;
 const PAGE: usize = 4096;
 
 fn main() {
-    if std::env::args().nth(1).as_deref() == Some("child") {
-        // Die with the parent, so no child outlives a killed workload.
-        // SAFETY: prctl with PR_SET_PDEATHSIG has no memory effects.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        loop {
-            std::thread::park();
-        }
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("sleep-child") {
+        sleep_child(args.get(2).and_then(|p| p.parse().ok()));
     }
-    let mut chunks: Vec<Vec<u8>> = Vec::new();
-    let mut children: Vec<Child> = Vec::new();
-    let stdin = io::stdin();
-    let mut stdout = io::stdout();
-    for line in stdin.lock().lines() {
+    keep_large_allocations_mmapped();
+    let mut workload = Workload::default();
+    let mut stdout = io::stdout().lock();
+    for line in io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        let mut words = line.split_whitespace();
-        let command = words.next().unwrap_or_default();
-        let amount: usize = words.next().and_then(|w| w.parse().ok()).unwrap_or(0);
-        let reply = match command {
-            "alloc" => {
-                for _ in 0..amount.div_ceil(CHUNK) {
-                    let mut chunk = vec![0u8; CHUNK];
-                    // Touch every page so it is resident and charged.
-                    for page in chunk.iter_mut().step_by(PAGE) {
-                        *page = 1;
-                    }
-                    chunks.push(chunk);
-                }
-                format!("ok {}", chunks.len() * CHUNK)
-            }
-            "free" => {
-                // 1 MiB chunks are mmapped by glibc, so dropping one returns
-                // its pages to the kernel at once.
-                let count = amount.div_ceil(CHUNK).min(chunks.len());
-                chunks.truncate(chunks.len() - count);
-                format!("ok {}", chunks.len() * CHUNK)
-            }
-            "fork" => match spawn_children(amount, &mut children) {
-                Ok(()) => format!("ok {}", children.len()),
-                Err(e) => format!("err {e}"),
-            },
-            "reap" => {
-                for mut child in children.drain(children.len().saturating_sub(amount)..) {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                format!("ok {}", children.len())
-            }
-            "exit" => break,
-            other => format!("err unknown command {other:?}"),
+        let (reply, done) = match workload.run(line.trim()) {
+            Ok(Some(reply)) => (format!("ok {reply}"), false),
+            Ok(None) => ("ok exit".to_owned(), true),
+            Err(e) => (format!("err {e}"), false),
         };
         if writeln!(stdout, "{reply}")
             .and_then(|()| stdout.flush())
             .is_err()
+            || done
         {
             break;
         }
     }
 }
 
-fn spawn_children(count: usize, children: &mut Vec<Child>) -> io::Result<()> {
-    let me = std::env::current_exe()?;
-    for _ in 0..count {
-        children.push(
-            Command::new(&me)
-                .arg("child")
-                .stdin(Stdio::null())
-                .spawn()?,
-        );
+/// glibc serves allocations above `M_MMAP_THRESHOLD` (128 KiB by default)
+/// with their own mmap and munmaps them on free, so a dropped 1 MiB chunk
+/// goes back to the kernel (and out of the memcg's usage) at once. But by
+/// default glibc raises the threshold to the size of each mmapped block
+/// freed, after which 1 MiB chunks come from the heap and a free may keep
+/// them. Setting the threshold explicitly turns that adjustment off.
+/// (musl always mmaps blocks this large.)
+fn keep_large_allocations_mmapped() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only changes allocator tuning; called before any
+    // other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
-    Ok(())
+}
+
+/// Sleeps until killed, and is killed when the workload dies.
+fn sleep_child(parent: Option<i32>) -> ! {
+    // PDEATHSIG fires when the parent dies after this call; a parent that
+    // died before it shows up as a different parent pid.
+    let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
+        std::process::exit(1);
+    }
+    loop {
+        pause();
+    }
+}
+
+#[derive(Default)]
+struct Workload {
+    chunks: Vec<Vec<u8>>,
+    children: Vec<Child>,
+}
+
+impl Workload {
+    /// Runs one command line; `Ok(None)` means exit.
+    fn run(&mut self, line: &str) -> Result<Option<String>, String> {
+        let mut words = line.split_whitespace();
+        let command = words.next().unwrap_or_default();
+        let mut amount = || -> Result<usize, String> {
+            let word = words
+                .next()
+                .ok_or_else(|| format!("{command} needs a number"))?;
+            word.parse()
+                .map_err(|_| format!("{command}: not a number: {word:?}"))
+        };
+        Ok(Some(match command {
+            "alloc" => {
+                self.alloc(amount()?);
+                self.held().to_string()
+            }
+            "free" => {
+                let count = amount()?.div_ceil(CHUNK).min(self.chunks.len());
+                self.chunks.truncate(self.chunks.len() - count);
+                self.held().to_string()
+            }
+            "fork" => {
+                self.fork(amount()?).map_err(|e| format!("fork: {e}"))?;
+                self.children.len().to_string()
+            }
+            "reap" => {
+                self.reap(amount()?).map_err(|e| format!("reap: {e}"))?;
+                self.children.len().to_string()
+            }
+            "pid" => std::process::id().to_string(),
+            "exit" => return Ok(None),
+            other => return Err(format!("unknown command {other:?}")),
+        }))
+    }
+
+    fn held(&self) -> usize {
+        self.chunks.iter().map(Vec::len).sum()
+    }
+
+    fn alloc(&mut self, bytes: usize) {
+        for _ in 0..bytes.div_ceil(CHUNK) {
+            // Zeroed mmapped memory is not yet backed by pages: writing one
+            // byte of each page faults it in and charges it to the memcg.
+            let mut chunk = vec![0u8; CHUNK];
+            for byte in chunk.iter_mut().step_by(PAGE) {
+                *byte = 1;
+            }
+            self.chunks.push(chunk);
+        }
+    }
+
+    fn fork(&mut self, count: usize) -> io::Result<()> {
+        let me = std::env::current_exe()?;
+        let parent = std::process::id().to_string();
+        for _ in 0..count {
+            // spawn returns once the child has exec'd: it exists and is
+            // counted in pids.current.
+            let child = Command::new(&me)
+                .args(["sleep-child", &parent])
+                .stdin(Stdio::null())
+                // Not the workload's stdout: the test sees EOF there as soon
+                // as the workload itself dies.
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            self.children.push(child);
+        }
+        Ok(())
+    }
+
+    fn reap(&mut self, count: usize) -> io::Result<()> {
+        let keep = self.children.len().saturating_sub(count);
+        for mut child in self.children.drain(keep..) {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
 }

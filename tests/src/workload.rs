@@ -1,0 +1,199 @@
+//! A handle on one `evictd-workload` process (see `src/bin/evictd-workload.rs`)
+//! running in a private cgroup: commands with deadlines, SIGKILL on drop.
+use std::{
+    io::{self, BufRead as _, BufReader, Write as _},
+    path::Path,
+    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread,
+    time::Duration,
+};
+
+use crate::{cgroup_tree::PrivateCgroupTree, wait::wait_until};
+
+/// How long one command may take: allocating hundreds of MiB, or forking
+/// dozens of children, on a loaded 2-core machine stays well inside it.
+pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a SIGKILLed workload may take to be reaped on drop.
+const EXIT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The workload process. Dropping it SIGKILLs it (by pid) and reaps it; its
+/// children die with it (PR_SET_PDEATHSIG).
+#[derive(Debug)]
+pub struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+    /// Reply lines, read by a thread so a command can time out. The channel
+    /// closes when the workload's stdout does, i.e. when it dies.
+    replies: mpsc::Receiver<String>,
+    /// Set when a reply did not come in time: a late one would answer the
+    /// next command, so there is no next command.
+    desynchronised: bool,
+}
+
+impl Workload {
+    /// Starts the workload binary and moves it into `rel` of `tree` before it
+    /// is given any command, so everything it allocates or forks is charged
+    /// there. (What the process touched while starting up stays charged to
+    /// the test's own cgroup.)
+    ///
+    /// `binary` is `env!("CARGO_BIN_EXE_evictd-workload")`, which cargo
+    /// defines only when compiling this package's integration tests, not
+    /// this library.
+    pub fn spawn_in(
+        tree: &PrivateCgroupTree,
+        rel: &str,
+        binary: impl AsRef<Path>,
+    ) -> io::Result<Self> {
+        let binary = binary.as_ref();
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(stdin), Some(stdout)) => (stdin, stdout),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other("workload started without pipes"));
+            }
+        };
+        let (sender, replies) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // From here on, drop kills the workload if anything fails.
+        let mut workload = Self {
+            child,
+            stdin,
+            replies,
+            desynchronised: false,
+        };
+        tree.move_pid(rel, workload.pid())?;
+        // One round trip: the workload runs its command loop, in the cgroup.
+        let reported = workload.reported_pid()?;
+        if reported != workload.pid() {
+            return Err(io::Error::other(format!(
+                "workload {} reports pid {reported}",
+                workload.pid()
+            )));
+        }
+        Ok(workload)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Allocates and touches `bytes` more (rounded up to whole MiB); returns
+    /// the bytes the workload now holds.
+    pub fn alloc(&mut self, bytes: u64) -> io::Result<u64> {
+        self.command_u64(&format!("alloc {bytes}"))
+    }
+
+    /// Frees at least `bytes` (whole MiB chunks, newest first), back to the
+    /// kernel; returns the bytes the workload still holds.
+    pub fn free(&mut self, bytes: u64) -> io::Result<u64> {
+        self.command_u64(&format!("free {bytes}"))
+    }
+
+    /// Starts `count` sleeping children; returns how many it now has.
+    pub fn fork(&mut self, count: u32) -> io::Result<u64> {
+        self.command_u64(&format!("fork {count}"))
+    }
+
+    /// Kills and reaps the `count` newest children; returns how many are
+    /// left.
+    pub fn reap(&mut self, count: u32) -> io::Result<u64> {
+        self.command_u64(&format!("reap {count}"))
+    }
+
+    /// The pid as the workload itself reports it (the `pid` command).
+    pub fn reported_pid(&mut self) -> io::Result<u32> {
+        let text = self.command("pid")?;
+        text.parse()
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, format!("pid {text:?}")))
+    }
+
+    /// Sends one command line and returns the text after `ok `. Fails with
+    /// `TimedOut` after [`COMMAND_DEADLINE`], `UnexpectedEof` if the workload
+    /// died (killed by the OOM killer, say), `Other` on an `err` reply.
+    pub fn command(&mut self, line: &str) -> io::Result<String> {
+        if self.desynchronised {
+            return Err(io::Error::other(
+                "an earlier command timed out: the workload's replies are out of step",
+            ));
+        }
+        // A dead workload fails the write (EPIPE) or the read below.
+        let pid = self.pid();
+        writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| io::Error::new(e.kind(), format!("sending {line:?} to workload {pid}: {e}")))?;
+        let reply = match self.replies.recv_timeout(COMMAND_DEADLINE) {
+            Ok(reply) => reply,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                self.desynchronised = true;
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("workload {}: no reply to {line:?} within {COMMAND_DEADLINE:?}", self.pid()),
+                ));
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("workload {} exited before answering {line:?}", self.pid()),
+                ));
+            }
+        };
+        match reply.strip_prefix("ok ") {
+            Some(text) => Ok(text.to_owned()),
+            None => Err(io::Error::other(format!(
+                "workload {} answered {line:?} with {reply:?}",
+                self.pid()
+            ))),
+        }
+    }
+
+    /// Waits up to `deadline` for the workload to exit on its own or be
+    /// killed (by the OOM killer, or by the agent); `None` if it still runs.
+    /// On Linux `ExitStatusExt::signal()` tells a SIGKILL (9) apart.
+    pub fn wait_exit(&mut self, deadline: Duration) -> io::Result<Option<ExitStatus>> {
+        let mut outcome = Ok(None);
+        let _ = wait_until(deadline, "the workload to exit", || {
+            outcome = self.child.try_wait();
+            !matches!(outcome, Ok(None))
+        });
+        outcome
+    }
+
+    fn command_u64(&mut self, line: &str) -> io::Result<u64> {
+        let text = self.command(line)?;
+        text.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{line:?} answered {text:?}, not a number"),
+            )
+        })
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        // Child::kill sends SIGKILL to the child's pid, and does nothing once
+        // the child has been reaped (so never to a recycled pid).
+        let _ = self.child.kill();
+        match self.wait_exit(EXIT_DEADLINE) {
+            Ok(Some(_)) => {}
+            Ok(None) => eprintln!(
+                "evictd-integration: workload {} not gone {EXIT_DEADLINE:?} after SIGKILL",
+                self.pid()
+            ),
+            Err(e) => eprintln!("evictd-integration: reaping workload {}: {e}", self.pid()),
+        }
+    }
+}
