@@ -201,7 +201,11 @@ impl PrivateCgroupTree {
     /// `pids.current`: tasks (threads, not just processes) in the cgroup and
     /// its descendants, including exited ones not yet reaped.
     pub fn pids_current(&self, rel: &str) -> io::Result<u64> {
-        read_u64(&self.checked_dir(Controller::Pids, rel)?.join("pids.current"))
+        read_u64(
+            &self
+                .checked_dir(Controller::Pids, rel)?
+                .join("pids.current"),
+        )
     }
 
     /// Kernel OOM kills: the `oom_kill` line of v1 `memory.oom_control`
@@ -274,7 +278,10 @@ impl PrivateCgroupTree {
 impl Drop for PrivateCgroupTree {
     fn drop(&mut self) {
         if let Err(e) = self.remove("") {
-            eprintln!("evictd-integration: cleaning up cgroup tree {}: {e}", self.name);
+            eprintln!(
+                "evictd-integration: cleaning up cgroup tree {}: {e}",
+                self.name
+            );
         }
     }
 }
@@ -340,7 +347,9 @@ fn kill_all(dir: &Path) -> io::Result<()> {
             Ok(pids) if pids.is_empty() => true,
             Ok(pids) => {
                 for pid in pids {
-                    let Ok(raw) = i32::try_from(pid) else { continue };
+                    let Ok(raw) = i32::try_from(pid) else {
+                        continue;
+                    };
                     // ESRCH: it exited between the read and the kill.
                     let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
                 }

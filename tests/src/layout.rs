@@ -214,11 +214,11 @@ mod tests {
 51 31 0:32 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
 52 31 0:36 / /sys/fs/cgroup/my\\040pids rw - cgroup cgroup rw,pids";
         let layout = CgroupLayout::from_mountinfo(text, |_| String::new()).unwrap();
-        assert_eq!(layout.memory.mount_point, Path::new("/sys/fs/cgroup/memory"));
         assert_eq!(
-            layout.pids.mount_point,
-            Path::new("/sys/fs/cgroup/my pids")
+            layout.memory.mount_point,
+            Path::new("/sys/fs/cgroup/memory")
         );
+        assert_eq!(layout.pids.mount_point, Path::new("/sys/fs/cgroup/my pids"));
     }
 
     #[test]

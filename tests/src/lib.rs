@@ -27,6 +27,3 @@ pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PID
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use wait::{POLL_INTERVAL, Timeout, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload};
-
-mod compat;
-pub use compat::CgroupTree;

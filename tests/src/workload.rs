@@ -26,6 +26,8 @@ pub struct Workload {
     /// Reply lines, read by a thread so a command can time out. The channel
     /// closes when the workload's stdout does, i.e. when it dies.
     replies: mpsc::Receiver<String>,
+    /// How long a command may take; [`COMMAND_DEADLINE`] unless changed.
+    deadline: Duration,
     /// Set when a reply did not come in time: a late one would answer the
     /// next command, so there is no next command.
     desynchronised: bool,
@@ -72,6 +74,7 @@ impl Workload {
             child,
             stdin,
             replies,
+            deadline: COMMAND_DEADLINE,
             desynchronised: false,
         };
         tree.move_pid(rel, workload.pid())?;
@@ -84,6 +87,11 @@ impl Workload {
             )));
         }
         Ok(workload)
+    }
+
+    /// Changes how long each command may take from now on.
+    pub fn set_command_deadline(&mut self, deadline: Duration) {
+        self.deadline = deadline;
     }
 
     pub fn pid(&self) -> u32 {
@@ -121,7 +129,8 @@ impl Workload {
     }
 
     /// Sends one command line and returns the text after `ok `. Fails with
-    /// `TimedOut` after [`COMMAND_DEADLINE`], `UnexpectedEof` if the workload
+    /// `TimedOut` after the command deadline (after which every further
+    /// command fails too), `UnexpectedEof` if the workload
     /// died (killed by the OOM killer, say), `Other` on an `err` reply.
     pub fn command(&mut self, line: &str) -> io::Result<String> {
         if self.desynchronised {
@@ -133,14 +142,20 @@ impl Workload {
         let pid = self.pid();
         writeln!(self.stdin, "{line}")
             .and_then(|()| self.stdin.flush())
-            .map_err(|e| io::Error::new(e.kind(), format!("sending {line:?} to workload {pid}: {e}")))?;
-        let reply = match self.replies.recv_timeout(COMMAND_DEADLINE) {
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("sending {line:?} to workload {pid}: {e}"))
+            })?;
+        let reply = match self.replies.recv_timeout(self.deadline) {
             Ok(reply) => reply,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.desynchronised = true;
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("workload {}: no reply to {line:?} within {COMMAND_DEADLINE:?}", self.pid()),
+                    format!(
+                        "workload {}: no reply to {line:?} within {:?}",
+                        self.pid(),
+                        self.deadline
+                    ),
                 ));
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use evictd_integration::{CgroupTree, Workload, wait_until};
+use evictd_integration::{PrivateCgroupTree, Workload, wait_until};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -129,9 +129,9 @@ fn http_get(address: &str, path: &str) -> String {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_sigterm() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
-    let scope = tree.path("pod");
+    let scope = tree.relative_path("pod");
     let (agent, mut log, reader) = start_agent(&[
         "--watch-memory",
         &format!("{scope}=64Mi"),
@@ -152,7 +152,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         .to_owned();
     log.expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
 
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(62 * MIB).unwrap();
     for _ in 0..10 {
         workload.alloc(4 * MIB).unwrap();
@@ -213,14 +213,14 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
-    let tree = CgroupTree::new().unwrap();
-    let pattern = format!("{}/*", tree.path(""));
+    let tree = PrivateCgroupTree::new().unwrap();
+    let pattern = format!("{}/*", tree.relative_path(""));
     let (agent, mut log, reader) = start_agent(&["--watch-memory", &format!("{pattern}=32Mi")]);
     log.expect("serving /metrics and /healthz", &[]);
     tree.create("late-pod").unwrap();
-    let scope = tree.path("late-pod");
+    let scope = tree.relative_path("late-pod");
     log.expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
-    let mut workload = Workload::start_in(&tree, "late-pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "late-pod", WORKLOAD).unwrap();
     workload.alloc(48 * MIB).unwrap();
     log.expect(
         "threshold crossed",
@@ -240,9 +240,9 @@ fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn poll_mode_reports_crossings_from_cgroupfs() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
-    let scope = tree.path("pod");
+    let scope = tree.relative_path("pod");
     let (agent, mut log, reader) = start_agent(&[
         "--mode",
         "poll",
@@ -252,7 +252,7 @@ fn poll_mode_reports_crossings_from_cgroupfs() {
         &format!("{scope}=32Mi"),
     ]);
     log.expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(48 * MIB).unwrap();
     let above = log.expect(
         "threshold crossed",

@@ -15,7 +15,7 @@ use evictd::{
     levels::Levels,
 };
 use evictd_common::NODE_PIDS_SCOPE_ID;
-use evictd_integration::{CgroupTree, Workload, wait_until};
+use evictd_integration::{Controller, PrivateCgroupTree, Workload, wait_until};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
@@ -141,7 +141,7 @@ fn crossing_value(received: &Received) -> u64 {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("node/kubepods/pod-a").unwrap();
     let limit = 512 * MIB;
     tree.set_memory_limit("node/kubepods/pod-a", limit).unwrap();
@@ -154,12 +154,12 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit()
     for (rel, threshold) in scopes {
         kernel.watch(
             Resource::Memory,
-            tree.memory_id(rel).unwrap(),
+            tree.cgroup_id(Controller::Memory, rel).unwrap(),
             &[threshold],
             16 * MIB,
         );
     }
-    let mut workload = Workload::start_in(&tree, "node/kubepods/pod-a", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "node/kubepods/pod-a", WORKLOAD).unwrap();
 
     let mut allocated = 0;
     while allocated < 200 * MIB {
@@ -168,7 +168,7 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit()
     let usage = tree.memory_usage("node/kubepods/pod-a").unwrap();
     assert!(usage < limit, "the workload stayed below its limit");
     for (rel, threshold) in scopes {
-        let id = tree.memory_id(rel).unwrap();
+        let id = tree.cgroup_id(Controller::Memory, rel).unwrap();
         let event = kernel.expect(rel, crossing(Resource::Memory, id, true));
         let value = crossing_value(&event);
         assert!(
@@ -191,23 +191,24 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit()
         };
         assert_eq!(
             c.raw.trigger_cgroup_id,
-            tree.memory_id("node/kubepods/pod-a").unwrap()
+            tree.cgroup_id(Controller::Memory, "node/kubepods/pod-a")
+                .unwrap()
         );
         assert_eq!(c.raw.bound, threshold);
     }
-    assert_eq!(tree.oom_kills("node/kubepods/pod-a").unwrap(), 0);
+    assert_eq!(tree.oom_kill_count("node/kubepods/pod-a").unwrap(), 0);
 }
 
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn memory_falling_below_the_band_is_reported_after_a_rearm() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
-    let id = tree.memory_id("pod").unwrap();
+    let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
     let mut kernel = Kernel::load();
     let (thresholds, hysteresis) = ([64 * MIB], 16 * MIB);
     kernel.watch(Resource::Memory, id, &thresholds, hysteresis);
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(100 * MIB).unwrap();
     kernel.expect("rising crossing", crossing(Resource::Memory, id, true));
     kernel.rearm(Resource::Memory, id, &thresholds, hysteresis, 1);
@@ -231,12 +232,12 @@ fn memory_falling_below_the_band_is_reported_after_a_rearm() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn a_value_hovering_at_the_line_is_reported_once() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
-    let id = tree.memory_id("pod").unwrap();
+    let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
     let mut kernel = Kernel::load();
     kernel.watch(Resource::Memory, id, &[64 * MIB], 16 * MIB);
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(62 * MIB).unwrap();
     for _ in 0..20 {
         workload.alloc(4 * MIB).unwrap();
@@ -254,13 +255,13 @@ fn a_value_hovering_at_the_line_is_reported_once() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn task_count_crossings_in_a_cgroup_both_ways() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
-    let id = tree.pids_id("pod").unwrap();
+    let id = tree.cgroup_id(Controller::Pids, "pod").unwrap();
     let mut kernel = Kernel::load();
     let (thresholds, hysteresis) = ([20], 4);
     kernel.watch(Resource::Pids, id, &thresholds, hysteresis);
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
 
     workload.fork(30).unwrap();
     let event = kernel.expect("rising task count", crossing(Resource::Pids, id, true));
@@ -290,10 +291,10 @@ fn task_count_crossings_in_a_cgroup_both_ways() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn node_wide_task_count_crossing() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let mut kernel = Kernel::load();
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     let now = evictd::cgroup::node_tasks().unwrap();
     kernel.watch(Resource::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
     workload.fork(60).unwrap();
@@ -312,11 +313,11 @@ fn node_wide_task_count_crossing() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn cgroup_creation_and_removal_are_reported() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     let mut kernel = Kernel::load();
     tree.create("pod-new").unwrap();
-    let id = tree.memory_id("pod-new").unwrap();
-    let path = tree.path("pod-new");
+    let id = tree.cgroup_id(Controller::Memory, "pod-new").unwrap();
+    let path = tree.relative_path("pod-new");
     let created = kernel.expect(
         "mkdir",
         |e| matches!(e, KernelEvent::CgroupCreated(c) if c.0.cgroup_id == id),
@@ -336,12 +337,12 @@ fn cgroup_creation_and_removal_are_reported() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn a_kernel_oom_kill_is_reported() {
-    let tree = CgroupTree::new().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     tree.set_memory_limit("pod", 64 * MIB).unwrap();
-    let id = tree.memory_id("pod").unwrap();
+    let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
     let mut kernel = Kernel::load();
-    let mut workload = Workload::start_in(&tree, "pod", WORKLOAD).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     let pid = workload.pid();
     assert!(
         workload.alloc(128 * MIB).is_err(),
@@ -360,7 +361,7 @@ fn a_kernel_oom_kill_is_reported() {
     assert!(victim.rss_bytes > 32 * MIB, "rss {}", victim.rss_bytes);
     assert_eq!(&victim.comm[..15], b"evictd-workload");
     wait_until(EVENT_DEADLINE, "oom_kill in memory.oom_control", || {
-        tree.oom_kills("pod").unwrap_or(0) >= 1
+        tree.oom_kill_count("pod").unwrap_or(0) >= 1
     })
     .unwrap();
 }

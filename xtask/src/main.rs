@@ -40,6 +40,9 @@ enum Task {
         /// Free/re-touch rounds of 128 MiB.
         #[arg(long, default_value_t = 40)]
         rounds: u32,
+        /// Extra agent arguments, e.g. `-- --memory-check-step 1Mi`.
+        #[arg(last = true)]
+        agent_args: Vec<String>,
     },
     /// fmt check, clippy, unit tests, then the privileged integration tests.
     Test {
@@ -90,7 +93,7 @@ fn run(task: Task) -> Result<ExitCode> {
             ));
         }
         Task::Test { no_privileged } => test(no_privileged)?,
-        Task::BpfCost { rounds } => {
+        Task::BpfCost { rounds, agent_args } => {
             let toolchain = setup::ensure()?;
             build(&toolchain, true)?;
             setup::step(
@@ -112,7 +115,8 @@ fn run(task: Task) -> Result<ExitCode> {
                 Command::new(release.join("evictd-bpf-cost"))
                     .arg(release.join("evictd"))
                     .arg(release.join("evictd-workload"))
-                    .arg(rounds.to_string()),
+                    .arg(rounds.to_string())
+                    .args(&agent_args),
             )?;
         }
     }

@@ -1,4 +1,5 @@
-//! `evictd-bpf-cost AGENT WORKLOAD [ROUNDS]` (run by `cargo xtask bpf-cost`):
+//! `evictd-bpf-cost AGENT WORKLOAD ROUNDS [AGENT ARGS...]` (run by `cargo
+//! xtask bpf-cost`):
 //! what each eBPF program costs per invocation under memory churn, measured
 //! by the kernel (`kernel.bpf_stats_enabled`).
 //!
@@ -15,7 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use evictd_integration::{CgroupTree, Workload};
+use evictd_integration::{PrivateCgroupTree, Workload};
 
 const STATS_SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
 const MIB: u64 = 1 << 20;
@@ -51,29 +52,35 @@ impl Drop for Agent {
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (Some(agent), Some(workload)) = (args.next(), args.next()) else {
-        bail!("usage: evictd-bpf-cost AGENT WORKLOAD [ROUNDS]");
+    let (Some(agent), Some(workload), Some(rounds)) = (args.next(), args.next(), args.next())
+    else {
+        bail!("usage: evictd-bpf-cost AGENT WORKLOAD ROUNDS [AGENT ARGS...]");
     };
-    let rounds = match args.next() {
-        Some(rounds) => rounds.parse().context("ROUNDS")?,
-        None => 40,
-    };
+    let rounds = rounds.parse().context("ROUNDS")?;
+    let agent_args: Vec<String> = args.collect();
     run(
         std::path::Path::new(&agent),
         std::path::Path::new(&workload),
         rounds,
+        &agent_args,
     )
 }
 
-fn run(agent: &std::path::Path, workload: &std::path::Path, rounds: u32) -> Result<()> {
+fn run(
+    agent: &std::path::Path,
+    workload: &std::path::Path,
+    rounds: u32,
+    agent_args: &[String],
+) -> Result<()> {
     let _stats = StatsEnabled::new()?;
-    let tree = CgroupTree::new().context("creating the private cgroup tree")?;
+    let tree = PrivateCgroupTree::new().context("creating the private cgroup tree")?;
     tree.create("churn")?;
-    let scope = tree.path("churn");
+    let scope = tree.relative_path("churn");
     let mut child = Command::new(agent)
         .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
         .args(["--watch-memory", &format!("{scope}=192Mi")])
         .args(["--watch-pids", &format!("{scope}=40")])
+        .args(agent_args)
         .stdout(Stdio::piped())
         .spawn()
         .with_context(|| format!("starting {}", agent.display()))?;
@@ -96,7 +103,7 @@ fn run(agent: &std::path::Path, workload: &std::path::Path, rounds: u32) -> Resu
     std::thread::spawn(move || lines.for_each(drop));
 
     let workload_path = workload.to_str().context("workload path is not UTF-8")?;
-    let mut workload = Workload::start_in(&tree, "churn", workload_path)?;
+    let mut workload = Workload::spawn_in(&tree, "churn", workload_path)?;
     println!(
         "bpf-cost: {rounds} rounds of freeing and re-touching 128 MiB across a 192 Mi threshold, 50 forks each"
     );
@@ -128,6 +135,9 @@ fn run(agent: &std::path::Path, workload: &std::path::Path, rounds: u32) -> Resu
             runs as f64 / elapsed.as_secs_f64(),
             nanos as f64 / 1e6
         );
+    }
+    if let Some(checks) = sample(&metrics, "evictd_kernel_memory_checks_total") {
+        println!("\npage-counter checks by the memory programs: {checks}");
     }
     let count = sample(&metrics, "evictd_event_latency_seconds_count").unwrap_or(0.0);
     let sum = sample(&metrics, "evictd_event_latency_seconds_sum").unwrap_or(0.0);

@@ -57,9 +57,11 @@ fn main() {
 /// with their own mmap and munmaps them on free, so a dropped 1 MiB chunk
 /// goes back to the kernel (and out of the memcg's usage) at once. But by
 /// default glibc raises the threshold to the size of each mmapped block
-/// freed, after which 1 MiB chunks come from the heap and a free may keep
-/// them. Setting the threshold explicitly turns that adjustment off.
-/// (musl always mmaps blocks this large.)
+/// freed, after which 1 MiB chunks come from the heap and go back only when
+/// the top of the heap is trimmed: in LIFO order, and keeping up to the
+/// (also raised) trim threshold. Setting the threshold explicitly turns
+/// that adjustment off, so every chunk stays its own mapping. (musl always
+/// mmaps blocks this large.)
 fn keep_large_allocations_mmapped() {
     #[cfg(target_env = "gnu")]
     // SAFETY: mallopt only changes allocator tuning; called before any
