@@ -6,7 +6,7 @@ use tokio::sync::watch;
 use tracing::{error, info, warn};
 
 use crate::{
-    bpf::{BpfError, ProbeOptions, Probes, Purpose},
+    bpf::{BpfError, ProbeOptions, Probes, Resource},
     cgroup::{CgroupError, CgroupFs},
     config::{Mode, RunArgs},
     kernel_layout::{KernelBtf, VMLINUX_BTF},
@@ -77,10 +77,7 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
             check_interval,
         },
     );
-    for (resource, purpose) in [
-        (crate::bpf::Resource::Memory, Purpose::Memory),
-        (crate::bpf::Resource::Pids, Purpose::Pids),
-    ] {
+    for resource in [Resource::Memory, Resource::Pids] {
         let trigger = if monitor.kernel_watches(resource) {
             "bpf"
         } else {
@@ -91,7 +88,7 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
             .with_label_values(&[resource.as_str(), trigger])
             .set(1);
         if trigger == "poll" && args.mode == Mode::Event {
-            warn!(resource = resource.as_str(), ?purpose, period = ?check_interval,
+            warn!(resource = resource.as_str(), period = ?check_interval,
                 "no kernel trigger for this resource: POLLING cgroupfs");
         } else {
             info!(resource = resource.as_str(), trigger, "trigger");
@@ -119,8 +116,10 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
         task.abort();
     }
     // Dropping the probes detaches every program and frees every map.
-    drop(monitor.into_probes());
-    info!("all eBPF programs detached");
+    if let Some(probes) = monitor.into_probes() {
+        drop(probes);
+        info!("all eBPF programs detached");
+    }
     result.map_err(RunError::from)
 }
 

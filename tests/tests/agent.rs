@@ -84,6 +84,12 @@ fn start_agent(args: &[&str]) -> (std::process::Child, Log, std::thread::JoinHan
         .spawn()
         .unwrap();
     let stdout = agent.stdout.take().unwrap();
+    let (log, reader) = read_log(stdout);
+    (agent, log, reader)
+}
+
+/// Parses the agent's JSON log lines on a thread.
+fn read_log(stdout: std::process::ChildStdout) -> (Log, std::thread::JoinHandle<()>) {
     let (sender, lines) = mpsc::channel();
     let reader = std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -96,7 +102,7 @@ fn start_agent(args: &[&str]) -> (std::process::Child, Log, std::thread::JoinHan
         lines,
         seen: Vec::new(),
     };
-    (agent, log, reader)
+    (log, reader)
 }
 
 fn stop(mut agent: std::process::Child) -> std::process::ExitStatus {
@@ -271,6 +277,45 @@ fn poll_mode_reports_crossings_from_cgroupfs() {
             "eBPF programs attached"
         ),
         0
+    );
+    assert!(stop(agent).success());
+    reader.join().unwrap();
+}
+
+#[test]
+#[ignore = "needs root (to drop privileges) and cgroups: run with cargo xtask test"]
+fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let scope = tree.relative_path("pod");
+    // setpriv (util-linux) runs the agent as nobody, which may not load BPF.
+    let mut agent = Command::new("setpriv")
+        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+        .arg(agent_binary())
+        .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
+        .args(["--resync-interval", "100ms"])
+        .args(["--watch-memory", &format!("{scope}=32Mi")])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = agent.stdout.take().unwrap();
+    let (mut log, reader) = read_log(stdout);
+    let unavailable = log.expect(
+        "eBPF programs unavailable: POLLING cgroupfs instead of kernel events",
+        &[],
+    );
+    let error = unavailable["error"].as_str().unwrap();
+    assert!(error.contains("loading BPF needs root"), "{error}");
+    log.expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(48 * MIB).unwrap();
+    log.expect(
+        "threshold crossed",
+        &[
+            ("scope", &scope),
+            ("direction", "above"),
+            ("source", "poll"),
+        ],
     );
     assert!(stop(agent).success());
     reader.join().unwrap();
