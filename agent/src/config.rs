@@ -65,9 +65,10 @@ pub struct RunArgs {
     #[arg(long = "watch-node-pids", value_name = "TASKS[,TASKS...]", value_parser = WatchSpec::node_pids)]
     pub watch_node_pids: Option<WatchSpec>,
 
-    /// A memory scope leaves a threshold only once this far below it, so a
-    /// value hovering at the line reports one crossing, not a stream.
-    /// 16Mi: well above the page-cache jitter of an idle node.
+    /// A memory scope leaves a threshold only once this far below it (at
+    /// most half the threshold), so a value hovering at the line reports one
+    /// crossing, not a stream. 16Mi: well above the page-cache jitter of an
+    /// idle node.
     #[arg(long, value_name = "BYTES", default_value = "16Mi", value_parser = parse_bytes)]
     pub memory_hysteresis: u64,
 

@@ -10,7 +10,8 @@ pub const MAX_THRESHOLDS: usize = 4;
 pub struct Levels {
     /// Ascending, without duplicates.
     thresholds: Vec<u64>,
-    /// A level is left only once the value is this far below its threshold.
+    /// A level is left only once the value is this far below its threshold
+    /// (at most half the threshold, so a small threshold can still be left).
     hysteresis: u64,
 }
 
@@ -29,18 +30,23 @@ impl Levels {
         &self.thresholds
     }
 
+    /// Below this value a crossed `threshold` counts as left.
+    fn release(&self, threshold: u64) -> u64 {
+        threshold - self.hysteresis.min(threshold / 2)
+    }
+
     /// The level `value` is at, coming from `current`: the number of
     /// thresholds crossed. Rising past threshold `i` needs `value >= t[i]`;
-    /// falling back below it needs `value + hysteresis < t[i]`. Between the two
-    /// the level does not move, so a value hovering at a line is one crossing,
-    /// not a stream.
+    /// falling back below it needs `value < t[i] - hysteresis`. Between the
+    /// two the level does not move, so a value hovering at a line is one
+    /// crossing, not a stream.
     pub fn next_level(&self, current: usize, value: u64) -> usize {
         let current = current.min(self.thresholds.len());
         let reached = self.thresholds.iter().filter(|t| value >= **t).count();
         let held = self
             .thresholds
             .iter()
-            .filter(|t| value.saturating_add(self.hysteresis) >= **t)
+            .filter(|t| value >= self.release(**t))
             .count();
         if reached > current {
             reached
@@ -64,7 +70,7 @@ impl Levels {
         Band {
             rise_at: self.thresholds.get(level).copied().unwrap_or(u64::MAX),
             fall_below: match level.checked_sub(1).and_then(|i| self.thresholds.get(i)) {
-                Some(threshold) => threshold.saturating_sub(self.hysteresis),
+                Some(threshold) => self.release(*threshold),
                 None => 0,
             },
             last_value,
@@ -113,6 +119,14 @@ mod tests {
             level = next;
         }
         assert_eq!((changes, level), (1, 1));
+    }
+
+    #[test]
+    fn hysteresis_is_at_most_half_the_threshold() {
+        let levels = Levels::new(vec![10], 16);
+        assert_eq!(levels.next_level(1, 5), 1);
+        assert_eq!(levels.next_level(1, 4), 0);
+        assert_eq!(levels.band(1, 0).fall_below, 5);
     }
 
     #[test]

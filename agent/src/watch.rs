@@ -118,23 +118,20 @@ pub struct WatchSpec {
 impl WatchSpec {
     /// `PATH=Q[,Q...]`, Q a Kubernetes quantity of bytes ("512Mi").
     pub fn memory(spec: &str) -> Result<Self, WatchError> {
-        let (path, list) = spec
-            .split_once('=')
-            .ok_or_else(|| WatchError::Syntax(spec.to_owned()))?;
-        Ok(Self {
-            resource: Resource::Memory,
-            target: Target::Cgroups(CgroupPattern::parse(path, spec)?),
-            thresholds: parse_thresholds(spec, list)?,
-        })
+        Self::cgroup(Resource::Memory, spec)
     }
 
     /// `PATH=N[,N...]`, N a task count.
     pub fn pids(spec: &str) -> Result<Self, WatchError> {
+        Self::cgroup(Resource::Pids, spec)
+    }
+
+    fn cgroup(resource: Resource, spec: &str) -> Result<Self, WatchError> {
         let (path, list) = spec
             .split_once('=')
             .ok_or_else(|| WatchError::Syntax(spec.to_owned()))?;
         Ok(Self {
-            resource: Resource::Pids,
+            resource,
             target: Target::Cgroups(CgroupPattern::parse(path, spec)?),
             thresholds: parse_thresholds(spec, list)?,
         })
