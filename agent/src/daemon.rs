@@ -94,6 +94,9 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
             info!(resource = resource.as_str(), trigger, "trigger");
         }
     }
+    if args.watches().is_empty() {
+        warn!("nothing to watch: add --watch-memory, --watch-pids or --watch-node-pids");
+    }
     monitor.install_all();
 
     let (stop_tx, stop_rx) = watch::channel(false);
