@@ -14,7 +14,7 @@ use aya::{
 use evictd_common::{
     Band, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, CgroupEvent,
     CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_CROSSING, EVENT_OOM_VICTIM,
-    KernelLayout, OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS, names,
+    OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS, names,
 };
 use tokio::io::{Interest, unix::AsyncFd};
 
@@ -142,7 +142,6 @@ pub struct Probes {
     events: Option<RingBuf<MapData>>,
     attached: Vec<(&'static str, &'static str, Purpose)>,
     unattached: Vec<Unattached>,
-    layout: KernelLayout,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -229,13 +228,7 @@ impl Probes {
             events,
             attached,
             unattached,
-            layout,
         })
-    }
-
-    /// `(program, tracepoint, purpose)` of every attached program.
-    pub fn attached(&self) -> &[(&'static str, &'static str, Purpose)] {
-        &self.attached
     }
 
     pub fn unattached(&self) -> &[Unattached] {
@@ -245,10 +238,6 @@ impl Probes {
     /// Whether every program serving `purpose` is attached.
     pub fn covers(&self, purpose: Purpose) -> bool {
         !self.unattached.iter().any(|u| u.purpose == purpose)
-    }
-
-    pub fn layout(&self) -> &KernelLayout {
-        &self.layout
     }
 
     /// Arms (or re-arms) the band of scope `id` of `resource`.
@@ -543,10 +532,6 @@ impl EventStream {
         }
         guard.clear_ready();
         Ok(())
-    }
-
-    pub fn raw_fd(&self) -> i32 {
-        self.ring.get_ref().as_raw_fd()
     }
 }
 
