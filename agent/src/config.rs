@@ -1,6 +1,6 @@
 //! Command line. Every default is written once, here, with where it comes
 //! from.
-use std::{net::SocketAddr, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -24,7 +24,106 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the agent (the default).
-    Run(RunArgs),
+    Run(Box<RunArgs>),
+    /// Print the eviction thresholds the flags and --config give, as JSON.
+    Thresholds(EvictionArgs),
+    /// Decide on recorded node snapshots what evictd would do; touches
+    /// nothing.
+    Simulate(SimulateArgs),
+    /// Print the live node (signals and pods) as a snapshot `simulate` reads.
+    Snapshot(InventoryArgs),
+}
+
+/// kubelet's eviction flags, with kubelet's names, formats and meanings.
+/// Kept as text here: `thresholds::EvictionArgs::resolve` validates them
+/// together with --config, where flags override the file as in kubelet.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EvictionArgs {
+    /// Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
+    /// Replaces kubelet's Linux defaults (memory.available<100Mi,
+    /// nodefs.available<10%, nodefs.inodesFree<5%, imagefs.available<15%,
+    /// imagefs.inodesFree<5%); an empty value clears them. Repeatable.
+    #[arg(long, value_name = "SIGNAL<VALUE,...")]
+    pub eviction_hard: Vec<String>,
+
+    /// Soft eviction thresholds, same form; each needs a grace period.
+    #[arg(long, value_name = "SIGNAL<VALUE,...")]
+    pub eviction_soft: Vec<String>,
+
+    /// How long a soft threshold must stay met before it evicts, e.g.
+    /// memory.available=1m30s.
+    #[arg(long, value_name = "SIGNAL=DURATION,...")]
+    pub eviction_soft_grace_period: Vec<String>,
+
+    /// Longest grace period, in seconds, a soft eviction gives a pod; the
+    /// pod gets min(its terminationGracePeriodSeconds, this). kubelet's
+    /// default: 0.
+    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
+    pub eviction_max_pod_grace_period: Option<String>,
+
+    /// How much to reclaim past a threshold once it is met, e.g.
+    /// memory.available=0Mi,nodefs.available=500Mi.
+    #[arg(long, value_name = "SIGNAL=QUANTITY,...")]
+    pub eviction_minimum_reclaim: Vec<String>,
+
+    /// How long a node condition stays after its last threshold stopped
+    /// being met. kubelet's default: 5m.
+    #[arg(long, value_name = "DURATION")]
+    pub eviction_pressure_transition_period: Option<String>,
+
+    /// A KubeletConfiguration file (YAML or JSON); its eviction fields are
+    /// read, the flags above override them.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+}
+
+/// Where the node and its pods are found.
+#[derive(Debug, Clone, Args)]
+pub struct InventoryArgs {
+    /// The cgroup that stands for the node, relative to the hierarchy root
+    /// and resolved in every mounted hierarchy: its memory limit is the
+    /// node's capacity and pods are found under PATH/kubepods (cgroupfs
+    /// driver) or PATH/kubepods.slice (systemd driver). `/` is the machine.
+    #[arg(long, value_name = "PATH", default_value = "/")]
+    pub node_cgroup: String,
+
+    /// JSON list of pods in the snapshot schema (namespace, name, uid,
+    /// priority, static, mirror, containers with requests and limits),
+    /// matched to cgroups by uid.
+    #[arg(long, value_name = "FILE")]
+    pub pod_metadata: Option<PathBuf>,
+
+    /// Filesystem kubelet's nodefs signals measure (statvfs). kubelet's
+    /// root directory by default.
+    #[arg(long, value_name = "PATH", default_value = "/var/lib/kubelet")]
+    pub nodefs_path: PathBuf,
+
+    /// Filesystem the imagefs signals measure: the container runtime's
+    /// image store. containerd's by default.
+    #[arg(long, value_name = "PATH", default_value = "/var/lib/containerd")]
+    pub imagefs_path: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// A snapshot (JSON object) or a timeline (JSON array of snapshots).
+    #[arg(long, value_name = "FILE")]
+    pub snapshot: PathBuf,
+
+    #[command(flatten)]
+    pub eviction: EvictionArgs,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+#[derive(Debug, Clone, Copy, Default, Args)]
+pub struct PolicyArgs {
+    /// Evict, in one decision, the smallest set of pods whose usage covers
+    /// the deficit to threshold + minimum reclaim, instead of kubelet's one
+    /// pod per round.
+    #[arg(long)]
+    pub evict_set: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -103,6 +202,24 @@ pub struct RunArgs {
     /// Forward the eBPF programs' own debug log (aya-log) to the agent log.
     #[arg(long)]
     pub bpf_log: bool,
+
+    #[command(flatten)]
+    pub eviction: EvictionArgs,
+
+    #[command(flatten)]
+    pub inventory: InventoryArgs,
+
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+
+    /// Decide and report every eviction, kill nothing (shadow mode).
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// After a kill, how long to wait for the starved resource to come back
+    /// before choosing the next victim anyway.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
+    pub reclaim_timeout: Duration,
 }
 
 impl RunArgs {

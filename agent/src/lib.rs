@@ -13,4 +13,6 @@ pub mod levels;
 pub mod metrics;
 pub mod monitor;
 pub mod quantity;
+pub mod snapshot;
+pub mod thresholds;
 pub mod watch;

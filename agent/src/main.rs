@@ -4,11 +4,27 @@ use clap::Parser as _;
 use evictd::config::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
+/// Exit status for invalid configuration or input, as clap and the
+/// simulate contract use it.
+const USAGE_ERROR: u8 = 2;
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return usage_error(e),
+    };
     let args = match cli.command {
-        Some(Command::Run(args)) => args,
+        Some(Command::Run(args)) => *args,
         None => cli.run,
+        Some(Command::Thresholds(_)) | Some(Command::Simulate(_)) | Some(Command::Snapshot(_)) => {
+            eprintln!("evictd: not built yet");
+            return ExitCode::FAILURE;
+        }
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
@@ -33,6 +49,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line on stderr, quoting the offending text, exit 2: what scripts and
+/// the simulate contract expect, rather than clap's multi-line usage.
+fn usage_error(error: impl std::fmt::Display) -> ExitCode {
+    let message = error.to_string();
+    // clap's message ends at the blank line before its usage text.
+    let summary: Vec<&str> = message
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let summary = summary.join(" ");
+    eprintln!(
+        "evictd: {}",
+        summary.strip_prefix("error: ").unwrap_or(&summary)
+    );
+    ExitCode::from(USAGE_ERROR)
 }
 
 /// Resolves on SIGINT or SIGTERM (what kubelet sends a DaemonSet pod).

@@ -1,0 +1,141 @@
+//! A node at one instant, in the JSON schema of `evictd simulate` and
+//! `evictd snapshot` (shared/contracts/simulate.md). The engine decides on
+//! this and nothing else, whether it came from a file or from the live node.
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::quantity::Quantity;
+
+/// Pods whose priority is at least this are critical (kubelet's
+/// `scheduling.SystemCriticalPriority`, 2 * 10^9).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Seconds on the engine's clock; 0 for a lone snapshot.
+    #[serde(default)]
+    pub time: f64,
+    pub node: NodeStats,
+    #[serde(default)]
+    pub pods: Vec<PodSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeStats {
+    pub memory: MemoryStats,
+    /// The pods' cgroup (kubepods) against node allocatable memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocatable: Option<MemoryStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<PidStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodefs: Option<FsStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imagefs: Option<FsStats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub containerfs: Option<FsStats>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStats {
+    pub capacity_bytes: u64,
+    pub working_set_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PidStats {
+    pub max: u64,
+    pub in_use: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    pub capacity_bytes: u64,
+    pub available_bytes: u64,
+    pub inodes: u64,
+    pub inodes_free: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodSnapshot {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, rename = "static")]
+    pub is_static: bool,
+    #[serde(default)]
+    pub mirror: bool,
+    pub containers: Vec<ContainerSpec>,
+    /// `spec.terminationGracePeriodSeconds`; Kubernetes defaults it to 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    #[serde(default)]
+    pub usage: PodUsage,
+    /// Live snapshots only: the pod's cgroup, relative to the hierarchy
+    /// root (e.g. `/kubepods/burstable/pod<uid>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// Live snapshots only: fields above that are defaults because nothing
+    /// told evictd their value (e.g. `["namespace", "name", "priority"]` for
+    /// a pod found in cgroups but absent from --pod-metadata).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown: Vec<String>,
+    /// Live snapshots only: evictd itself runs in this pod's cgroup, so the
+    /// pod is never a victim (the agent never kills itself).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hosts_evictd: bool,
+}
+
+/// Kubernetes' QoS classes, in the order kubelet's OOM scores protect them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum QosClass {
+    BestEffort,
+    Burstable,
+    Guaranteed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ContainerSpec {
+    pub name: String,
+    #[serde(default)]
+    pub requests: BTreeMap<String, Quantity>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, Quantity>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodUsage {
+    #[serde(default)]
+    pub memory_working_set_bytes: u64,
+    #[serde(default)]
+    pub pids: u64,
+    #[serde(default)]
+    pub rootfs_bytes: u64,
+    #[serde(default)]
+    pub logs_bytes: u64,
+    #[serde(default)]
+    pub local_volume_bytes: u64,
+    #[serde(default)]
+    pub inodes: u64,
+}
+
+impl PodSnapshot {
+    /// `namespace/name`, as rankings print pods.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// kubelet never evicts static, mirror or system-critical pods.
+    pub fn is_critical(&self) -> bool {
+        self.is_static || self.mirror || self.priority >= SYSTEM_CRITICAL_PRIORITY
+    }
+
+    /// Whether any eviction may choose this pod.
+    pub fn is_evictable(&self) -> bool {
+        !self.is_critical() && !self.hosts_evictd
+    }
+}
