@@ -1,17 +1,22 @@
 //! `evictd run`: discovers the node, loads the kernel programs (or says why
 //! it cannot and polls instead), and serves until told to stop.
-use std::{future::Future, path::Path};
+use std::{future::Future, path::Path, time::Duration};
 
-use tokio::sync::watch;
+use tokio::{sync::watch, time::MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use crate::{
     bpf::{BpfError, ProbeOptions, Probes, Resource},
     cgroup::{CgroupError, CgroupFs},
     config::{Mode, RunArgs},
+    engine::VictimPolicy,
+    evictor::{Evictor, EvictorOptions, Trigger},
+    inventory::{Inventory, InventoryError},
     kernel_layout::{KernelBtf, VMLINUX_BTF},
+    kill::Killer,
     metrics::{Metrics, MetricsError},
-    monitor::{Monitor, MonitorOptions},
+    monitor::{Monitor, MonitorOptions, next_batch},
+    thresholds::EvictionConfig,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -22,15 +27,29 @@ pub enum RunError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Inventory(#[from] InventoryError),
 }
 
 /// Runs the agent until `shutdown` resolves. On return every program is
 /// detached and every map freed.
-pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+pub async fn run(
+    args: RunArgs,
+    config: EvictionConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
     let cgroupfs = CgroupFs::discover()?;
     info!(version = ?cgroupfs.version, memory = %cgroupfs.memory_root.display(),
         pids = ?cgroupfs.pids_root, "cgroup hierarchies");
+    let inventory = Inventory::new(cgroupfs.clone(), &args.inventory)?;
+    for threshold in &config.thresholds {
+        info!(signal = %threshold.signal, value = ?threshold.value, hard = threshold.hard,
+            grace = ?threshold.grace_period, min_reclaim = ?threshold.min_reclaim, "eviction threshold");
+    }
+    if config.thresholds.is_empty() {
+        warn!("no eviction thresholds: evictd reports but never evicts");
+    }
 
     let mut probes = match args.mode {
         Mode::Poll => None,
@@ -66,17 +85,37 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
         Mode::Poll => args.housekeeping_interval,
         Mode::Event => args.resync_interval,
     };
+    let kernel_triggers = probes.is_some();
     let mut monitor = Monitor::new(
-        cgroupfs,
+        cgroupfs.clone(),
         args.watches(),
         probes,
         metrics.clone(),
         MonitorOptions {
             memory_hysteresis: args.memory_hysteresis,
             pids_hysteresis: args.pids_hysteresis,
-            check_interval,
         },
     );
+    let mut evictor = Evictor::new(
+        config,
+        inventory,
+        Killer::new(&cgroupfs),
+        cgroupfs,
+        metrics.clone(),
+        EvictorOptions {
+            policy: if args.policy.evict_set {
+                VictimPolicy::CoveringSet
+            } else {
+                VictimPolicy::One
+            },
+            dry_run: args.dry_run,
+            reclaim_timeout: args.reclaim_timeout,
+            kernel_triggers,
+        },
+    );
+    if args.dry_run {
+        warn!("--dry-run: evictions are decided and reported, nothing is killed");
+    }
     for resource in [Resource::Memory, Resource::Pids] {
         let trigger = if monitor.kernel_watches(resource) {
             "bpf"
@@ -94,9 +133,6 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
             info!(resource = resource.as_str(), trigger, "trigger");
         }
     }
-    if args.watches().is_empty() {
-        warn!("nothing to watch: add --watch-memory, --watch-pids or --watch-node-pids");
-    }
     monitor.install_all();
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -109,7 +145,19 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
 
-    let result = monitor.run(events, shutdown).await;
+    let timer_source = match args.mode {
+        Mode::Poll => "poll",
+        Mode::Event => "resync",
+    };
+    let result = serve(
+        &mut monitor,
+        &mut evictor,
+        events,
+        check_interval,
+        timer_source,
+        shutdown,
+    )
+    .await;
     info!("shutting down");
     let _ = stop_tx.send(true);
     if let Ok(Err(e)) = server.await {
@@ -124,6 +172,64 @@ pub async fn run(args: RunArgs, shutdown: impl Future<Output = ()>) -> Result<()
         info!("all eBPF programs detached");
     }
     result.map_err(RunError::from)
+}
+
+/// Feeds kernel records to the monitor and wakes the evictor on a crossing
+/// of one of its scopes, on the timer, and on the close-watch deadline it
+/// asks for, until `shutdown` resolves.
+async fn serve(
+    monitor: &mut Monitor,
+    evictor: &mut Evictor,
+    mut events: Option<crate::bpf::EventStream>,
+    check_interval: Duration,
+    timer_source: &'static str,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), BpfError> {
+    let mut timer = tokio::time::interval(check_interval);
+    timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut batch = Vec::new();
+    let mut close_watch: Option<tokio::time::Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        let wake_at = close_watch;
+        let next = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            result = next_batch(events.as_mut(), &mut batch) => {
+                result?;
+                let mut trigger = None;
+                for record in batch.drain(..) {
+                    match record {
+                        Ok(received) => {
+                            let at_ns = received.event.timestamp_ns();
+                            if monitor.handle(received) && trigger.is_none() {
+                                trigger = Some(Trigger { source: "kernel", at_ns });
+                            }
+                        }
+                        Err(e) => monitor.decode_error(&e),
+                    }
+                }
+                match trigger {
+                    Some(trigger) => evictor.evaluate(trigger, monitor).await,
+                    None => continue,
+                }
+            }
+            _ = timer.tick() => {
+                monitor.check_all();
+                evictor.evaluate(Trigger::now(timer_source), monitor).await
+            }
+            () = sleep_until(wake_at), if wake_at.is_some() => {
+                evictor.evaluate(Trigger::now("close-watch"), monitor).await
+            }
+        };
+        close_watch = next.map(|after| tokio::time::Instant::now() + after);
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 fn load_probes(args: &RunArgs) -> Result<Probes, BpfError> {

@@ -53,6 +53,22 @@ pub struct Metrics {
     pub program_runs: IntGaugeVec,
     /// Total run time of each eBPF program, nanoseconds (same condition).
     pub program_run_time: IntGaugeVec,
+    /// Pods evicted (or, with --dry-run, that would have been) by signal and
+    /// QoS class.
+    pub evictions: IntCounterVec,
+    /// Evictions that failed (the kill did not complete).
+    pub eviction_failures: IntCounterVec,
+    /// Trigger (kernel record timestamp, or the timer tick) to the decision.
+    pub decision_latency: Histogram,
+    /// Trigger to the first SIGKILL (or SIGTERM) of the victim.
+    pub trigger_to_kill: Histogram,
+    /// 1 while a node condition is reported (MemoryPressure, DiskPressure,
+    /// PIDPressure), else 0.
+    pub node_condition: IntGaugeVec,
+    /// Latest observation of every eviction signal (available amount).
+    pub signal_available: IntGaugeVec,
+    /// Engine runs by trigger (`kernel`, `resync`, `poll`, `close-watch`).
+    pub engine_runs: IntCounterVec,
 }
 
 impl Metrics {
@@ -83,7 +99,51 @@ impl Metrics {
             .buckets(prometheus::exponential_buckets(5e-6, 2.0, 16)?),
         )?;
         registry.register(Box::new(latency.clone()))?;
+        // 10 µs .. ~0.65 s: a decision on fresh reads takes well under a
+        // millisecond; polling puts it seconds after the pressure began,
+        // which the top bucket (+Inf) shows.
+        let latency_histogram = |name: &str, help: &str| -> Result<_, MetricsError> {
+            let metric = Histogram::with_opts(
+                HistogramOpts::new(name, help)
+                    .buckets(prometheus::exponential_buckets(1e-5, 2.0, 17)?),
+            )?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
         Ok(Arc::new(Self {
+            evictions: counter_vec(
+                "evictions_total",
+                "Pods evicted by signal and QoS class (with --dry-run: would have been)",
+                &["signal", "qos"],
+            )?,
+            eviction_failures: counter_vec(
+                "eviction_failures_total",
+                "Evictions whose kill did not complete, by signal",
+                &["signal"],
+            )?,
+            decision_latency: latency_histogram(
+                "decision_latency_seconds",
+                "Trigger (kernel record or timer tick) to eviction decision",
+            )?,
+            trigger_to_kill: latency_histogram(
+                "trigger_to_kill_seconds",
+                "Trigger (kernel record or timer tick) to the first signal sent to the victim",
+            )?,
+            node_condition: gauge_vec(
+                "node_condition",
+                "1 while the node condition is reported",
+                &["condition"],
+            )?,
+            engine_runs: counter_vec(
+                "engine_runs_total",
+                "Eviction engine runs by trigger (kernel, resync, poll, close-watch)",
+                &["trigger"],
+            )?,
+            signal_available: gauge_vec(
+                "signal_available",
+                "Latest observation of an eviction signal: bytes, inodes or PIDs available",
+                &["signal"],
+            )?,
             events: counter_vec("bpf_events_total", "Ring-buffer records by kind", &["kind"])?,
             decode_errors: counter(
                 "bpf_decode_errors_total",

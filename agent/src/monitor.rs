@@ -3,10 +3,9 @@
 //! timer: as a resync behind the kernel programs (to repair a dropped record
 //! or a level left stale by a race), or as the whole trigger where a resource
 //! has no kernel program (polling).
-use std::{collections::BTreeMap, future::Future, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use evictd_common::NODE_PIDS_SCOPE_ID;
-use tokio::time::MissedTickBehavior;
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -24,9 +23,6 @@ use crate::{
 pub struct MonitorOptions {
     pub memory_hysteresis: u64,
     pub pids_hysteresis: u64,
-    /// How often scopes are re-read from cgroupfs (and, for resources
-    /// without a kernel program, the polling period).
-    pub check_interval: Duration,
 }
 
 /// A fresh reading of a scope.
@@ -48,6 +44,9 @@ struct Watched {
     level: usize,
     /// Whether a kernel band watches this scope (else it is polled).
     kernel: bool,
+    /// Installed for the eviction engine (its crossings wake the engine)
+    /// rather than by a --watch flag.
+    engine: bool,
 }
 
 /// Where a crossing was noticed.
@@ -126,7 +125,8 @@ impl Monitor {
     pub fn install_all(&mut self) {
         for spec in self.specs.clone() {
             match &spec.target {
-                Target::NodeTasks => self.install(&spec, None),
+                Target::NodeTasks => self.install(&spec, None, false),
+                Target::Exact => {}
                 Target::Cgroups(pattern) => {
                     let paths = self.existing(&spec);
                     if paths.is_empty() {
@@ -134,7 +134,7 @@ impl Monitor {
                             "no such cgroup yet; it will be watched once created");
                     }
                     for path in paths {
-                        self.install(&spec, Some(path));
+                        self.install(&spec, Some(path), false);
                     }
                 }
             }
@@ -168,20 +168,16 @@ impl Monitor {
                     *resource == spec.resource && w.path.as_deref() == Some(path.as_str())
                 });
                 if !known {
-                    self.install(&spec, Some(path));
+                    self.install(&spec, Some(path), false);
                 }
             }
         }
     }
 
-    fn install(&mut self, spec: &WatchSpec, path: Option<String>) {
+    fn install(&mut self, spec: &WatchSpec, path: Option<String>, engine: bool) {
         let label = path.clone().unwrap_or_else(|| "node".into());
         let resource = spec.resource;
-        let hysteresis = match resource {
-            Resource::Memory => self.options.memory_hysteresis,
-            Resource::Pids => self.options.pids_hysteresis,
-        };
-        let levels = spec.levels(hysteresis);
+        let levels = spec.levels(self.hysteresis(resource));
         let resolved = match &path {
             None => Ok(NODE_PIDS_SCOPE_ID),
             Some(path) => self
@@ -227,12 +223,87 @@ impl Monitor {
             levels,
             level,
             kernel,
+            engine,
         };
+        if let Some(replaced) = self.watched.get(&(resource, id))
+            && replaced.engine != engine
+        {
+            warn!(
+                scope = label,
+                "the eviction engine and a --watch flag name the same scope; the latest install wins"
+            );
+        }
         self.update_gauges(&watched, reading);
         if level > 0 {
             self.report(&watched, 0, reading, Origin::RESYNC);
         }
         self.watched.insert((resource, id), watched);
+    }
+
+    fn hysteresis(&self, resource: Resource) -> u64 {
+        match resource {
+            Resource::Memory => self.options.memory_hysteresis,
+            Resource::Pids => self.options.pids_hysteresis,
+        }
+    }
+
+    /// Watches a scope for the eviction engine: `thresholds` are the values
+    /// (bytes charged, or tasks) at which one of its signals may cross, and
+    /// a crossing of any of them wakes the engine. Called again whenever the
+    /// thresholds move (capacity changed); empty thresholds remove the scope.
+    /// `path` is `None` for every task on the node.
+    pub fn watch_for_engine(
+        &mut self,
+        resource: Resource,
+        path: Option<&str>,
+        thresholds: Vec<u64>,
+    ) {
+        let existing = self
+            .watched
+            .iter()
+            .find(|((r, _), w)| *r == resource && w.engine && w.path.as_deref() == path)
+            .map(|(key, w)| (*key, w.levels.clone()));
+        let levels = Levels::new(thresholds.clone(), self.hysteresis(resource));
+        match existing {
+            Some((_, current)) if current == levels => {}
+            Some((key, _)) if thresholds.is_empty() => self.remove(key.0, key.1),
+            Some((key, _)) => {
+                if let Some(watched) = self.watched.get_mut(&key) {
+                    watched.levels = levels;
+                }
+                match self.read(resource, path) {
+                    Ok(reading) => {
+                        self.settle(key, reading, Origin::RESYNC);
+                    }
+                    Err(e) => warn!(scope = path, error = %e, "cannot read engine scope"),
+                }
+            }
+            None if thresholds.is_empty() => {}
+            None => {
+                let target = match path {
+                    None => Target::NodeTasks,
+                    Some(_) => Target::Exact,
+                };
+                let spec = WatchSpec {
+                    resource,
+                    target,
+                    thresholds,
+                };
+                self.install(&spec, path.map(str::to_owned), true);
+            }
+        }
+    }
+
+    /// Counts and logs a record that did not decode.
+    pub fn decode_error(&self, error: &DecodeError) {
+        self.metrics.decode_errors.inc();
+        warn!(%error, "undecodable ring-buffer record");
+    }
+
+    /// Whether any engine scope is past one of its thresholds (as of its
+    /// last fresh read).
+    pub fn engine_scope_raised(&self) -> bool {
+        self.watched.values().any(|w| w.engine && w.level > 0)
     }
 
     fn cgroup_dir(
@@ -290,15 +361,18 @@ impl Monitor {
         );
     }
 
-    /// Handles one ring-buffer record.
-    pub fn handle(&mut self, received: Received) {
+    /// Handles one ring-buffer record. Returns whether it was a crossing of
+    /// a scope the eviction engine watches, which must wake the engine.
+    pub fn handle(&mut self, received: Received) -> bool {
         let event = received.event;
         self.metrics.events.with_label_values(&[event.kind()]).inc();
         self.metrics
             .event_latency
             .observe(received.latency().as_secs_f64());
         match event {
-            KernelEvent::Crossing(crossing) => self.on_crossing(crossing, received.latency()),
+            KernelEvent::Crossing(crossing) => {
+                return self.on_crossing(crossing, received.latency());
+            }
             KernelEvent::OomVictim(victim) => {
                 self.metrics.oom_kills.inc();
                 let comm = String::from_utf8_lossy(
@@ -322,14 +396,16 @@ impl Monitor {
             KernelEvent::CgroupCreated(change) => self.on_mkdir(change),
             KernelEvent::CgroupRemoved(change) => self.on_rmdir(change),
         }
+        false
     }
 
-    fn on_crossing(&mut self, crossing: Crossing, latency: Duration) {
+    fn on_crossing(&mut self, crossing: Crossing, latency: Duration) -> bool {
         let key = (crossing.resource, crossing.raw.scope_id);
         let Some(watched) = self.watched.get(&key) else {
             debug!(?crossing, "crossing for a scope no longer watched");
-            return;
+            return false;
         };
+        let engine = watched.engine;
         let reading = match self.read(watched.resource, watched.path.as_deref()) {
             Ok(reading) => reading,
             Err(CgroupError::Gone(_)) => {
@@ -337,11 +413,11 @@ impl Monitor {
                     scope = watched.label(),
                     "scope vanished before it could be re-read"
                 );
-                return;
+                return engine;
             }
             Err(e) => {
                 warn!(scope = watched.label(), error = %e, "cannot re-read scope after a crossing");
-                return;
+                return engine;
             }
         };
         let label = watched.label().to_owned();
@@ -357,6 +433,7 @@ impl Monitor {
                 "band left but the level holds (value moved back, or a repeat); re-armed"
             );
         }
+        engine
     }
 
     /// Moves a scope to the level `reading` puts it at, reports a change,
@@ -421,7 +498,7 @@ impl Monitor {
             .cloned()
             .collect();
         for spec in matching {
-            self.install(&spec, Some(path.clone()));
+            self.install(&spec, Some(path.clone()), false);
         }
     }
 
@@ -569,43 +646,14 @@ impl Monitor {
         );
     }
 
-    /// Serves events and the check timer until `shutdown` resolves.
-    pub async fn run(
-        &mut self,
-        mut events: Option<EventStream>,
-        shutdown: impl Future<Output = ()>,
-    ) -> Result<(), BpfError> {
-        let mut timer = tokio::time::interval(self.options.check_interval);
-        timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut batch: Vec<Result<Received, DecodeError>> = Vec::new();
-        tokio::pin!(shutdown);
-        loop {
-            tokio::select! {
-                () = &mut shutdown => return Ok(()),
-                result = next_batch(events.as_mut(), &mut batch) => {
-                    result?;
-                    for record in batch.drain(..) {
-                        match record {
-                            Ok(received) => self.handle(received),
-                            Err(e) => {
-                                self.metrics.decode_errors.inc();
-                                warn!(error = %e, "undecodable ring-buffer record");
-                            }
-                        }
-                    }
-                }
-                _ = timer.tick() => self.check_all(),
-            }
-        }
-    }
-
     /// Gives the probes back (dropping them detaches every program).
     pub fn into_probes(self) -> Option<Probes> {
         self.probes
     }
 }
 
-async fn next_batch(
+/// The next batch of ring-buffer records; never resolves without a stream.
+pub async fn next_batch(
     events: Option<&mut EventStream>,
     batch: &mut Vec<Result<Received, DecodeError>>,
 ) -> Result<(), BpfError> {

@@ -105,6 +105,8 @@ pub enum Target {
     Cgroups(CgroupPattern),
     /// Every task on the node (`pid.available`'s count).
     NodeTasks,
+    /// One cgroup the eviction engine names when it installs the watch.
+    Exact,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

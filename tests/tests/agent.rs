@@ -6,131 +6,14 @@
     reason = "test helpers: a failed step is a failed test"
 )]
 
-use std::{
-    io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::TcpStream,
-    path::PathBuf,
-    process::{Command, Stdio},
-    sync::mpsc,
-    time::{Duration, Instant},
-};
+use std::process::Command;
 
-use evictd_integration::{PrivateCgroupTree, Workload, wait_until};
-use serde_json::Value;
+use evictd_integration::{
+    AGENT_DEADLINE, Agent, PrivateCgroupTree, Workload, agent_binary, http_get, wait_until,
+};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
-const DEADLINE: Duration = Duration::from_secs(20);
-
-/// The agent binary: $EVICTD_BIN, or `evictd` in the target directory this
-/// test was built into (`cargo xtask test` builds it first).
-fn agent_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("EVICTD_BIN") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("evictd");
-    assert!(
-        binary.exists(),
-        "{} not built: run `cargo build -p evictd` (cargo xtask test does)",
-        binary.display()
-    );
-    binary
-}
-
-/// Log lines of the agent, parsed from its JSON output.
-struct Log {
-    lines: mpsc::Receiver<Value>,
-    seen: Vec<Value>,
-}
-
-impl Log {
-    fn expect(&mut self, message: &str, fields: &[(&str, &str)]) -> Value {
-        let matches = |line: &Value| {
-            line["message"] == message && fields.iter().all(|(k, v)| line[*k].as_str() == Some(*v))
-        };
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self.seen.iter().find(|l| matches(l)) {
-                return line.clone();
-            }
-            let left = DEADLINE.saturating_sub(started.elapsed());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => panic!("no log line {message:?} {fields:?}; saw {:#?}", self.seen),
-            }
-        }
-    }
-
-    fn count(&mut self, message: &str, field: &str, value: &str) -> usize {
-        while let Ok(line) = self.lines.try_recv() {
-            self.seen.push(line);
-        }
-        self.seen
-            .iter()
-            .filter(|l| l["message"] == message && l[field] == value)
-            .count()
-    }
-}
-
-/// Starts the agent with JSON logs, metrics on a free port and `args`.
-fn start_agent(args: &[&str]) -> (std::process::Child, Log, std::thread::JoinHandle<()>) {
-    let mut agent = Command::new(agent_binary())
-        .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = agent.stdout.take().unwrap();
-    let (log, reader) = read_log(stdout);
-    (agent, log, reader)
-}
-
-/// Parses the agent's JSON log lines on a thread.
-fn read_log(stdout: std::process::ChildStdout) -> (Log, std::thread::JoinHandle<()>) {
-    let (sender, lines) = mpsc::channel();
-    let reader = std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Ok(value) = serde_json::from_str::<Value>(&line) {
-                let _ = sender.send(value);
-            }
-        }
-    });
-    let log = Log {
-        lines,
-        seen: Vec::new(),
-    };
-    (log, reader)
-}
-
-fn stop(mut agent: std::process::Child) -> std::process::ExitStatus {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(agent.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let mut status = None;
-    wait_until(DEADLINE, "the agent to exit", || {
-        status = agent.try_wait().unwrap();
-        status.is_some()
-    })
-    .unwrap();
-    status.unwrap()
-}
-
-fn http_get(address: &str, path: &str) -> String {
-    let mut stream = TcpStream::connect(address).unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: evictd\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    response
-}
 
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
@@ -138,13 +21,14 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let scope = tree.relative_path("pod");
-    let (agent, mut log, reader) = start_agent(&[
+    let mut agent = Agent::start(&[
         "--watch-memory",
         &format!("{scope}=64Mi"),
         "--memory-hysteresis",
         "16Mi",
-    ]);
-    let attached = log.expect("eBPF programs attached", &[]);
+    ])
+    .unwrap();
+    let attached = agent.log.expect("eBPF programs attached", &[]);
     let program_ids: Vec<u32> = attached["programs"]
         .as_str()
         .unwrap()
@@ -152,11 +36,13 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         .filter_map(|n| n.parse().ok())
         .collect();
     assert_eq!(program_ids.len(), 7, "{attached}");
-    let address = log.expect("serving /metrics and /healthz", &[])["address"]
+    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
         .as_str()
         .unwrap()
         .to_owned();
-    log.expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
+    agent
+        .log
+        .expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
 
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(62 * MIB).unwrap();
@@ -164,7 +50,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         workload.alloc(4 * MIB).unwrap();
         workload.free(4 * MIB).unwrap();
     }
-    let above = log.expect(
+    let above = agent.log.expect(
         "threshold crossed",
         &[
             ("scope", &scope),
@@ -176,7 +62,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     assert!(above["value"].as_u64().unwrap() >= 64 * MIB);
     assert!(above["latency_us"].as_u64().is_some());
     workload.free(30 * MIB).unwrap();
-    log.expect(
+    agent.log.expect(
         "threshold crossed",
         &[
             ("scope", &scope),
@@ -184,10 +70,16 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
             ("source", "kernel"),
         ],
     );
-    assert_eq!(log.count("threshold crossed", "direction", "above"), 1);
-    assert_eq!(log.count("threshold crossed", "direction", "below"), 1);
+    assert_eq!(
+        agent.log.count("threshold crossed", "direction", "above"),
+        1
+    );
+    assert_eq!(
+        agent.log.count("threshold crossed", "direction", "below"),
+        1
+    );
 
-    let metrics = http_get(&address, "/metrics");
+    let metrics = http_get(&address, "/metrics").unwrap();
     assert!(
         metrics.contains(
             "evictd_threshold_crossings_total{direction=\"above\",resource=\"memory\",source=\"kernel\"} 1"
@@ -197,10 +89,9 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     assert!(metrics.contains("evictd_trigger_info{resource=\"memory\",trigger=\"bpf\"} 1"));
     assert!(metrics.contains("evictd_event_latency_seconds_count"));
 
-    let status = stop(agent);
+    let (status, mut log) = agent.stop().unwrap();
     assert!(status.success(), "{status:?}");
     log.expect("all eBPF programs detached", &[]);
-    reader.join().unwrap();
     // The kernel frees a program once its last reference (link, fd) is
     // gone, after an RCU grace period: wait for that, bounded.
     let still_loaded = || -> Vec<u32> {
@@ -210,7 +101,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
             .filter(|id| program_ids.contains(id))
             .collect()
     };
-    let freed = wait_until(DEADLINE, "the agent's programs to be freed", || {
+    let freed = wait_until(AGENT_DEADLINE, "the agent's programs to be freed", || {
         still_loaded().is_empty()
     });
     assert!(freed.is_ok(), "programs left loaded: {:?}", still_loaded());
@@ -221,14 +112,16 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
 fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
     let tree = PrivateCgroupTree::new().unwrap();
     let pattern = format!("{}/*", tree.relative_path(""));
-    let (agent, mut log, reader) = start_agent(&["--watch-memory", &format!("{pattern}=32Mi")]);
-    log.expect("serving /metrics and /healthz", &[]);
+    let mut agent = Agent::start(&["--watch-memory", &format!("{pattern}=32Mi")]).unwrap();
+    agent.log.expect("serving /metrics and /healthz", &[]);
     tree.create("late-pod").unwrap();
     let scope = tree.relative_path("late-pod");
-    log.expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
+    agent
+        .log
+        .expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
     let mut workload = Workload::spawn_in(&tree, "late-pod", WORKLOAD).unwrap();
     workload.alloc(48 * MIB).unwrap();
-    log.expect(
+    agent.log.expect(
         "threshold crossed",
         &[
             ("scope", &scope),
@@ -238,9 +131,8 @@ fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
     );
     drop(workload);
     tree.remove("late-pod").unwrap();
-    log.expect("scope removed", &[("scope", &scope)]);
-    assert!(stop(agent).success());
-    reader.join().unwrap();
+    agent.log.expect("scope removed", &[("scope", &scope)]);
+    assert!(agent.stop().unwrap().0.success());
 }
 
 #[test]
@@ -249,18 +141,21 @@ fn poll_mode_reports_crossings_from_cgroupfs() {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let scope = tree.relative_path("pod");
-    let (agent, mut log, reader) = start_agent(&[
+    let mut agent = Agent::start(&[
         "--mode",
         "poll",
         "--housekeeping-interval",
         "100ms",
         "--watch-memory",
         &format!("{scope}=32Mi"),
-    ]);
-    log.expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
+    ])
+    .unwrap();
+    agent
+        .log
+        .expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(48 * MIB).unwrap();
-    let above = log.expect(
+    let above = agent.log.expect(
         "threshold crossed",
         &[
             ("scope", &scope),
@@ -271,15 +166,14 @@ fn poll_mode_reports_crossings_from_cgroupfs() {
     assert!(above["value"].as_u64().unwrap() >= 32 * MIB);
     assert!(above["kernel_value"].is_null());
     assert_eq!(
-        log.count(
+        agent.log.count(
             "eBPF programs attached",
             "message",
             "eBPF programs attached"
         ),
         0
     );
-    assert!(stop(agent).success());
-    reader.join().unwrap();
+    assert!(agent.stop().unwrap().0.success());
 }
 
 #[test]
@@ -289,27 +183,25 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
     tree.create("pod").unwrap();
     let scope = tree.relative_path("pod");
     // setpriv (util-linux) runs the agent as nobody, which may not load BPF.
-    let mut agent = Command::new("setpriv")
+    let mut command = Command::new("setpriv");
+    command
         .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
         .arg(agent_binary())
-        .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
         .args(["--resync-interval", "100ms"])
-        .args(["--watch-memory", &format!("{scope}=32Mi")])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = agent.stdout.take().unwrap();
-    let (mut log, reader) = read_log(stdout);
-    let unavailable = log.expect(
+        .args(["--watch-memory", &format!("{scope}=32Mi")]);
+    let mut agent = Agent::spawn(command).unwrap();
+    let unavailable = agent.log.expect(
         "eBPF programs unavailable: POLLING cgroupfs instead of kernel events",
         &[],
     );
     let error = unavailable["error"].as_str().unwrap();
     assert!(error.contains("loading BPF needs root"), "{error}");
-    log.expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
+    agent
+        .log
+        .expect("watching scope", &[("scope", &scope), ("trigger", "poll")]);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(48 * MIB).unwrap();
-    log.expect(
+    agent.log.expect(
         "threshold crossed",
         &[
             ("scope", &scope),
@@ -317,6 +209,5 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
             ("source", "poll"),
         ],
     );
-    assert!(stop(agent).success());
-    reader.join().unwrap();
+    assert!(agent.stop().unwrap().0.success());
 }

@@ -44,6 +44,9 @@ enum Task {
         #[arg(last = true)]
         agent_args: Vec<String>,
     },
+    /// A sandbox node with pods of every QoS class, a memory hog, evictd in
+    /// event mode, and a timeline of what happened (needs root).
+    Demo,
     /// fmt check, clippy, unit tests, then the privileged integration tests.
     Test {
         /// Skip the integration tests that need root and a real kernel.
@@ -93,23 +96,17 @@ fn run(task: Task) -> Result<ExitCode> {
             ));
         }
         Task::Test { no_privileged } => test(no_privileged)?,
-        Task::BpfCost { rounds, agent_args } => {
-            let toolchain = setup::ensure()?;
-            build(&toolchain, true)?;
+        Task::Demo => {
+            let release = build_release_tools("the demo sandboxes pods in cgroups")?;
             setup::step(
-                "build the workload",
-                toolchain.cargo_host().args([
-                    "build",
-                    "--release",
-                    "--package",
-                    "evictd-integration",
-                    "--bins",
-                ]),
+                "demo",
+                Command::new(release.join("evictd-demo"))
+                    .arg(release.join("evictd"))
+                    .arg(release.join("evictd-workload")),
             )?;
-            if !setup::is_root() {
-                bail!("measuring BPF programs needs root");
-            }
-            let release = target_dir()?.join("release");
+        }
+        Task::BpfCost { rounds, agent_args } => {
+            let release = build_release_tools("measuring BPF programs")?;
             setup::step(
                 "measure",
                 Command::new(release.join("evictd-bpf-cost"))
@@ -121,6 +118,27 @@ fn run(task: Task) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the agent and the integration crate's tools in release mode and
+/// returns their directory; `why_root` says why the task needs root.
+fn build_release_tools(why_root: &str) -> Result<PathBuf> {
+    let toolchain = setup::ensure()?;
+    build(&toolchain, true)?;
+    setup::step(
+        "build the workload tools",
+        toolchain.cargo_host().args([
+            "build",
+            "--release",
+            "--package",
+            "evictd-integration",
+            "--bins",
+        ]),
+    )?;
+    if !setup::is_root() {
+        bail!("{why_root}: run as root");
+    }
+    Ok(target_dir()?.join("release"))
 }
 
 fn build(toolchain: &Toolchain, release: bool) -> Result<()> {

@@ -1,0 +1,395 @@
+//! The loop that protects the node: a trigger (kernel crossing or timer)
+//! -> fresh node signals -> [`Engine`] -> ranking -> kill -> wait until the
+//! resource is back -> decide again. Kernel watches for the engine's
+//! signals are re-armed from every fresh reading.
+use std::{sync::Arc, time::Duration};
+
+use tracing::{Instrument as _, debug, info, info_span, warn};
+
+use crate::{
+    bpf::{Resource as KernelResource, monotonic_now_ns},
+    cgroup::{CgroupError, CgroupFs},
+    engine::{Assessment, Choice, Engine, VictimPolicy},
+    inventory::Inventory,
+    kill::{KillReport, Killer},
+    metrics::Metrics,
+    monitor::Monitor,
+    snapshot::{NodeStats, PodSnapshot},
+    thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
+};
+
+/// While a memory or PID signal is inside the zone where only a fresh read
+/// can tell whether its threshold is met (usage past the point where the
+/// working set could reach the threshold), or a soft threshold waits out
+/// its grace period, the engine looks again this often. 20 ms: a hog
+/// allocating 1 GiB/s moves 20 MiB in that time, well inside kubelet's
+/// 100Mi default.
+pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How often a killed pod's cgroup is re-read while waiting for its memory
+/// to come back.
+const RECLAIM_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// A pod's memory counts as back once its working set is below this share
+/// of what it was, or below [`RECLAIM_FLOOR_BYTES`].
+const RECLAIM_REMAINING_SHARE: f64 = 0.05;
+const RECLAIM_FLOOR_BYTES: u64 = 1 << 20;
+
+/// Bound on decide-kill-verify rounds for one trigger, so a node where
+/// kills do not help cannot keep the loop from serving events.
+const MAX_ROUNDS_PER_TRIGGER: usize = 16;
+
+/// What woke the engine.
+#[derive(Debug, Clone, Copy)]
+pub struct Trigger {
+    /// `kernel`, `resync`, `poll` or `close-watch`.
+    pub source: &'static str,
+    /// CLOCK_MONOTONIC nanoseconds: the kernel record's timestamp, or when
+    /// the timer fired.
+    pub at_ns: u64,
+}
+
+impl Trigger {
+    pub fn now(source: &'static str) -> Self {
+        Self {
+            source,
+            at_ns: monotonic_now_ns(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        Duration::from_nanos(monotonic_now_ns().saturating_sub(self.at_ns))
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct EvictorOptions {
+    pub policy: VictimPolicy,
+    pub dry_run: bool,
+    pub reclaim_timeout: Duration,
+    /// Arm kernel watches (event mode); in poll mode the timer is all.
+    pub kernel_triggers: bool,
+}
+
+pub struct Evictor {
+    engine: Engine,
+    config: EvictionConfig,
+    inventory: Inventory,
+    killer: Killer,
+    cgroupfs: CgroupFs,
+    metrics: Arc<Metrics>,
+    options: EvictorOptions,
+    /// Conditions reported by the last round, to log changes once.
+    conditions: Vec<NodeCondition>,
+    /// A decision that killed nothing (dry run, or no pod may go): reported
+    /// once, not again on every run while the pressure lasts.
+    unacted: Option<Vec<String>>,
+}
+
+impl Evictor {
+    pub fn new(
+        config: EvictionConfig,
+        inventory: Inventory,
+        killer: Killer,
+        cgroupfs: CgroupFs,
+        metrics: Arc<Metrics>,
+        options: EvictorOptions,
+    ) -> Self {
+        Self {
+            engine: Engine::new(config.clone()),
+            config,
+            inventory,
+            killer,
+            cgroupfs,
+            metrics,
+            options,
+            conditions: Vec::new(),
+            unacted: None,
+        }
+    }
+
+    /// Runs the engine on fresh numbers, evicting until no threshold needs
+    /// reclaim (one victim per round unless --evict-set). Returns when the
+    /// engine wants to look again sooner than the resync timer.
+    pub async fn evaluate(&mut self, trigger: Trigger, monitor: &mut Monitor) -> Option<Duration> {
+        for _ in 0..MAX_ROUNDS_PER_TRIGGER {
+            self.metrics
+                .engine_runs
+                .with_label_values(&[trigger.source])
+                .inc();
+            let node = match self.inventory.node() {
+                Ok(node) => node,
+                Err(e) => {
+                    warn!(error = %e, "cannot read the node's signals");
+                    return None;
+                }
+            };
+            let assessment = self.engine.observe(engine_now(), &node);
+            self.report_state(&assessment);
+            if self.options.kernel_triggers {
+                self.arm(monitor, &node);
+            }
+            let Some(reclaim) = assessment.reclaim() else {
+                self.unacted = None;
+                return self.close_watch(monitor, &assessment);
+            };
+            let pods = match self.inventory.pods() {
+                Ok(pods) => pods,
+                Err(e) => {
+                    warn!(error = %e, "cannot list the node's pods");
+                    return self.soon();
+                }
+            };
+            // Only running pods can give anything back (kubelet ranks its
+            // active pods); a killed pod's empty cgroup may linger.
+            let pods: Vec<PodSnapshot> = pods.into_iter().filter(|pod| pod.usage.pids > 0).collect();
+            let choice = self.engine.choose(&assessment, &pods, self.options.policy);
+            self.metrics
+                .decision_latency
+                .observe(trigger.elapsed().as_secs_f64());
+            let span = info_span!("eviction",
+                signal = %reclaim.signal(), trigger = trigger.source);
+            let evicted = self
+                .execute(&trigger, &assessment, &choice, &pods)
+                .instrument(span)
+                .await;
+            if !evicted || self.options.dry_run {
+                return self.soon();
+            }
+        }
+        warn!(
+            rounds = MAX_ROUNDS_PER_TRIGGER,
+            "still under pressure after the maximum evictions for one trigger"
+        );
+        self.soon()
+    }
+
+    /// Look again soon, unless the timer is the only trigger (poll mode).
+    fn soon(&self) -> Option<Duration> {
+        self.options.kernel_triggers.then_some(CLOSE_WATCH_INTERVAL)
+    }
+
+    /// Logs the decision and carries it out. Returns whether anything was
+    /// evicted (and, unless dry-run, its resource came back).
+    async fn execute(
+        &mut self,
+        trigger: &Trigger,
+        assessment: &Assessment,
+        choice: &Choice,
+        pods: &[PodSnapshot],
+    ) -> bool {
+        let candidates = choice.explain(pods, 5);
+        let victims: Vec<String> = choice.victims.iter().map(|v| pods[v.index].key()).collect();
+        if self.unacted.as_ref() == Some(&victims) {
+            return false;
+        }
+        if choice.victims.is_empty() {
+            warn!(%candidates, "threshold met but no pod may be evicted (all critical or none running)");
+            self.unacted = Some(victims);
+            return false;
+        }
+        if self.options.dry_run {
+            self.unacted = Some(victims);
+        }
+        for victim in &choice.victims {
+            let pod = &pods[victim.index];
+            info!(
+                signal = %choice.signal,
+                observed = choice.observed,
+                threshold = choice.threshold,
+                min_reclaim = choice.min_reclaim,
+                deficit = choice.deficit,
+                resource = %choice.resource,
+                victim = %pod.key(),
+                qos = ?pod.qos_class(),
+                grace_seconds = victim.grace_period.as_secs(),
+                %candidates,
+                decision_us = trigger.elapsed().as_micros() as u64,
+                dry_run = self.options.dry_run,
+                "eviction decided"
+            );
+            self.metrics
+                .evictions
+                .with_label_values(&[choice.signal.as_str(), qos_label(pod)])
+                .inc();
+            if self.options.dry_run {
+                continue;
+            }
+            let Some(cgroup) = pod.cgroup.as_deref() else {
+                warn!(victim = %pod.key(), "pod has no cgroup; cannot kill it");
+                return false;
+            };
+            let before = self.cgroupfs.read_memory(cgroup).ok();
+            match self.killer.kill_pod(cgroup, victim.grace_period).await {
+                Ok(report) => {
+                    let to_kill = trigger_to_first_signal(trigger, &report);
+                    self.metrics
+                        .trigger_to_kill
+                        .observe(to_kill.as_secs_f64());
+                    info!(
+                        victim = %pod.key(),
+                        trigger_to_kill_us = to_kill.as_micros() as u64,
+                        sigterm = report.sigterm_sent,
+                        sigkill = report.sigkill_sent,
+                        frozen = report.frozen,
+                        released = report.mrelease_ok,
+                        empty_after_us = report.empty_after.as_micros() as u64,
+                        "pod killed"
+                    );
+                }
+                Err(e) => {
+                    self.metrics
+                        .eviction_failures
+                        .with_label_values(&[choice.signal.as_str()])
+                        .inc();
+                    warn!(victim = %pod.key(), error = %e, "eviction failed");
+                    return false;
+                }
+            }
+            if choice.resource == Resource::Memory {
+                let before = before.map(|m| m.working_set_bytes()).unwrap_or(0);
+                self.wait_for_memory(cgroup, &pod.key(), before).await;
+            }
+        }
+        true
+    }
+
+    /// Waits, up to --reclaim-timeout, until the killed pod's memory is
+    /// back (its working set near zero, or its cgroup removed).
+    async fn wait_for_memory(&self, cgroup: &str, pod: &str, before: u64) {
+        let started = tokio::time::Instant::now();
+        let target = ((before as f64 * RECLAIM_REMAINING_SHARE) as u64).max(RECLAIM_FLOOR_BYTES);
+        loop {
+            let remaining = match self.cgroupfs.read_memory(cgroup) {
+                Ok(memory) => memory.working_set_bytes(),
+                Err(CgroupError::Gone(_)) => 0,
+                Err(e) => {
+                    warn!(victim = pod, error = %e, "cannot read the victim's memory");
+                    return;
+                }
+            };
+            if remaining <= target {
+                info!(
+                    victim = pod,
+                    freed_bytes = before.saturating_sub(remaining),
+                    after_us = started.elapsed().as_micros() as u64,
+                    "memory back"
+                );
+                return;
+            }
+            if started.elapsed() >= self.options.reclaim_timeout {
+                warn!(victim = pod, remaining_bytes = remaining, timeout = ?self.options.reclaim_timeout,
+                    "memory not back before --reclaim-timeout; deciding again");
+                return;
+            }
+            tokio::time::sleep(RECLAIM_POLL_INTERVAL).await;
+        }
+    }
+
+    fn report_state(&mut self, assessment: &Assessment) {
+        for (signal, observation) in assessment.observations() {
+            self.metrics
+                .signal_available
+                .with_label_values(&[signal.as_str()])
+                .set(observation.available);
+        }
+        let conditions = assessment.node_conditions().to_vec();
+        for condition in NodeCondition::ALL {
+            let on = conditions.contains(&condition);
+            self.metrics
+                .node_condition
+                .with_label_values(&[condition.as_str()])
+                .set(i64::from(on));
+            if on != self.conditions.contains(&condition) {
+                info!(condition = condition.as_str(), status = on, "node condition");
+            }
+        }
+        self.conditions = conditions;
+    }
+
+    /// Arms the kernel at the values where each memory and PID threshold
+    /// could first be met: memory.available < T needs usage >= capacity - T
+    /// (working set never exceeds usage), pid.available < T needs
+    /// tasks >= max - T + 1.
+    fn arm(&self, monitor: &mut Monitor, node: &NodeStats) {
+        let mut node_memory = Vec::new();
+        let mut kubepods_memory = Vec::new();
+        let mut pids = Vec::new();
+        for threshold in &self.config.thresholds {
+            match threshold.signal {
+                Signal::MemoryAvailable => {
+                    let capacity = node.memory.capacity_bytes;
+                    let value = threshold.value.resolve(capacity as i64).max(0) as u64;
+                    node_memory.push(capacity.saturating_sub(value));
+                }
+                Signal::AllocatableMemoryAvailable => {
+                    if let Some(allocatable) = node.allocatable {
+                        let capacity = allocatable.capacity_bytes;
+                        let value = threshold.value.resolve(capacity as i64).max(0) as u64;
+                        kubepods_memory.push(capacity.saturating_sub(value));
+                    }
+                }
+                Signal::PidAvailable => {
+                    if let Some(pid) = node.pid {
+                        let value = threshold.value.resolve(pid.max as i64).max(0) as u64;
+                        pids.push((pid.max + 1).saturating_sub(value));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let node_cgroup = self.inventory.node_cgroup();
+        let kubepods = self.inventory.kubepods_cgroup();
+        if node_cgroup == "/" {
+            // The root memory cgroup has no page counter to watch: the pods'
+            // cgroup stands in, offset by what the rest of the node holds.
+            if let (Some(kubepods), Some(allocatable)) = (kubepods, node.allocatable) {
+                let rest = node
+                    .memory
+                    .working_set_bytes
+                    .saturating_sub(allocatable.working_set_bytes);
+                kubepods_memory.extend(node_memory.iter().map(|t| t.saturating_sub(rest)));
+            }
+            monitor.watch_for_engine(KernelResource::Pids, None, pids);
+        } else {
+            monitor.watch_for_engine(KernelResource::Memory, Some(node_cgroup), node_memory);
+            monitor.watch_for_engine(KernelResource::Pids, Some(node_cgroup), pids);
+        }
+        if let Some(kubepods) = kubepods {
+            monitor.watch_for_engine(KernelResource::Memory, Some(kubepods), kubepods_memory);
+        }
+    }
+
+    /// Whether to look again before the resync timer: while a threshold is
+    /// met but still inside its grace period, or a kernel-watched scope is
+    /// past the usage where a threshold could be met (only the working set,
+    /// read fresh, tells whether it is).
+    /// In poll mode the timer is the only trigger, as in kubelet.
+    fn close_watch(&self, monitor: &Monitor, assessment: &Assessment) -> Option<Duration> {
+        if !self.options.kernel_triggers {
+            return None;
+        }
+        let near = monitor.engine_scope_raised();
+        if near || !assessment.thresholds_met().is_empty() {
+            return self.soon();
+        }
+        None
+    }
+}
+
+fn qos_label(pod: &PodSnapshot) -> &'static str {
+    match pod.qos_class() {
+        crate::snapshot::QosClass::Guaranteed => "Guaranteed",
+        crate::snapshot::QosClass::Burstable => "Burstable",
+        crate::snapshot::QosClass::BestEffort => "BestEffort",
+    }
+}
+
+fn trigger_to_first_signal(trigger: &Trigger, report: &KillReport) -> Duration {
+    Duration::from_nanos(report.first_signal_ns.saturating_sub(trigger.at_ns))
+}
+
+/// The engine's clock: CLOCK_MONOTONIC, the clock kernel records use.
+fn engine_now() -> Duration {
+    Duration::from_nanos(monotonic_now_ns())
+}

@@ -1,0 +1,201 @@
+//! The `evictd` binary as a user runs it: started with JSON logs and a free
+//! metrics port, its log lines awaited with a deadline, stopped by SIGTERM.
+use std::{
+    io::{self, BufRead as _, BufReader, Read as _, Write as _},
+    net::TcpStream,
+    path::PathBuf,
+    process::{Child, ChildStdout, Command, ExitStatus, Stdio},
+    sync::mpsc,
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::wait_until;
+
+/// How long a log line or the agent's exit may take.
+pub const AGENT_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The agent binary: $EVICTD_BIN, or `evictd` in the target directory the
+/// running test was built into (`cargo xtask test` builds it first).
+pub fn agent_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("EVICTD_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|dir| dir.to_path_buf())
+        .unwrap_or_default();
+    profile_dir.join("evictd")
+}
+
+/// A running agent and its parsed log. Dropping it SIGKILLs the agent.
+pub struct Agent {
+    child: Child,
+    pub log: AgentLog,
+    reader: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    /// Starts the agent with JSON logs, metrics on a free port and `args`.
+    pub fn start(args: &[&str]) -> io::Result<Self> {
+        let binary = agent_binary();
+        if !binary.exists() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "{} not built: run `cargo build -p evictd` (cargo xtask test does)",
+                    binary.display()
+                ),
+            ));
+        }
+        let mut command = Command::new(binary);
+        command.args(args);
+        Self::spawn(command)
+    }
+
+    /// Starts `command` (the agent, maybe behind a wrapper such as setpriv),
+    /// adding JSON logs and a free metrics port.
+    pub fn spawn(mut command: Command) -> io::Result<Self> {
+        let mut child = command
+            .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("agent stdout not captured"))?;
+        let (log, reader) = AgentLog::read(stdout);
+        Ok(Self {
+            child,
+            log,
+            reader: Some(reader),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit and the end of its log,
+    /// which it gives back.
+    pub fn stop(mut self) -> io::Result<(ExitStatus, AgentLog)> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
+        let mut status = None;
+        wait_until(AGENT_DEADLINE, "the agent to exit", || {
+            status = self.child.try_wait().ok().flatten();
+            status.is_some()
+        })
+        .map_err(io::Error::other)?;
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+        let status = status.ok_or_else(|| io::Error::other("agent exit status lost"))?;
+        let (_, empty) = mpsc::channel();
+        let log = std::mem::replace(
+            &mut self.log,
+            AgentLog {
+                lines: empty,
+                seen: Vec::new(),
+            },
+        );
+        Ok((status, log))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Log lines of the agent, parsed from its JSON output.
+pub struct AgentLog {
+    lines: mpsc::Receiver<Value>,
+    pub seen: Vec<Value>,
+}
+
+impl AgentLog {
+    /// Parses JSON log lines from `stdout` on a thread.
+    pub fn read(stdout: ChildStdout) -> (Self, JoinHandle<()>) {
+        let (sender, lines) = mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                    let _ = sender.send(value);
+                }
+            }
+        });
+        let log = Self {
+            lines,
+            seen: Vec::new(),
+        };
+        (log, reader)
+    }
+
+    /// The first line with `message` whose string `fields` match, waiting
+    /// up to [`AGENT_DEADLINE`]; panics with everything seen otherwise.
+    pub fn expect(&mut self, message: &str, fields: &[(&str, &str)]) -> Value {
+        let matches = |line: &Value| {
+            line["message"] == message && fields.iter().all(|(k, v)| line[*k].as_str() == Some(*v))
+        };
+        let started = Instant::now();
+        loop {
+            if let Some(line) = self.seen.iter().find(|l| matches(l)) {
+                return line.clone();
+            }
+            let left = AGENT_DEADLINE.saturating_sub(started.elapsed());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no log line {message:?} {fields:?}; saw {:#?}", self.seen),
+            }
+        }
+    }
+
+    /// Lines seen so far with `message` and `field` == `value`.
+    pub fn count(&mut self, message: &str, field: &str, value: &str) -> usize {
+        self.drain();
+        self.seen
+            .iter()
+            .filter(|l| l["message"] == message && l[field] == value)
+            .count()
+    }
+
+    /// Every line with `message` seen so far.
+    pub fn all(&mut self, message: &str) -> Vec<Value> {
+        self.drain();
+        self.seen
+            .iter()
+            .filter(|l| l["message"] == message)
+            .cloned()
+            .collect()
+    }
+
+    fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET, for the metrics endpoint.
+pub fn http_get(address: &str, path: &str) -> io::Result<String> {
+    let mut stream = TcpStream::connect(address)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: evictd\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}

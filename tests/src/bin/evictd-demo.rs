@@ -1,0 +1,136 @@
+//! `cargo xtask demo`: the whole story on this machine, no cluster needed.
+//! A sandbox node cgroup (512 MiB) with pods of every QoS class, evictd in
+//! event mode with kubelet's default thresholds, a memory hog, and a
+//! timeline of what happened; then everything is removed.
+//!
+//! Usage: evictd-demo EVICTD WORKLOAD (xtask passes both binaries).
+use std::{process::ExitCode, time::Instant};
+
+use anyhow::{Context as _, Result, bail};
+use evictd_integration::{Agent, SandboxNode, memory_pods};
+use serde_json::Value;
+
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+/// What each pod holds before the hog starts.
+const RESIDENT: [(&str, u64); 4] = [
+    ("db", 96 * MIB),
+    ("web", 48 * MIB),
+    ("batch", 64 * MIB),
+    ("node-exporter", 24 * MIB),
+];
+/// The hog's allocation step: as fast as the workload can touch pages.
+const HOG_STEP: u64 = 8 * MIB;
+
+fn main() -> ExitCode {
+    match demo() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("evictd-demo: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn demo() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let (Some(agent_binary), Some(workload_binary)) = (args.next(), args.next()) else {
+        bail!("usage: evictd-demo EVICTD WORKLOAD");
+    };
+    // Agent::start finds the binary through EVICTD_BIN.
+    // SAFETY: single-threaded here; no other thread reads the environment.
+    unsafe { std::env::set_var("EVICTD_BIN", &agent_binary) };
+
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, &workload_binary)
+        .context("building the sandbox node")?;
+    println!("sandbox node: cgroup {} with {} MiB of memory", node.node_cgroup(), NODE_MEMORY / MIB);
+    println!("  {:<14} {:<11} {:>11} {:>16} {:>9}", "pod", "QoS", "priority", "memory request", "holds");
+    for pod in node.pods.clone() {
+        let held = RESIDENT.iter().find(|(n, _)| *n == pod.name).map_or(0, |(_, b)| *b);
+        if held > 0 {
+            node.workload(pod.name)?.alloc(held)?;
+        }
+        let container = &pod.metadata["containers"][0];
+        let qos = if container["limits"].is_object() {
+            "Guaranteed"
+        } else if container["requests"].is_object() {
+            "Burstable"
+        } else {
+            "BestEffort"
+        };
+        let request = container["requests"]["memory"].as_str().unwrap_or("-");
+        println!(
+            "  {:<14} {:<11} {:>11} {:>16} {:>6} MiB",
+            pod.name,
+            qos,
+            pod.metadata["priority"],
+            request,
+            held / MIB
+        );
+    }
+
+    let mut agent_args = node.agent_args();
+    agent_args.push("--eviction-hard=memory.available<100Mi".into());
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    println!("\nevictd {}", agent_args.join(" "));
+    let mut agent = Agent::start(&agent_args)?;
+    agent.log.expect("eBPF programs attached", &[]);
+    agent.log.expect("watching scope", &[("scope", &node.node_cgroup())]);
+
+    println!("\ntimeline (t = since the hog started)");
+    let started = Instant::now();
+    let stamp = |what: &str| println!("  t={:>7.1} ms  {what}", started.elapsed().as_secs_f64() * 1e3);
+    stamp(&format!("hog starts allocating {} MiB at a time", HOG_STEP / MIB));
+    let mut held = 0;
+    while node.workload("hog")?.alloc(HOG_STEP).is_ok() {
+        held += HOG_STEP;
+        if held >= NODE_MEMORY {
+            bail!("the hog was never stopped");
+        }
+    }
+    stamp(&format!("hog is gone after allocating {} MiB", held / MIB));
+
+    let field = |line: &Value, name: &str| line[name].to_string().trim_matches('"').to_owned();
+    let pressure = agent.log.expect("node condition", &[("condition", "MemoryPressure")]);
+    let decided = agent.log.expect("eviction decided", &[]);
+    let killed = agent.log.expect("pod killed", &[]);
+    let back = agent.log.expect("memory back", &[]);
+    println!("\nwhat evictd logged");
+    println!("  node condition {} = {}", field(&pressure, "condition"), field(&pressure, "status"));
+    println!(
+        "  eviction decided: signal {} observed {} B < threshold {} B (trigger: {}, {} µs after it)",
+        field(&decided, "signal"),
+        field(&decided, "observed"),
+        field(&decided, "threshold"),
+        field(&decided, "trigger"),
+        field(&decided, "decision_us"),
+    );
+    println!("  ranking: {}", field(&decided, "candidates"));
+    println!("  victim: {} ({})", field(&decided, "victim"), field(&decided, "qos"));
+    println!(
+        "  pod killed: {} µs from the kernel event to SIGKILL; cgroup empty {} µs later",
+        field(&killed, "trigger_to_kill_us"),
+        field(&killed, "empty_after_us"),
+    );
+    println!(
+        "  memory back: {} MiB freed within {} µs",
+        back["freed_bytes"].as_u64().unwrap_or(0) / MIB,
+        field(&back, "after_us"),
+    );
+
+    let survivors: Vec<&str> = RESIDENT
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| node.alive(name))
+        .collect();
+    let oom_kills = node.oom_kills()?;
+    println!("\noutcome");
+    println!("  still running: {}", survivors.join(", "));
+    println!("  kernel OOM kills in the sandbox: {oom_kills}");
+    let (status, _) = agent.stop()?;
+    println!("  evictd stopped ({status}); removing the sandbox");
+    if oom_kills > 0 || survivors.len() != RESIDENT.len() {
+        bail!("the demo did not go as expected");
+    }
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! A Kubernetes node inside this machine: a node cgroup with a memory limit
+//! (its capacity), pod cgroups laid out as kubelet lays them out, one real
+//! process per pod, and the --pod-metadata file that names them. Used by the
+//! eviction scenarios and `cargo xtask demo`; everything goes on drop.
+use std::{fs, io, path::PathBuf};
+
+use serde_json::{Value, json};
+
+use crate::{PrivateCgroupTree, Workload};
+
+/// One pod of the sandbox node with a single container.
+#[derive(Debug, Clone)]
+pub struct PodSpec {
+    pub name: &'static str,
+    pub uid: &'static str,
+    /// Container cgroup relative to the node cgroup.
+    pub container: String,
+    /// The pod in the snapshot schema (--pod-metadata).
+    pub metadata: Value,
+}
+
+impl PodSpec {
+    /// `resources`: the container's `requests`/`limits` object.
+    pub fn new(
+        name: &'static str,
+        uid: &'static str,
+        container: String,
+        priority: i32,
+        resources: Value,
+    ) -> Self {
+        let mut container_spec = json!({"name": "main"});
+        if let Value::Object(fields) = resources {
+            for (key, value) in fields {
+                container_spec[key] = value;
+            }
+        }
+        Self {
+            name,
+            uid,
+            container,
+            metadata: json!({
+                "namespace": "default", "name": name, "uid": uid,
+                "priority": priority, "containers": [container_spec],
+            }),
+        }
+    }
+}
+
+/// cgroupfs driver: `kubepods/[burstable/|besteffort/]pod<uid>/<container>`;
+/// `qos_dir` is "", "burstable/" or "besteffort/".
+pub fn cgroupfs_path(qos_dir: &str, uid: &str) -> String {
+    format!("kubepods/{qos_dir}pod{uid}/ctr")
+}
+
+/// systemd driver: `kubepods.slice/kubepods-<qos>.slice/
+/// kubepods-<qos>-pod<uid_with_underscores>.slice/cri-containerd-<id>.scope`;
+/// `qos` None is Guaranteed (no QoS slice).
+pub fn systemd_path(qos: Option<&str>, uid: &str) -> String {
+    let uid = uid.replace('-', "_");
+    match qos {
+        Some(qos) => format!(
+            "kubepods.slice/kubepods-{qos}.slice/kubepods-{qos}-pod{uid}.slice/cri-containerd-1.scope"
+        ),
+        None => format!("kubepods.slice/kubepods-pod{uid}.slice/cri-containerd-1.scope"),
+    }
+}
+
+/// Pods of every QoS class and several priorities, cgroupfs driver:
+/// db (Guaranteed, 128Mi, priority 1000), web (Burstable, requests 64Mi),
+/// batch (Burstable, requests 16Mi, priority 100), node-exporter
+/// (BestEffort, system-critical priority) and hog (BestEffort, priority 0).
+/// Under memory pressure kubelet's ranking puts hog first once it uses
+/// more than the others.
+pub fn memory_pods() -> Vec<PodSpec> {
+    let guaranteed = "00000000-0000-4000-8000-00000000000a";
+    let web = "00000000-0000-4000-8000-00000000000b";
+    let batch = "00000000-0000-4000-8000-00000000000c";
+    let exporter = "00000000-0000-4000-8000-00000000000d";
+    let hog = "00000000-0000-4000-8000-00000000000e";
+    vec![
+        PodSpec::new(
+            "db",
+            guaranteed,
+            cgroupfs_path("", guaranteed),
+            1000,
+            json!({"requests": {"cpu": "100m", "memory": "128Mi"},
+                   "limits": {"cpu": "100m", "memory": "128Mi"}}),
+        ),
+        PodSpec::new(
+            "web",
+            web,
+            cgroupfs_path("burstable/", web),
+            0,
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"}}),
+        ),
+        PodSpec::new(
+            "batch",
+            batch,
+            cgroupfs_path("burstable/", batch),
+            100,
+            json!({"requests": {"memory": "16Mi"}}),
+        ),
+        PodSpec::new(
+            "node-exporter",
+            exporter,
+            cgroupfs_path("besteffort/", exporter),
+            2_000_001_000,
+            json!({}),
+        ),
+        PodSpec::new("hog", hog, cgroupfs_path("besteffort/", hog), 0, json!({})),
+    ]
+}
+
+/// The node: cgroups for every pod, a process in each, the metadata file.
+pub struct SandboxNode {
+    // Declared first so the processes die before their cgroups go.
+    workloads: Vec<(&'static str, Workload)>,
+    pub tree: PrivateCgroupTree,
+    pub pods: Vec<PodSpec>,
+    metadata_file: PathBuf,
+}
+
+impl SandboxNode {
+    /// `memory_limit` is the node's capacity; `workload_binary` the
+    /// evictd-workload executable each pod runs.
+    pub fn new(pods: Vec<PodSpec>, memory_limit: u64, workload_binary: &str) -> io::Result<Self> {
+        let tree = PrivateCgroupTree::new()?;
+        tree.create("node")?;
+        tree.set_memory_limit("node", memory_limit)?;
+        let metadata: Vec<&Value> = pods.iter().map(|p| &p.metadata).collect();
+        let metadata_file = std::env::temp_dir().join(format!("evictd-pods-{}.json", tree.name()));
+        fs::write(&metadata_file, serde_json::to_vec(&metadata)?)?;
+        let mut workloads = Vec::new();
+        for pod in &pods {
+            let rel = format!("node/{}", pod.container);
+            tree.create(&rel)?;
+            workloads.push((pod.name, Workload::spawn_in(&tree, &rel, workload_binary)?));
+        }
+        Ok(Self {
+            tree,
+            pods,
+            metadata_file,
+            workloads,
+        })
+    }
+
+    /// The node cgroup relative to the hierarchy root (--node-cgroup).
+    pub fn node_cgroup(&self) -> String {
+        self.tree.relative_path("node")
+    }
+
+    /// The process of pod `name`.
+    pub fn workload(&mut self, name: &str) -> io::Result<&mut Workload> {
+        self.workloads
+            .iter_mut()
+            .find(|(n, _)| *n == name)
+            .map(|(_, w)| w)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no pod {name}")))
+    }
+
+    /// Agent arguments that make it protect this node (and nothing else:
+    /// the disk signals point nowhere).
+    pub fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--node-cgroup".into(),
+            self.node_cgroup(),
+            "--pod-metadata".into(),
+            self.metadata_file.display().to_string(),
+            "--nodefs-path".into(),
+            "/nonexistent".into(),
+            "--imagefs-path".into(),
+            "/nonexistent".into(),
+        ]
+    }
+
+    /// Kernel OOM kills in every pod's container cgroup.
+    pub fn oom_kills(&self) -> io::Result<u64> {
+        self.pods
+            .iter()
+            .map(|p| self.tree.oom_kill_count(&format!("node/{}", p.container)))
+            .sum()
+    }
+
+    /// Whether pod `name`'s process still runs (it answers a command).
+    pub fn alive(&mut self, name: &str) -> bool {
+        self.workload(name)
+            .and_then(|w| w.reported_pid())
+            .is_ok()
+    }
+}
+
+impl Drop for SandboxNode {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.metadata_file);
+    }
+}

@@ -1,0 +1,216 @@
+//! A node inside this machine: a `--node-cgroup` tree shaped like kubelet's,
+//! real processes as pods of every QoS class and several priorities, and a
+//! hog (memory) or a fork bomb (PIDs) pushing the node past a hard
+//! threshold. The agent must kill exactly the pod kubelet's ranking puts
+//! first, leave every other pod alive, and get there before the kernel does
+//! (no OOM kill, no fork refused at pids.max).
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::fs;
+
+use evictd_integration::{
+    AGENT_DEADLINE, Agent, AgentLog, Controller, PodSpec, SandboxNode, http_get, memory_pods,
+    systemd_path, wait_until,
+};
+use serde_json::{Value, json};
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+
+fn start_agent(node: &SandboxNode, extra: &[&str]) -> Agent {
+    let mut args = node.agent_args();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Agent::start(&args).unwrap()
+}
+
+/// The decision line for the eviction of `victim`, which must come before
+/// the kill.
+fn expect_eviction(log: &mut AgentLog, victim: &str, resource: &str) -> Value {
+    let decided = log.expect("eviction decided", &[("victim", victim)]);
+    assert_eq!(decided["resource"], resource, "{decided}");
+    let killed = log.expect("pod killed", &[("victim", victim)]);
+    let position = |line: &Value| log.seen.iter().position(|l| l == line).unwrap();
+    assert!(position(&decided) < position(&killed));
+    assert!(killed["trigger_to_kill_us"].as_u64().is_some(), "{killed}");
+    decided
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    // Below their requests: db (48 of 128Mi), web (32 of 64Mi). Above:
+    // batch (48 > 16Mi, but priority 100), node-exporter (critical).
+    for (name, bytes) in [
+        ("db", 48 * MIB),
+        ("web", 32 * MIB),
+        ("batch", 48 * MIB),
+        ("node-exporter", 24 * MIB),
+    ] {
+        node.workload(name).unwrap().alloc(bytes).unwrap();
+    }
+    let mut agent = start_agent(&node, &["--eviction-hard", "memory.available<96Mi"]);
+    agent.log.expect("eBPF programs attached", &[]);
+    agent.log.expect(
+        "watching scope",
+        &[("scope", &node.node_cgroup()), ("trigger", "bpf")],
+    );
+
+    // The hog grows 16 MiB at a time until something stops it; the node's
+    // limit is the most it could ever reach.
+    let mut held = 0;
+    while node.workload("hog").unwrap().alloc(16 * MIB).is_ok() {
+        held += 16 * MIB;
+        assert!(held < NODE_MEMORY, "the hog was never stopped");
+    }
+    let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    agent.log.expect("memory back", &[("victim", "default/hog")]);
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    assert_eq!(agent.log.all("eviction decided").len(), 1);
+    assert!(agent.log.all("kernel OOM killer chose a victim").is_empty());
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn in_poll_mode_the_same_hog_is_found_on_the_timer() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.workload("batch").unwrap().alloc(48 * MIB).unwrap();
+    let mut agent = start_agent(
+        &node,
+        &[
+            "--mode",
+            "poll",
+            "--housekeeping-interval",
+            "200ms",
+            "--eviction-hard",
+            "memory.available<256Mi",
+        ],
+    );
+    agent.log.expect("serving /metrics and /healthz", &[]);
+    // 320 MiB leaves the node less than 256Mi available; the hog then waits,
+    // allocating nothing more, for the timer to find it.
+    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
+    assert_eq!(decided["trigger"], "poll", "{decided}");
+    assert!(!node.alive("hog"));
+    assert!(node.alive("batch"));
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
+    // The systemd driver's layout this time.
+    let uid = |n: u32| -> &'static str {
+        Box::leak(format!("00000000-0000-4000-8000-0000000000a{n}").into_boxed_str())
+    };
+    let pods = vec![
+        PodSpec::new(
+            "db",
+            uid(1),
+            systemd_path(None, uid(1)),
+            1000,
+            json!({"requests": {"cpu": "100m", "memory": "64Mi"},
+                   "limits": {"cpu": "100m", "memory": "64Mi"}}),
+        ),
+        PodSpec::new(
+            "batch",
+            uid(2),
+            systemd_path(Some("burstable"), uid(2)),
+            100,
+            json!({"requests": {"memory": "16Mi"}}),
+        ),
+        PodSpec::new(
+            "web",
+            uid(3),
+            systemd_path(Some("besteffort"), uid(3)),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "bomb",
+            uid(4),
+            systemd_path(Some("besteffort"), uid(4)),
+            0,
+            json!({}),
+        ),
+    ];
+    let bomb_dir = format!("node/{}", pods[3].container);
+    let mut node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
+    node.tree.set_pids_limit("node", 200).unwrap();
+    // batch has more tasks than web but a higher priority than the bomb.
+    node.workload("batch").unwrap().fork(40).unwrap();
+    node.workload("web").unwrap().fork(2).unwrap();
+    let mut agent = start_agent(&node, &["--eviction-hard", "pid.available<60"]);
+    agent.log.expect("eBPF programs attached", &[]);
+    agent.log.expect(
+        "watching scope",
+        &[("scope", &node.node_cgroup()), ("resource", "pids")],
+    );
+
+    let mut children = 0;
+    while node.workload("bomb").unwrap().fork(10).is_ok() {
+        children += 10;
+        assert!(children < 200, "the fork bomb was never stopped");
+    }
+    let decided = expect_eviction(&mut agent.log, "default/bomb", "pids");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    for name in ["db", "batch", "web"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert!(node.tree.procs(Controller::Pids, &bomb_dir).unwrap().is_empty());
+    let events = node.tree.dir(Controller::Pids, "node").join("pids.events");
+    let events = fs::read_to_string(events).unwrap();
+    assert!(events.contains("max 0"), "a fork hit pids.max: {events}");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let mut agent = start_agent(
+        &node,
+        &["--dry-run", "--eviction-hard", "memory.available<256Mi"],
+    );
+    agent.log.expect("eBPF programs attached", &[]);
+    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    let decided = agent
+        .log
+        .expect("eviction decided", &[("victim", "default/hog")]);
+    assert_eq!(decided["dry_run"], true);
+    // The engine keeps looking while the pressure lasts; a few more runs
+    // must not repeat the decision.
+    let runs = || -> u64 {
+        let metrics = http_get(&address, "/metrics").unwrap();
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("evictd_engine_runs_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let seen = runs();
+    wait_until(AGENT_DEADLINE, "three more engine runs", || runs() >= seen + 3).unwrap();
+    assert_eq!(agent.log.all("eviction decided").len(), 1);
+    assert!(node.alive("hog"));
+    assert!(agent.log.all("pod killed").is_empty());
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
