@@ -1,5 +1,5 @@
-//! cgroupfs: where the memory and pids controllers are mounted (v1 or v2),
-//! and fresh reads of the values the kernel programs track.
+//! cgroupfs: where the memory, pids and (v1) freezer controllers are
+//! mounted, and fresh reads of the values the kernel programs track.
 use std::{
     fs, io,
     os::unix::fs::MetadataExt as _,
@@ -52,6 +52,10 @@ pub struct CgroupFs {
     pub version: CgroupVersion,
     pub memory_root: PathBuf,
     pub pids_root: Option<PathBuf>,
+    /// The v1 freezer hierarchy, which the kill executor uses to stop a pod
+    /// forking while it is killed. Always `None` on v2, whose freezer is
+    /// `cgroup.freeze` in every cgroup and whose `cgroup.kill` needs none.
+    pub freezer_root: Option<PathBuf>,
 }
 
 /// Memory of one cgroup as kubelet sees it.
@@ -88,6 +92,7 @@ impl CgroupFs {
     ) -> Result<Self, CgroupError> {
         let mut v1_memory = None;
         let mut v1_pids = None;
+        let mut v1_freezer = None;
         let mut v2 = None;
         for line in mountinfo.lines() {
             // id parent major:minor root mount-point options [optional...] - fstype source super-options
@@ -111,7 +116,10 @@ impl CgroupFs {
                         v1_memory.get_or_insert(mount_point.clone());
                     }
                     if options.contains(&"pids") {
-                        v1_pids.get_or_insert(mount_point);
+                        v1_pids.get_or_insert(mount_point.clone());
+                    }
+                    if options.contains(&"freezer") {
+                        v1_freezer.get_or_insert(mount_point);
                     }
                 }
                 "cgroup2" => {
@@ -129,6 +137,7 @@ impl CgroupFs {
                 version: CgroupVersion::V1,
                 memory_root,
                 pids_root: v1_pids,
+                freezer_root: v1_freezer,
             });
         }
         match v2 {
@@ -136,6 +145,7 @@ impl CgroupFs {
                 version: CgroupVersion::V2,
                 pids_root: has_pids.then(|| root.clone()),
                 memory_root: root,
+                freezer_root: None,
             }),
             None => Err(CgroupError::NoMemoryController),
         }
@@ -153,6 +163,11 @@ impl CgroupFs {
             .as_ref()
             .ok_or(CgroupError::NoPidsController)?;
         Ok(join(root, path))
+    }
+
+    /// Directory of cgroup `path` in the v1 freezer hierarchy, if mounted.
+    pub fn freezer_dir(&self, path: &str) -> Option<PathBuf> {
+        self.freezer_root.as_ref().map(|root| join(root, path))
     }
 
     /// The kernel's cgroup id: the inode number of the cgroup directory.
@@ -299,7 +314,8 @@ mod tests {
 35 25 0:30 / /sys/fs/cgroup/unified rw,relatime shared:10 - cgroup2 cgroup2 rw
 36 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory
 37 25 0:32 / /sys/fs/cgroup/pids rw,relatime shared:12 - cgroup cgroup rw,pids
-38 25 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct";
+38 25 0:33 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct
+39 25 0:34 / /sys/fs/cgroup/freezer rw,relatime shared:13 - cgroup cgroup rw,freezer";
 
     const UNIFIED: &str = "\
 30 25 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate";
@@ -314,6 +330,10 @@ mod tests {
             Some(Path::new("/sys/fs/cgroup/pids"))
         );
         assert_eq!(
+            fs.freezer_root.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/freezer"))
+        );
+        assert_eq!(
             fs.memory_dir("/kubepods/"),
             Path::new("/sys/fs/cgroup/memory/kubepods")
         );
@@ -326,6 +346,7 @@ mod tests {
             CgroupFs::from_mountinfo(UNIFIED, |_| "cpuset cpu io memory pids\n".into()).unwrap();
         assert_eq!(fs.version, CgroupVersion::V2);
         assert_eq!(fs.pids_root.as_deref(), Some(Path::new("/sys/fs/cgroup")));
+        assert_eq!(fs.freezer_root, None);
         let err = CgroupFs::from_mountinfo(UNIFIED, |_| "cpu io\n".into()).unwrap_err();
         assert!(matches!(err, CgroupError::NoMemoryController));
     }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod daemon;
 pub mod duration;
 pub mod kernel_layout;
+pub mod kill;
 pub mod levels;
 pub mod metrics;
 pub mod monitor;

@@ -1,5 +1,5 @@
-//! A private cgroup tree below the memory and pids hierarchy roots, removed
-//! with everything running in it when it drops.
+//! A private cgroup tree below the memory and pids (and v1 freezer)
+//! hierarchy roots, removed with everything running in it when it drops.
 //!
 //! Everything happens below `<mount>/evictd-test-<pid>-<n>`: the fixture
 //! never writes to a hierarchy root or to a cgroup it did not create.
@@ -30,12 +30,14 @@ pub const TREE_PIDS_LIMIT: u64 = 2048;
 /// to become removable.
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Which controller's hierarchy a path or id refers to. On cgroup v2 both
-/// name the same directory.
+/// Which controller's hierarchy a path or id refers to. On cgroup v2 memory
+/// and pids name the same directory, and there is no freezer hierarchy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Controller {
     Memory,
     Pids,
+    /// The v1 freezer, where mounted ([`CgroupLayout::freezer`]).
+    Freezer,
 }
 
 /// A uniquely named private cgroup in the memory and pids hierarchies, with
@@ -130,9 +132,13 @@ impl PrivateCgroupTree {
     /// The directory of `rel` in `controller`'s hierarchy.
     ///
     /// # Panics
-    /// If `rel` leaves the private tree (`..`): a bug in the test.
+    /// If `rel` leaves the private tree (`..`), or the controller has no
+    /// hierarchy (the freezer on v2): a bug in the test.
     pub fn dir(&self, controller: Controller, rel: &str) -> PathBuf {
-        let hierarchy = self.hierarchy(controller);
+        let hierarchy = match self.hierarchy(controller) {
+            Ok(hierarchy) => hierarchy,
+            Err(e) => panic!("{e}"),
+        };
         match components(rel) {
             Ok(parts) => parts
                 .iter()
@@ -245,11 +251,52 @@ impl PrivateCgroupTree {
         Ok(())
     }
 
+    /// Moves thread `tid` alone into `rel` in every hierarchy (v1 `tasks`;
+    /// v2 moves whole processes only, outside threaded cgroups). The
+    /// thread's process then shows in the cgroup's `cgroup.procs`; the
+    /// thread leaves the cgroup when it exits. Only move threads the test
+    /// started.
+    pub fn move_thread(&self, rel: &str, tid: u32) -> io::Result<()> {
+        if self.layout.memory.version == CgroupVersion::V2 {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "cgroup v2 moves single threads only within threaded subtrees",
+            ));
+        }
+        let parts = components(rel)?;
+        for hierarchy in self.layout.hierarchies() {
+            let dir = parts
+                .iter()
+                .fold(hierarchy.mount_point.join(&self.name), |d, p| d.join(p));
+            write(&dir.join("tasks"), &tid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// `freezer.state` of `rel`: `THAWED`, `FREEZING` or `FROZEN`.
+    pub fn freezer_state(&self, rel: &str) -> io::Result<String> {
+        let path = self
+            .checked_dir(Controller::Freezer, rel)?
+            .join("freezer.state");
+        Ok(read(&path)?.trim().to_owned())
+    }
+
     /// SIGKILLs every process in `rel` and its descendants and removes the
     /// cgroups, children first, in every hierarchy. `""` removes the whole
     /// tree (drop does that).
+    ///
+    /// Where a freezer hierarchy exists the subtree is first frozen, every
+    /// process in it SIGKILLed, and thawed: a process that keeps forking
+    /// successors (the workload's `hop`) cannot outrun the kill by pid, and
+    /// a cgroup a failed test left frozen is thawed so its tasks can die.
     pub fn remove(&self, rel: &str) -> io::Result<()> {
         let parts = components(rel)?;
+        if let Some(freezer) = &self.layout.freezer {
+            let dir = parts
+                .iter()
+                .fold(freezer.mount_point.join(&self.name), |d, p| d.join(p));
+            kill_frozen(&dir)?;
+        }
         let mut first_error = None;
         for hierarchy in self.layout.hierarchies() {
             let dir = parts
@@ -262,15 +309,22 @@ impl PrivateCgroupTree {
         first_error.map_or(Ok(()), Err)
     }
 
-    fn hierarchy(&self, controller: Controller) -> &Hierarchy {
+    fn hierarchy(&self, controller: Controller) -> io::Result<&Hierarchy> {
         match controller {
-            Controller::Memory => &self.layout.memory,
-            Controller::Pids => &self.layout.pids,
+            Controller::Memory => Ok(&self.layout.memory),
+            Controller::Pids => Ok(&self.layout.pids),
+            Controller::Freezer => self.layout.freezer.as_ref().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "no v1 freezer hierarchy is mounted",
+                )
+            }),
         }
     }
 
     fn checked_dir(&self, controller: Controller, rel: &str) -> io::Result<PathBuf> {
         components(rel)?;
+        self.hierarchy(controller)?;
         Ok(self.dir(controller, rel))
     }
 }
@@ -333,6 +387,60 @@ fn remove_tree(dir: &Path) -> io::Result<()> {
         !matches!(&outcome, Err(e) if e.kind() == io::ErrorKind::ResourceBusy)
     });
     outcome.map_err(|e| context("removing", dir, e))
+}
+
+/// Freezes v1 freezer cgroup `dir`, SIGKILLs every process in it and its
+/// descendants, and thaws them all so the killed tasks exit. Frozen tasks
+/// cannot fork, so no process escapes by changing its pid. A cgroup that
+/// does not freeze in time (a task in uninterruptible sleep) is killed
+/// anyway; [`kill_all`] then catches what is left.
+fn kill_frozen(dir: &Path) -> io::Result<()> {
+    let state = dir.join("freezer.state");
+    match fs::write(&state, "FROZEN") {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        other => other.map_err(|e| context("writing FROZEN to", &state, e))?,
+    }
+    let _ = wait_until(CLEANUP_DEADLINE, "the cgroup to freeze", || {
+        fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN")
+    });
+    let killed = kill_subtree_once(dir);
+    let thawed = thaw_subtree(dir);
+    killed.and(thawed)
+}
+
+fn kill_subtree_once(dir: &Path) -> io::Result<()> {
+    for pid in read_procs(dir)? {
+        if let Ok(raw) = i32::try_from(pid) {
+            // ESRCH: it exited meanwhile.
+            let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
+        }
+    }
+    for child in child_dirs(dir)? {
+        kill_subtree_once(&child)?;
+    }
+    Ok(())
+}
+
+/// Thaws `dir` and each descendant: thawing a parent leaves a child that
+/// was frozen on its own frozen.
+fn thaw_subtree(dir: &Path) -> io::Result<()> {
+    let state = dir.join("freezer.state");
+    fs::write(&state, "THAWED").map_err(|e| context("writing THAWED to", &state, e))?;
+    for child in child_dirs(dir)? {
+        thaw_subtree(&child)?;
+    }
+    Ok(())
+}
+
+fn child_dirs(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let mut dirs = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| context("listing", dir, e))? {
+        let entry = entry.map_err(|e| context("listing", dir, e))?;
+        if entry.file_type()?.is_dir() {
+            dirs.push(entry.path());
+        }
+    }
+    Ok(dirs)
 }
 
 /// SIGKILLs the processes in cgroup `dir` (not its descendants) until none

@@ -1,5 +1,5 @@
-//! Where the memory and pids controllers are mounted, read from
-//! `/proc/self/mountinfo`.
+//! Where the memory and pids controllers (and the v1 freezer) are mounted,
+//! read from `/proc/self/mountinfo`.
 //!
 //! The fixtures find the hierarchies themselves rather than through the
 //! agent's `evictd::cgroup::CgroupFs`: they are the oracle the agent is
@@ -30,6 +30,10 @@ pub struct Hierarchy {
 pub struct CgroupLayout {
     pub memory: Hierarchy,
     pub pids: Hierarchy,
+    /// The v1 freezer hierarchy, where mounted: the kill executor freezes a
+    /// pod there. (v2 has no freezer controller: every cgroup has its own
+    /// `cgroup.freeze`.)
+    pub freezer: Option<Hierarchy>,
 }
 
 impl CgroupLayout {
@@ -45,11 +49,16 @@ impl CgroupLayout {
 
     /// The distinct hierarchies, memory's first.
     pub fn hierarchies(&self) -> Vec<&Hierarchy> {
-        if self.memory.mount_point == self.pids.mount_point {
-            vec![&self.memory]
-        } else {
-            vec![&self.memory, &self.pids]
+        let mut hierarchies = vec![&self.memory];
+        for hierarchy in std::iter::once(&self.pids).chain(&self.freezer) {
+            if hierarchies
+                .iter()
+                .all(|h| h.mount_point != hierarchy.mount_point)
+            {
+                hierarchies.push(hierarchy);
+            }
         }
+        hierarchies
     }
 
     pub(crate) fn from_mountinfo(
@@ -57,6 +66,14 @@ impl CgroupLayout {
         v2_controllers: impl Fn(&Path) -> String,
     ) -> io::Result<Self> {
         let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
+        let v1_freezer = mounts
+            .iter()
+            .filter(|m| m.fstype == "cgroup" && m.super_options.split(',').any(|o| o == "freezer"))
+            .min_by_key(|m| m.root != "/")
+            .map(|m| Hierarchy {
+                version: CgroupVersion::V1,
+                mount_point: m.mount_point.clone(),
+            });
         let find = |controller: &str| -> io::Result<Hierarchy> {
             // A v1 hierarchy with the controller wins over cgroup2: a
             // controller is active in one hierarchy only, and on a hybrid host
@@ -96,6 +113,7 @@ impl CgroupLayout {
         Ok(Self {
             memory: find("memory")?,
             pids: find("pids")?,
+            freezer: v1_freezer,
         })
     }
 }
@@ -163,6 +181,7 @@ mod tests {
     const HYBRID: &str = "\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
 35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
 39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
 40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw";
@@ -183,7 +202,11 @@ mod tests {
             }
         );
         assert_eq!(layout.pids.mount_point, Path::new("/sys/fs/cgroup/pids"));
-        assert_eq!(layout.hierarchies().len(), 2);
+        assert_eq!(
+            layout.freezer.as_ref().map(|h| h.mount_point.as_path()),
+            Some(Path::new("/sys/fs/cgroup/freezer"))
+        );
+        assert_eq!(layout.hierarchies().len(), 3);
     }
 
     #[test]
@@ -193,6 +216,7 @@ mod tests {
                 .unwrap();
         assert_eq!(layout.memory.version, CgroupVersion::V2);
         assert_eq!(layout.memory, layout.pids);
+        assert_eq!(layout.freezer, None);
         assert_eq!(layout.hierarchies().len(), 1);
         assert_eq!(
             layout.hierarchies()[0].mount_point,

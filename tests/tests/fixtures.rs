@@ -57,6 +57,7 @@ fn tree_has_one_shape_in_every_hierarchy_and_vanishes_on_drop() {
         let hierarchy = match controller {
             Controller::Memory => &tree.layout().memory,
             Controller::Pids => &tree.layout().pids,
+            Controller::Freezer => unreachable!("not in the list"),
         };
         let dir = tree.dir(controller, "node/kubepods/pod1");
         assert_eq!(

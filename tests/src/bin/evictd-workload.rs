@@ -8,6 +8,14 @@
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
 //! - `fork N`: start N children that sleep until killed; `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
+//! - `hop N SECS`: start a fork bomb that does not grow but moves: N
+//!   processes, each forever forking a successor and exiting, so their pids
+//!   keep changing (what defeats killing by pid list without freezing).
+//!   They are children of a `hop-root` child that reaps them (a child
+//!   subreaper, so no zombies pile up on init), and all exit after SECS at
+//!   most; `ok <children>`.
+//! - `ignore-sigterm`: ignore SIGTERM from now on (children started later
+//!   inherit it); `ok ignoring`.
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
 //!
@@ -18,11 +26,16 @@
 use std::{
     io::{self, BufRead as _, Write as _},
     process::{Child, Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use nix::{
-    sys::{prctl, signal::Signal},
-    unistd::{Pid, getppid, pause},
+    sys::{
+        prctl,
+        signal::{SigHandler, Signal, signal},
+        wait::wait,
+    },
+    unistd::{ForkResult, Pid, fork, getppid, pause},
 };
 
 const CHUNK: usize = 1 << 20;
@@ -30,8 +43,13 @@ const PAGE: usize = 4096;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("sleep-child") {
-        sleep_child(args.get(2).and_then(|p| p.parse().ok()));
+    match args.get(1).map(String::as_str) {
+        Some("sleep-child") => sleep_child(args.get(2).and_then(|p| p.parse().ok())),
+        Some("hop-root") => hop_root(
+            args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
+            Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1)),
+        ),
+        _ => {}
     }
     keep_large_allocations_mmapped();
     let mut workload = Workload::default();
@@ -84,6 +102,46 @@ fn sleep_child(parent: Option<i32>) -> ! {
     }
 }
 
+/// Starts `count` hopping processes and reaps them, and their successors,
+/// until none is left (at most `lifetime`).
+fn hop_root(count: u32, lifetime: Duration) -> ! {
+    let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    // Orphaned successors are re-parented here, not to init, and reaped.
+    if !armed || prctl::set_child_subreaper(true).is_err() {
+        std::process::exit(1);
+    }
+    let until = Instant::now() + lifetime;
+    for _ in 0..count {
+        // SAFETY: this process is single-threaded (freshly exec'd, no
+        // threads started), so the child may run any code.
+        if let Ok(ForkResult::Child) = unsafe { fork() } {
+            hop(until);
+        }
+    }
+    // ECHILD: every hopper has exited.
+    while wait().is_ok() {}
+    std::process::exit(0);
+}
+
+/// Forks a successor and exits, over and over, until `until`. The 1 ms
+/// pause keeps the CPU cost low on a shared machine; it is still far
+/// faster than a pid can be listed and then signalled reliably.
+fn hop(until: Instant) -> ! {
+    loop {
+        if Instant::now() >= until {
+            // SAFETY: _exit ends the process without running destructors
+            // or atexit handlers, which a forked copy must not run twice.
+            unsafe { libc::_exit(0) };
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        // SAFETY: single-threaded, as in hop_root. EAGAIN at pids.max: retry.
+        if let Ok(ForkResult::Parent { .. }) = unsafe { fork() } {
+            // SAFETY: as above; the successor carries on.
+            unsafe { libc::_exit(0) };
+        }
+    }
+}
+
 #[derive(Default)]
 struct Workload {
     chunks: Vec<Vec<u8>>,
@@ -119,6 +177,18 @@ impl Workload {
             "reap" => {
                 self.reap(amount()?).map_err(|e| format!("reap: {e}"))?;
                 self.children.len().to_string()
+            }
+            "hop" => {
+                let count = amount()?;
+                let seconds = amount()?;
+                self.hop(count, seconds).map_err(|e| format!("hop: {e}"))?;
+                self.children.len().to_string()
+            }
+            "ignore-sigterm" => {
+                // SAFETY: SIG_IGN installs no handler code; single-threaded.
+                unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }
+                    .map_err(|e| format!("ignore-sigterm: {e}"))?;
+                "ignoring".to_owned()
             }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),
@@ -158,6 +228,17 @@ impl Workload {
                 .spawn()?;
             self.children.push(child);
         }
+        Ok(())
+    }
+
+    fn hop(&mut self, count: usize, seconds: usize) -> io::Result<()> {
+        let child = Command::new(std::env::current_exe()?)
+            .args(["hop-root", &count.to_string(), &seconds.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.children.push(child);
         Ok(())
     }
 

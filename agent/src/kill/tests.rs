@@ -1,0 +1,212 @@
+//! The executor against fixture directories shaped like cgroupfs. No test
+//! here signals anything: the only pids listed are pid 1 (which the
+//! executor never signals) and the test's own (which it refuses).
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use super::*;
+
+/// A temporary directory removed on drop.
+pub(crate) struct Fixture {
+    root: PathBuf,
+}
+
+impl Fixture {
+    pub(crate) fn new(name: &str) -> Self {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "evictd-kill-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(&root).unwrap();
+        Self { root }
+    }
+
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// A cgroup directory whose `cgroup.procs` holds `procs`.
+    pub(crate) fn cgroup(&self, rel: &str, procs: &str) -> PathBuf {
+        let dir = self.path(rel);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("cgroup.procs"), procs).unwrap();
+        dir
+    }
+
+    /// A v1 freezer cgroup, thawed.
+    fn freezer(&self, rel: &str) -> PathBuf {
+        let dir = self.cgroup(rel, "");
+        fs::write(dir.join("freezer.state"), "THAWED\n").unwrap();
+        dir
+    }
+
+    fn v1(&self) -> CgroupFs {
+        CgroupFs {
+            version: CgroupVersion::V1,
+            memory_root: self.path("memory"),
+            pids_root: Some(self.path("pids")),
+            freezer_root: Some(self.path("freezer")),
+        }
+    }
+
+    fn v2(&self) -> CgroupFs {
+        CgroupFs {
+            version: CgroupVersion::V2,
+            memory_root: self.path("unified"),
+            pids_root: Some(self.path("unified")),
+            freezer_root: None,
+        }
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+fn read(path: &Path) -> String {
+    fs::read_to_string(path).unwrap()
+}
+
+#[tokio::test]
+async fn v2_writes_cgroup_kill_once_for_the_subtree() {
+    let fixture = Fixture::new("v2");
+    let pod = fixture.cgroup("unified/kubepods/pod1", "");
+    fixture.cgroup("unified/kubepods/pod1/c1", "");
+    fs::write(pod.join("cgroup.kill"), "").unwrap();
+    let report = Killer::new(fixture.v2())
+        .kill_pod("/kubepods/pod1", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(read(&pod.join("cgroup.kill")), "1");
+    assert_eq!(report.method, KillMethod::CgroupKill);
+    assert_eq!((report.rounds, report.sigkill_sent), (1, 0));
+    assert!(report.first_sigkill_after.is_some());
+    assert!(!pod.join("c1/cgroup.kill").exists());
+}
+
+#[tokio::test]
+async fn v2_without_cgroup_kill_falls_back_to_signals() {
+    let fixture = Fixture::new("v2-old");
+    let pod = fixture.cgroup("unified/pod1", "");
+    let report = Killer::new(fixture.v2())
+        .kill_pod("/pod1", Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(report.method, KillMethod::Signals);
+    assert_eq!(report.rounds, 0);
+    assert!(!pod.join("cgroup.kill").exists());
+}
+
+#[tokio::test]
+async fn an_empty_v1_pod_is_frozen_then_thawed_and_reported_empty() {
+    let fixture = Fixture::new("v1-empty");
+    fixture.cgroup("memory/pod1/c1", "");
+    let freezer = fixture.freezer("freezer/pod1");
+    let report = Killer::new(fixture.v1())
+        .kill_pod("/pod1", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(report.method, KillMethod::Signals);
+    assert_eq!((report.sigterm_sent, report.sigkill_sent), (0, 0));
+    assert_eq!(report.rounds, 0);
+    assert!(report.frozen);
+    assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
+    assert!(report.empty_after < Duration::from_secs(30));
+}
+
+#[test]
+fn lists_the_subtree_in_every_v1_hierarchy_once() {
+    let fixture = Fixture::new("v1-list");
+    fixture.cgroup("memory/pod1", "10\n");
+    fixture.cgroup("memory/pod1/c1", "11\n");
+    fixture.cgroup("pids/pod1/c1", "11\n42\n");
+    fixture.freezer("freezer/pod1");
+    fixture.cgroup("freezer/pod1/c2", "43\n");
+    let killer = Killer::new(fixture.v1());
+    let dirs = killer.listed_dirs("/pod1");
+    assert_eq!(dirs.len(), 3);
+    let pod = Pod {
+        cgroup: "/pod1",
+        dirs,
+    };
+    assert_eq!(
+        pod.pids().unwrap().into_iter().collect::<Vec<_>>(),
+        [10, 11, 42, 43]
+    );
+    // v2: one hierarchy, listed once.
+    assert_eq!(Killer::new(fixture.v2()).listed_dirs("/pod1").len(), 1);
+}
+
+#[tokio::test]
+async fn refuses_a_pod_that_holds_the_agent_before_freezing_it() {
+    let fixture = Fixture::new("self");
+    fixture.cgroup("memory/pod1", "");
+    fixture.cgroup("memory/pod1/c1", &format!("1\n{}\n", std::process::id()));
+    let freezer = fixture.freezer("freezer/pod1");
+    fs::write(freezer.join("freezer.state"), "UNTOUCHED").unwrap();
+    let err = Killer::new(fixture.v1())
+        .kill_pod("/pod1", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, KillError::HoldsSelf { cgroup, pid } if cgroup == "/pod1" && *pid == std::process::id()),
+        "{err}"
+    );
+    assert!(err.to_string().contains("evictd itself"), "{err}");
+    assert_eq!(read(&freezer.join("freezer.state")), "UNTOUCHED");
+}
+
+#[tokio::test]
+async fn refuses_paths_beyond_one_pod() {
+    let fixture = Fixture::new("paths");
+    let killer = Killer::new(fixture.v1());
+    for bad in ["", "/", "/kubepods/../.."] {
+        let err = killer.kill_pod(bad, Duration::ZERO).await.unwrap_err();
+        assert!(
+            matches!(err, KillError::UnsafePath { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_pod_that_never_empties_times_out_naming_what_is_left_and_is_thawed() {
+    let fixture = Fixture::new("timeout");
+    // pid 1 is never signalled, so it stays listed.
+    fixture.cgroup("memory/pod1", "");
+    fixture.cgroup("memory/pod1/c1", "1\n");
+    let freezer = fixture.freezer("freezer/pod1");
+    let container = fixture.freezer("freezer/pod1/c1");
+    fs::write(container.join("freezer.state"), "FROZEN\n").unwrap();
+    let deadline = Duration::from_millis(50);
+    let err = Killer::new(fixture.v1())
+        .with_deadline(deadline)
+        .kill_pod("/pod1", Duration::ZERO)
+        .await
+        .unwrap_err();
+    match &err {
+        KillError::Timeout {
+            cgroup,
+            pids,
+            waited,
+        } => {
+            assert_eq!(cgroup, "/pod1");
+            assert_eq!(pids, &[1]);
+            assert!(*waited >= deadline);
+        }
+        other => panic!("{other}"),
+    }
+    assert!(
+        err.to_string().contains("\"/pod1\" still holds pids [1]"),
+        "{err}"
+    );
+    assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
+    assert_eq!(read(&container.join("freezer.state")), "THAWED");
+}

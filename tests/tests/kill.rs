@@ -1,0 +1,303 @@
+//! The kill executor (`evictd::kill`) on the real kernel: real pod cgroups
+//! in a private tree, real processes. Run as root, single-threaded (the
+//! tests share the machine's cgroup hierarchies):
+//! `cargo test -p evictd-integration --test kill -- --ignored --test-threads=1`.
+#![expect(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::{fs, os::unix::process::ExitStatusExt as _, path::PathBuf, sync::mpsc, time::Duration};
+
+use evictd::{
+    cgroup::CgroupFs,
+    kill::{KillError, KillMethod, KillReport, Killer},
+};
+use evictd_integration::{CgroupVersion, Controller, PrivateCgroupTree, Workload, wait_until};
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+/// How long a kill may take here: generous for a loaded 2-core machine.
+const KILL_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a killed process, or its memory, may take to be gone.
+const GONE_DEADLINE: Duration = Duration::from_secs(10);
+/// What a pod cgroup may still be charged once its processes are gone:
+/// kernel objects (dentries, slab) outlive them, and v1 usage is batched
+/// per CPU.
+const RESIDUE: u64 = 4 * MIB;
+
+fn killer() -> Killer {
+    Killer::new(CgroupFs::discover().unwrap()).with_deadline(KILL_DEADLINE)
+}
+
+fn kill_pod(tree: &PrivateCgroupTree, rel: &str, grace: Duration) -> Result<KillReport, KillError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(killer().kill_pod(&tree.relative_path(rel), grace))
+}
+
+fn has_freezer(tree: &PrivateCgroupTree) -> bool {
+    tree.layout().freezer.is_some()
+}
+
+/// The signal that ended `workload`, waiting for it to die.
+fn death_signal(workload: &mut Workload) -> Option<i32> {
+    let status = workload
+        .wait_exit(GONE_DEADLINE)
+        .unwrap()
+        .expect("the workload died");
+    status.signal()
+}
+
+/// No process in `rel` or below, in any hierarchy.
+fn assert_empty(tree: &PrivateCgroupTree, rel: &str) {
+    for hierarchy in tree.layout().hierarchies() {
+        let dir = hierarchy.mount_point.join(tree.name()).join(rel);
+        let mut stack = vec![dir];
+        while let Some(dir) = stack.pop() {
+            let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap();
+            assert!(procs.trim().is_empty(), "{}: {procs:?}", dir.display());
+            for entry in fs::read_dir(&dir).unwrap() {
+                let entry = entry.unwrap();
+                if entry.file_type().unwrap().is_dir() {
+                    stack.push(entry.path());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn kills_every_container_of_the_pod_returns_its_memory_and_spares_the_sibling() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    for rel in [
+        "kubepods/pod-a/c1",
+        "kubepods/pod-a/c2",
+        "kubepods/pod-b/c1",
+    ] {
+        tree.create(rel).unwrap();
+    }
+    let mut a1 = Workload::spawn_in(&tree, "kubepods/pod-a/c1", WORKLOAD).unwrap();
+    let mut a2 = Workload::spawn_in(&tree, "kubepods/pod-a/c2", WORKLOAD).unwrap();
+    let mut b1 = Workload::spawn_in(&tree, "kubepods/pod-b/c1", WORKLOAD).unwrap();
+    a1.alloc(64 * MIB).unwrap();
+    a2.alloc(64 * MIB).unwrap();
+    b1.alloc(32 * MIB).unwrap();
+    assert!(tree.memory_usage("kubepods/pod-a").unwrap() >= 128 * MIB);
+
+    let report = kill_pod(&tree, "kubepods/pod-a", Duration::ZERO).unwrap();
+    eprintln!("{report:?}");
+    assert_empty(&tree, "kubepods/pod-a");
+    let method = match tree.layout().memory.version {
+        CgroupVersion::V1 => KillMethod::Signals,
+        CgroupVersion::V2 => KillMethod::CgroupKill,
+    };
+    assert_eq!(report.method, method);
+    assert_eq!(report.sigterm_sent, 0);
+    assert_eq!(report.sigkill_sent, 2);
+    assert!(report.rounds >= 1);
+    assert_eq!(report.frozen, has_freezer(&tree));
+    // Frozen with SIGKILL pending, both are dying and hold their memory:
+    // process_mrelease reaps it.
+    if report.frozen {
+        assert_eq!(report.mrelease_ok, 2, "{report:?}");
+    }
+    assert!(report.first_sigkill_after.unwrap() <= report.empty_after);
+    assert_eq!(death_signal(&mut a1), Some(libc::SIGKILL));
+    assert_eq!(death_signal(&mut a2), Some(libc::SIGKILL));
+    wait_until(GONE_DEADLINE, "pod-a's memory to come back", || {
+        tree.memory_usage("kubepods/pod-a").unwrap() < RESIDUE
+    })
+    .unwrap();
+    if has_freezer(&tree) {
+        assert_eq!(tree.freezer_state("kubepods/pod-a").unwrap(), "THAWED");
+    }
+
+    // The sibling pod is untouched.
+    assert_eq!(b1.reported_pid().unwrap(), b1.pid());
+    assert_eq!(
+        tree.procs(Controller::Memory, "kubepods/pod-b/c1").unwrap(),
+        [b1.pid()]
+    );
+    assert!(tree.memory_usage("kubepods/pod-b").unwrap() >= 32 * MIB);
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn a_pod_whose_processes_keep_changing_pid_is_killed_whole() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("kubepods/pod-bomb/c1").unwrap();
+    // Hoppers, their successors mid-fork, the reaper and the workload.
+    tree.set_pids_limit("kubepods/pod-bomb", 64).unwrap();
+    let mut workload = Workload::spawn_in(&tree, "kubepods/pod-bomb/c1", WORKLOAD).unwrap();
+    let hoppers = 16;
+    workload.command(&format!("hop {hoppers} 60")).unwrap();
+    wait_until(GONE_DEADLINE, "the hoppers to start", || {
+        tree.pids_current("kubepods/pod-bomb").unwrap() >= hoppers + 2
+    })
+    .unwrap();
+    // They hop: some pid listed now is gone a moment later.
+    let first = tree
+        .procs(Controller::Memory, "kubepods/pod-bomb/c1")
+        .unwrap();
+    wait_until(GONE_DEADLINE, "a hopper to change pid", || {
+        let now = tree
+            .procs(Controller::Memory, "kubepods/pod-bomb/c1")
+            .unwrap();
+        first.iter().any(|pid| !now.contains(pid))
+    })
+    .unwrap();
+
+    let report = kill_pod(&tree, "kubepods/pod-bomb", Duration::ZERO).unwrap();
+    eprintln!("{report:?}");
+    assert_empty(&tree, "kubepods/pod-bomb");
+    assert_eq!(report.frozen, has_freezer(&tree));
+    assert!(u64::from(report.sigkill_sent) >= hoppers + 2, "{report:?}");
+    if report.frozen {
+        // Frozen, no process could hop away between being listed and being
+        // killed and reaped. (Unfrozen, some are gone by then: process_mrelease
+        // fails for them, and their successors need another round.)
+        assert_eq!(report.mrelease_failed, 0, "{report:?}");
+        assert_eq!(report.mrelease_ok, report.sigkill_sent, "{report:?}");
+    }
+    assert_eq!(death_signal(&mut workload), Some(libc::SIGKILL));
+    // Every task is gone and reaped, none escaped.
+    wait_until(GONE_DEADLINE, "the pod's tasks to be reaped", || {
+        tree.pids_current("kubepods/pod-bomb").unwrap() == 0
+    })
+    .unwrap();
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn soft_eviction_sigterms_first_and_sigkills_only_what_outlives_the_grace_period() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("kubepods/pod-polite/c1").unwrap();
+    tree.create("kubepods/pod-stubborn/c1").unwrap();
+    let mut polite = Workload::spawn_in(&tree, "kubepods/pod-polite/c1", WORKLOAD).unwrap();
+    let mut stubborn = Workload::spawn_in(&tree, "kubepods/pod-stubborn/c1", WORKLOAD).unwrap();
+    assert_eq!(stubborn.command("ignore-sigterm").unwrap(), "ignoring");
+
+    // Exits on SIGTERM, well within its grace period: no SIGKILL.
+    let grace = Duration::from_secs(10);
+    let report = kill_pod(&tree, "kubepods/pod-polite", grace).unwrap();
+    eprintln!("{report:?}");
+    assert_eq!((report.sigterm_sent, report.sigkill_sent), (1, 0));
+    assert_eq!(report.rounds, 0);
+    assert_eq!(report.first_sigkill_after, None);
+    assert!(report.empty_after < grace);
+    assert_eq!(death_signal(&mut polite), Some(libc::SIGTERM));
+    assert_empty(&tree, "kubepods/pod-polite");
+
+    // Ignores SIGTERM: SIGKILLed once the grace period is over.
+    let grace = Duration::from_millis(300);
+    let report = kill_pod(&tree, "kubepods/pod-stubborn", grace).unwrap();
+    eprintln!("{report:?}");
+    assert_eq!((report.sigterm_sent, report.sigkill_sent), (1, 1));
+    assert!(report.first_sigkill_after.unwrap() >= grace, "{report:?}");
+    assert_eq!(death_signal(&mut stubborn), Some(libc::SIGKILL));
+    assert_empty(&tree, "kubepods/pod-stubborn");
+}
+
+/// Puts one of this process's threads (v1) or the whole process (v2, where
+/// single threads cannot move) into `rel`; undone on drop.
+struct SelfInPod {
+    release: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// v2: this process's own cgroup directory, to move back to.
+    home: Option<PathBuf>,
+}
+
+impl SelfInPod {
+    fn enter(tree: &PrivateCgroupTree, rel: &str) -> Self {
+        if tree.layout().memory.version == CgroupVersion::V2 {
+            let own = fs::read_to_string("/proc/self/cgroup").unwrap();
+            let path = own
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .expect("a v2 entry");
+            let home = tree
+                .layout()
+                .memory
+                .mount_point
+                .join(path.trim_start_matches('/'));
+            tree.move_pid(rel, std::process::id()).unwrap();
+            return Self {
+                release: None,
+                thread: None,
+                home: Some(home),
+            };
+        }
+        let (tid_tx, tid_rx) = mpsc::channel();
+        let (release, released) = mpsc::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            tid_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            // Exiting takes the thread out of the pod's cgroup.
+            let _ = released.recv();
+        });
+        let tid = tid_rx.recv_timeout(GONE_DEADLINE).unwrap();
+        tree.move_thread(rel, u32::try_from(tid).unwrap()).unwrap();
+        Self {
+            release: Some(release),
+            thread: Some(thread),
+            home: None,
+        }
+    }
+}
+
+impl Drop for SelfInPod {
+    fn drop(&mut self) {
+        drop(self.release.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        if let Some(home) = &self.home {
+            let _ = fs::write(home.join("cgroup.procs"), std::process::id().to_string());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn refuses_to_kill_a_pod_holding_the_agent_and_touches_nothing() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("kubepods/pod-self/c1").unwrap();
+    tree.create("kubepods/pod-self/c2").unwrap();
+    let mut bystander = Workload::spawn_in(&tree, "kubepods/pod-self/c1", WORKLOAD).unwrap();
+    let inside = SelfInPod::enter(&tree, "kubepods/pod-self/c2");
+    assert!(
+        tree.procs(Controller::Memory, "kubepods/pod-self/c2")
+            .unwrap()
+            .contains(&std::process::id())
+    );
+
+    let err = kill_pod(&tree, "kubepods/pod-self", Duration::from_secs(5)).unwrap_err();
+    match &err {
+        KillError::HoldsSelf { cgroup, pid } => {
+            assert_eq!(cgroup, &tree.relative_path("kubepods/pod-self"));
+            assert_eq!(*pid, std::process::id());
+        }
+        other => panic!("{other}"),
+    }
+    drop(inside);
+    // Nothing was signalled or frozen.
+    assert_eq!(bystander.reported_pid().unwrap(), bystander.pid());
+    if has_freezer(&tree) {
+        assert_eq!(tree.freezer_state("kubepods/pod-self").unwrap(), "THAWED");
+    }
+    wait_until(GONE_DEADLINE, "this process to leave the pod", || {
+        tree.procs(Controller::Memory, "kubepods/pod-self/c2")
+            .unwrap()
+            .is_empty()
+    })
+    .unwrap();
+
+    // Without us inside it is killed as any pod.
+    let report = kill_pod(&tree, "kubepods/pod-self", Duration::ZERO).unwrap();
+    assert_eq!(report.sigkill_sent, 1);
+    assert_eq!(death_signal(&mut bystander), Some(libc::SIGKILL));
+}
