@@ -1,7 +1,11 @@
-use std::process::ExitCode;
+use std::{process::ExitCode, time::Duration};
 
 use clap::Parser as _;
-use evictd::config::{Cli, Command, LogFormat};
+use evictd::{
+    config::{Cli, Command, EvictionArgs, LogFormat, SimulateArgs},
+    simulate,
+    thresholds::{EvictionConfig, Operator, Signal, Threshold, ThresholdValue},
+};
 use tracing_subscriber::EnvFilter;
 
 /// Exit status for invalid configuration or input, as clap and the
@@ -21,7 +25,8 @@ fn main() -> ExitCode {
     let args = match cli.command {
         Some(Command::Run(args)) => *args,
         None => cli.run,
-        Some(Command::Thresholds(_)) | Some(Command::Simulate(_)) | Some(Command::Snapshot(_)) => {
+        Some(Command::Simulate(args)) => return simulate(&args),
+        Some(Command::Thresholds(_)) | Some(Command::Snapshot(_)) => {
             eprintln!("evictd: not built yet");
             return ExitCode::FAILURE;
         }
@@ -49,6 +54,48 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `evictd simulate`: decisions on stdout, one line per snapshot.
+fn simulate(args: &SimulateArgs) -> ExitCode {
+    let config = match eviction_config(&args.eviction) {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
+    };
+    let mut stdout = std::io::stdout().lock();
+    match simulate::run_file(&config, args.policy, &args.snapshot, &mut stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_input_error() => usage_error(e),
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// MERGE POINT (lead): replace the body with `args.resolve()` once
+/// `EvictionArgs::resolve` lands; until then the flags are ignored and
+/// kubelet's Linux defaults apply.
+fn eviction_config(_args: &EvictionArgs) -> Result<EvictionConfig, String> {
+    let hard = |signal, value| Threshold {
+        signal,
+        operator: Operator::LessThan,
+        value,
+        grace_period: Duration::ZERO,
+        min_reclaim: ThresholdValue::Quantity(0),
+        hard: true,
+    };
+    Ok(EvictionConfig {
+        thresholds: vec![
+            hard(Signal::MemoryAvailable, ThresholdValue::Quantity(100 << 20)),
+            hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1)),
+            hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+            hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+            hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
+        ],
+        max_pod_grace_period: Duration::ZERO,
+        pressure_transition_period: Duration::from_secs(5 * 60),
+    })
 }
 
 /// One line on stderr, quoting the offending text, exit 2: what scripts and
