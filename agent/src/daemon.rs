@@ -99,7 +99,7 @@ pub async fn run(
     let mut evictor = Evictor::new(
         config,
         inventory,
-        Killer::new(&cgroupfs),
+        Killer::new(cgroupfs.clone()),
         cgroupfs,
         metrics.clone(),
         EvictorOptions {

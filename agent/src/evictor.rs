@@ -4,12 +4,12 @@
 //! signals are re-armed from every fresh reading.
 use std::{sync::Arc, time::Duration};
 
-use tracing::{Instrument as _, debug, info, info_span, warn};
+use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::{
     bpf::{Resource as KernelResource, monotonic_now_ns},
     cgroup::{CgroupError, CgroupFs},
-    engine::{Assessment, Choice, Engine, VictimPolicy},
+    engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
     inventory::Inventory,
     kill::{KillReport, Killer},
     metrics::Metrics,
@@ -34,6 +34,9 @@ const RECLAIM_POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// of what it was, or below [`RECLAIM_FLOOR_BYTES`].
 const RECLAIM_REMAINING_SHARE: f64 = 0.05;
 const RECLAIM_FLOOR_BYTES: u64 = 1 << 20;
+
+/// Pods of the ranking a decision's log line explains.
+const CANDIDATES_LOGGED: usize = 5;
 
 /// Bound on decide-kill-verify rounds for one trigger, so a node where
 /// kills do not help cannot keep the loop from serving events.
@@ -129,7 +132,7 @@ impl Evictor {
             if self.options.kernel_triggers {
                 self.arm(monitor, &node);
             }
-            let Some(reclaim) = assessment.reclaim() else {
+            let Some(starvation) = assessment.starvation.as_ref() else {
                 self.unacted = None;
                 return self.close_watch(monitor, &assessment);
             };
@@ -142,15 +145,16 @@ impl Evictor {
             };
             // Only running pods can give anything back (kubelet ranks its
             // active pods); a killed pod's empty cgroup may linger.
-            let pods: Vec<PodSnapshot> = pods.into_iter().filter(|pod| pod.usage.pids > 0).collect();
+            let pods: Vec<PodSnapshot> =
+                pods.into_iter().filter(|pod| pod.usage.pids > 0).collect();
             let choice = self.engine.choose(&assessment, &pods, self.options.policy);
             self.metrics
                 .decision_latency
                 .observe(trigger.elapsed().as_secs_f64());
             let span = info_span!("eviction",
-                signal = %reclaim.signal(), trigger = trigger.source);
+                signal = %starvation.threshold.signal, trigger = trigger.source);
             let evicted = self
-                .execute(&trigger, &assessment, &choice, &pods)
+                .execute(&trigger, starvation, &choice, &pods)
                 .instrument(span)
                 .await;
             if !evicted || self.options.dry_run {
@@ -174,12 +178,12 @@ impl Evictor {
     async fn execute(
         &mut self,
         trigger: &Trigger,
-        assessment: &Assessment,
+        starvation: &Starvation,
         choice: &Choice,
         pods: &[PodSnapshot],
     ) -> bool {
-        let candidates = choice.explain(pods, 5);
-        let victims: Vec<String> = choice.victims.iter().map(|v| pods[v.index].key()).collect();
+        let candidates = explain(choice);
+        let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
             return false;
         }
@@ -193,24 +197,28 @@ impl Evictor {
         }
         for victim in &choice.victims {
             let pod = &pods[victim.index];
+            let signal = starvation.threshold.signal;
             info!(
-                signal = %choice.signal,
-                observed = choice.observed,
-                threshold = choice.threshold,
-                min_reclaim = choice.min_reclaim,
-                deficit = choice.deficit,
-                resource = %choice.resource,
-                victim = %pod.key(),
+                %signal,
+                observed = starvation.observation.available,
+                threshold = starvation.threshold_quantity,
+                min_reclaim = starvation.min_reclaim_quantity,
+                deficit = starvation.deficit(),
+                hard = starvation.threshold.hard,
+                resource = %starvation.resource,
+                victim = %victim.pod,
+                victim_usage = victim.usage,
                 qos = ?pod.qos_class(),
                 grace_seconds = victim.grace_period.as_secs(),
                 %candidates,
+                trigger = trigger.source,
                 decision_us = trigger.elapsed().as_micros() as u64,
                 dry_run = self.options.dry_run,
                 "eviction decided"
             );
             self.metrics
                 .evictions
-                .with_label_values(&[choice.signal.as_str(), qos_label(pod)])
+                .with_label_values(&[signal.as_str(), qos_label(pod)])
                 .inc();
             if self.options.dry_run {
                 continue;
@@ -220,12 +228,11 @@ impl Evictor {
                 return false;
             };
             let before = self.cgroupfs.read_memory(cgroup).ok();
+            let kill_started_ns = monotonic_now_ns();
             match self.killer.kill_pod(cgroup, victim.grace_period).await {
                 Ok(report) => {
-                    let to_kill = trigger_to_first_signal(trigger, &report);
-                    self.metrics
-                        .trigger_to_kill
-                        .observe(to_kill.as_secs_f64());
+                    let to_kill = trigger_to_first_signal(trigger, kill_started_ns, &report);
+                    self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
                     info!(
                         victim = %pod.key(),
                         trigger_to_kill_us = to_kill.as_micros() as u64,
@@ -233,6 +240,7 @@ impl Evictor {
                         sigkill = report.sigkill_sent,
                         frozen = report.frozen,
                         released = report.mrelease_ok,
+                        rounds = report.rounds,
                         empty_after_us = report.empty_after.as_micros() as u64,
                         "pod killed"
                     );
@@ -240,13 +248,13 @@ impl Evictor {
                 Err(e) => {
                     self.metrics
                         .eviction_failures
-                        .with_label_values(&[choice.signal.as_str()])
+                        .with_label_values(&[signal.as_str()])
                         .inc();
                     warn!(victim = %pod.key(), error = %e, "eviction failed");
                     return false;
                 }
             }
-            if choice.resource == Resource::Memory {
+            if starvation.resource == Resource::Memory {
                 let before = before.map(|m| m.working_set_bytes()).unwrap_or(0);
                 self.wait_for_memory(cgroup, &pod.key(), before).await;
             }
@@ -287,13 +295,13 @@ impl Evictor {
     }
 
     fn report_state(&mut self, assessment: &Assessment) {
-        for (signal, observation) in assessment.observations() {
+        for (signal, observation) in &assessment.observations {
             self.metrics
                 .signal_available
                 .with_label_values(&[signal.as_str()])
                 .set(observation.available);
         }
-        let conditions = assessment.node_conditions().to_vec();
+        let conditions = assessment.node_conditions.clone();
         for condition in NodeCondition::ALL {
             let on = conditions.contains(&condition);
             self.metrics
@@ -301,7 +309,11 @@ impl Evictor {
                 .with_label_values(&[condition.as_str()])
                 .set(i64::from(on));
             if on != self.conditions.contains(&condition) {
-                info!(condition = condition.as_str(), status = on, "node condition");
+                info!(
+                    condition = condition.as_str(),
+                    status = on,
+                    "node condition"
+                );
             }
         }
         self.conditions = conditions;
@@ -343,7 +355,7 @@ impl Evictor {
         if node_cgroup == "/" {
             // The root memory cgroup has no page counter to watch: the pods'
             // cgroup stands in, offset by what the rest of the node holds.
-            if let (Some(kubepods), Some(allocatable)) = (kubepods, node.allocatable) {
+            if let (Some(_), Some(allocatable)) = (&kubepods, node.allocatable) {
                 let rest = node
                     .memory
                     .working_set_bytes
@@ -356,7 +368,7 @@ impl Evictor {
             monitor.watch_for_engine(KernelResource::Pids, Some(node_cgroup), pids);
         }
         if let Some(kubepods) = kubepods {
-            monitor.watch_for_engine(KernelResource::Memory, Some(kubepods), kubepods_memory);
+            monitor.watch_for_engine(KernelResource::Memory, Some(&kubepods), kubepods_memory);
         }
     }
 
@@ -370,11 +382,29 @@ impl Evictor {
             return None;
         }
         let near = monitor.engine_scope_raised();
-        if near || !assessment.thresholds_met().is_empty() {
+        if near || !assessment.thresholds_met.is_empty() {
             return self.soon();
         }
         None
     }
+}
+
+/// The head of the ranking, one pod per line-part: where each stands and why.
+fn explain(choice: &Choice) -> String {
+    let mut text: Vec<String> = choice
+        .ranking
+        .iter()
+        .take(CANDIDATES_LOGGED)
+        .enumerate()
+        .map(|(place, ranked)| format!("{}. {}: {}", place + 1, ranked.pod, ranked.reason))
+        .collect();
+    if choice.ranking.len() > CANDIDATES_LOGGED {
+        text.push(format!(
+            "(+{} more)",
+            choice.ranking.len() - CANDIDATES_LOGGED
+        ));
+    }
+    text.join("; ")
 }
 
 fn qos_label(pod: &PodSnapshot) -> &'static str {
@@ -385,8 +415,18 @@ fn qos_label(pod: &PodSnapshot) -> &'static str {
     }
 }
 
-fn trigger_to_first_signal(trigger: &Trigger, report: &KillReport) -> Duration {
-    Duration::from_nanos(report.first_signal_ns.saturating_sub(trigger.at_ns))
+/// From the trigger to the first signal the victim got: SIGTERM as the kill
+/// starts for a soft eviction, else the first SIGKILL.
+fn trigger_to_first_signal(
+    trigger: &Trigger,
+    kill_started_ns: u64,
+    report: &KillReport,
+) -> Duration {
+    let to_start = Duration::from_nanos(kill_started_ns.saturating_sub(trigger.at_ns));
+    match (report.sigterm_sent, report.first_sigkill_after) {
+        (0, Some(after)) => to_start + after,
+        _ => to_start,
+    }
 }
 
 /// The engine's clock: CLOCK_MONOTONIC, the clock kernel records use.

@@ -1,10 +1,11 @@
-use std::{process::ExitCode, time::Duration};
+use std::process::ExitCode;
 
 use clap::Parser as _;
 use evictd::{
-    config::{Cli, Command, EvictionArgs, LogFormat, SimulateArgs},
+    cgroup::CgroupFs,
+    config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
+    inventory::{Inventory, InventoryError},
     simulate,
-    thresholds::{EvictionConfig, Operator, Signal, Threshold, ThresholdValue},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -26,10 +27,13 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => *args,
         None => cli.run,
         Some(Command::Simulate(args)) => return simulate(&args),
-        Some(Command::Thresholds(_)) | Some(Command::Snapshot(_)) => {
-            eprintln!("evictd: not built yet");
-            return ExitCode::FAILURE;
-        }
+        Some(Command::Snapshot(args)) => return snapshot(&args),
+        Some(Command::Thresholds(args)) => return thresholds(&args),
+    };
+    // Bad configuration stops the agent before it touches anything.
+    let config = match args.eviction.resolve() {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
@@ -47,7 +51,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(evictd::daemon::run(args, shutdown_signal())) {
+    match runtime.block_on(evictd::daemon::run(args, config, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{:#}", anyhow::Error::from(e));
@@ -56,9 +60,53 @@ fn main() -> ExitCode {
     }
 }
 
+/// `evictd thresholds`: the parsed thresholds as one JSON array.
+fn thresholds(args: &EvictionArgs) -> ExitCode {
+    let config = match args.resolve() {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
+    };
+    match serde_json::to_string(&config.thresholds) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `evictd snapshot`: the live node as one JSON object on stdout.
+fn snapshot(args: &InventoryArgs) -> ExitCode {
+    let result = CgroupFs::discover()
+        .map_err(InventoryError::from)
+        .and_then(|cgroupfs| Inventory::new(cgroupfs, args))
+        .and_then(|mut inventory| inventory.snapshot(0.0));
+    let snapshot = match result {
+        Ok(snapshot) => snapshot,
+        Err(e) if e.is_input_error() => return usage_error(e),
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match serde_json::to_string_pretty(&snapshot) {
+        Ok(json) => {
+            println!("{json}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `evictd simulate`: decisions on stdout, one line per snapshot.
 fn simulate(args: &SimulateArgs) -> ExitCode {
-    let config = match eviction_config(&args.eviction) {
+    let config = match args.eviction.resolve() {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
@@ -71,31 +119,6 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// MERGE POINT (lead): replace the body with `args.resolve()` once
-/// `EvictionArgs::resolve` lands; until then the flags are ignored and
-/// kubelet's Linux defaults apply.
-fn eviction_config(_args: &EvictionArgs) -> Result<EvictionConfig, String> {
-    let hard = |signal, value| Threshold {
-        signal,
-        operator: Operator::LessThan,
-        value,
-        grace_period: Duration::ZERO,
-        min_reclaim: ThresholdValue::Quantity(0),
-        hard: true,
-    };
-    Ok(EvictionConfig {
-        thresholds: vec![
-            hard(Signal::MemoryAvailable, ThresholdValue::Quantity(100 << 20)),
-            hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1)),
-            hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
-            hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
-            hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
-        ],
-        max_pod_grace_period: Duration::ZERO,
-        pressure_transition_period: Duration::from_secs(5 * 60),
-    })
 }
 
 /// One line on stderr, quoting the offending text, exit 2: what scripts and

@@ -24,7 +24,14 @@ impl PodSnapshot {
     /// and memory and the pod's summed requests to equal its summed limits;
     /// anything else is Burstable. Requests are first defaulted to limits,
     /// as the API server does before kubelet ever sees the pod.
+    /// A pod whose containers are unknown (found in cgroups only) takes the
+    /// class its cgroup path shows.
     pub fn qos_class(&self) -> QosClass {
+        if self.containers.is_empty()
+            && let Some(qos) = self.cgroup_qos
+        {
+            return qos;
+        }
         // Sums in thousandths: exact for memory bytes and for cpu, whose
         // API validation rejects precision finer than 1m.
         let mut requests: BTreeMap<&str, i128> = BTreeMap::new();

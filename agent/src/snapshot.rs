@@ -84,6 +84,11 @@ pub struct PodSnapshot {
     /// a pod found in cgroups but absent from --pod-metadata).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unknown: Vec<String>,
+    /// Live snapshots only: the QoS class kubelet's cgroup layout shows
+    /// (kubepods/, burstable/, besteffort/), the only QoS evidence for a pod
+    /// whose containers are unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_qos: Option<QosClass>,
     /// Live snapshots only: evictd itself runs in this pod's cgroup, so the
     /// pod is never a victim (the agent never kills itself).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -5,6 +5,10 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use serde::Serialize;
 
+mod parse;
+
+pub use parse::ConfigError;
+
 /// An eviction signal, named as kubelet names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Signal {

@@ -183,9 +183,7 @@ impl SandboxNode {
 
     /// Whether pod `name`'s process still runs (it answers a command).
     pub fn alive(&mut self, name: &str) -> bool {
-        self.workload(name)
-            .and_then(|w| w.reported_pid())
-            .is_ok()
+        self.workload(name).and_then(|w| w.reported_pid()).is_ok()
     }
 }
 

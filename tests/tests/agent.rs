@@ -1,11 +1,6 @@
 //! The `evictd` binary as a user runs it: a watched cgroup, a workload that
 //! crosses and hovers at the threshold, the log lines, the metrics endpoint,
 //! and a clean stop that leaves no program behind.
-#![expect(
-    clippy::unwrap_used,
-    reason = "test helpers: a failed step is a failed test"
-)]
-
 use std::process::Command;
 
 use evictd_integration::{

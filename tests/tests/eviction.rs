@@ -8,7 +8,6 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-
 use std::fs;
 
 use evictd_integration::{
@@ -70,7 +69,9 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
     }
     let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
     assert_eq!(decided["trigger"], "kernel", "{decided}");
-    agent.log.expect("memory back", &[("victim", "default/hog")]);
+    agent
+        .log
+        .expect("memory back", &[("victim", "default/hog")]);
     for name in ["db", "web", "batch", "node-exporter"] {
         assert!(node.alive(name), "{name} was killed");
     }
@@ -98,9 +99,9 @@ fn in_poll_mode_the_same_hog_is_found_on_the_timer() {
         ],
     );
     agent.log.expect("serving /metrics and /healthz", &[]);
-    // 320 MiB leaves the node less than 256Mi available; the hog then waits,
-    // allocating nothing more, for the timer to find it.
-    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    // 320 MiB leaves the node less than 256Mi available; the timer finds it
+    // while the hog allocates or after (the reply may never come).
+    let _ = node.workload("hog").unwrap().alloc(320 * MIB);
     let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
     assert_eq!(decided["trigger"], "poll", "{decided}");
     assert!(!node.alive("hog"));
@@ -170,7 +171,12 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
     for name in ["db", "batch", "web"] {
         assert!(node.alive(name), "{name} was killed");
     }
-    assert!(node.tree.procs(Controller::Pids, &bomb_dir).unwrap().is_empty());
+    assert!(
+        node.tree
+            .procs(Controller::Pids, &bomb_dir)
+            .unwrap()
+            .is_empty()
+    );
     let events = node.tree.dir(Controller::Pids, "node").join("pids.events");
     let events = fs::read_to_string(events).unwrap();
     assert!(events.contains("max 0"), "a fork hit pids.max: {events}");
@@ -207,7 +213,10 @@ fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
             .sum()
     };
     let seen = runs();
-    wait_until(AGENT_DEADLINE, "three more engine runs", || runs() >= seen + 3).unwrap();
+    wait_until(AGENT_DEADLINE, "three more engine runs", || {
+        runs() >= seen + 3
+    })
+    .unwrap();
     assert_eq!(agent.log.all("eviction decided").len(), 1);
     assert!(node.alive("hog"));
     assert!(agent.log.all("pod killed").is_empty());

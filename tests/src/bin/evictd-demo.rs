@@ -43,10 +43,20 @@ fn demo() -> Result<()> {
 
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, &workload_binary)
         .context("building the sandbox node")?;
-    println!("sandbox node: cgroup {} with {} MiB of memory", node.node_cgroup(), NODE_MEMORY / MIB);
-    println!("  {:<14} {:<11} {:>11} {:>16} {:>9}", "pod", "QoS", "priority", "memory request", "holds");
+    println!(
+        "sandbox node: cgroup {} with {} MiB of memory",
+        node.node_cgroup(),
+        NODE_MEMORY / MIB
+    );
+    println!(
+        "  {:<14} {:<11} {:>11} {:>16} {:>9}",
+        "pod", "QoS", "priority", "memory request", "holds"
+    );
     for pod in node.pods.clone() {
-        let held = RESIDENT.iter().find(|(n, _)| *n == pod.name).map_or(0, |(_, b)| *b);
+        let held = RESIDENT
+            .iter()
+            .find(|(n, _)| *n == pod.name)
+            .map_or(0, |(_, b)| *b);
         if held > 0 {
             node.workload(pod.name)?.alloc(held)?;
         }
@@ -75,12 +85,22 @@ fn demo() -> Result<()> {
     println!("\nevictd {}", agent_args.join(" "));
     let mut agent = Agent::start(&agent_args)?;
     agent.log.expect("eBPF programs attached", &[]);
-    agent.log.expect("watching scope", &[("scope", &node.node_cgroup())]);
+    agent
+        .log
+        .expect("watching scope", &[("scope", &node.node_cgroup())]);
 
     println!("\ntimeline (t = since the hog started)");
     let started = Instant::now();
-    let stamp = |what: &str| println!("  t={:>7.1} ms  {what}", started.elapsed().as_secs_f64() * 1e3);
-    stamp(&format!("hog starts allocating {} MiB at a time", HOG_STEP / MIB));
+    let stamp = |what: &str| {
+        println!(
+            "  t={:>7.1} ms  {what}",
+            started.elapsed().as_secs_f64() * 1e3
+        )
+    };
+    stamp(&format!(
+        "hog starts allocating {} MiB at a time",
+        HOG_STEP / MIB
+    ));
     let mut held = 0;
     while node.workload("hog")?.alloc(HOG_STEP).is_ok() {
         held += HOG_STEP;
@@ -91,12 +111,18 @@ fn demo() -> Result<()> {
     stamp(&format!("hog is gone after allocating {} MiB", held / MIB));
 
     let field = |line: &Value, name: &str| line[name].to_string().trim_matches('"').to_owned();
-    let pressure = agent.log.expect("node condition", &[("condition", "MemoryPressure")]);
+    let pressure = agent
+        .log
+        .expect("node condition", &[("condition", "MemoryPressure")]);
     let decided = agent.log.expect("eviction decided", &[]);
     let killed = agent.log.expect("pod killed", &[]);
     let back = agent.log.expect("memory back", &[]);
     println!("\nwhat evictd logged");
-    println!("  node condition {} = {}", field(&pressure, "condition"), field(&pressure, "status"));
+    println!(
+        "  node condition {} = {}",
+        field(&pressure, "condition"),
+        field(&pressure, "status")
+    );
     println!(
         "  eviction decided: signal {} observed {} B < threshold {} B (trigger: {}, {} µs after it)",
         field(&decided, "signal"),
@@ -106,7 +132,11 @@ fn demo() -> Result<()> {
         field(&decided, "decision_us"),
     );
     println!("  ranking: {}", field(&decided, "candidates"));
-    println!("  victim: {} ({})", field(&decided, "victim"), field(&decided, "qos"));
+    println!(
+        "  victim: {} ({})",
+        field(&decided, "victim"),
+        field(&decided, "qos")
+    );
     println!(
         "  pod killed: {} µs from the kernel event to SIGKILL; cgroup empty {} µs later",
         field(&killed, "trigger_to_kill_us"),

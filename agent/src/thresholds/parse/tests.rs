@@ -1,0 +1,339 @@
+use super::*;
+
+fn args(flags: &[(&str, &str)]) -> EvictionArgs {
+    let mut args = EvictionArgs::default();
+    for (flag, value) in flags {
+        let value = (*value).to_owned();
+        match *flag {
+            "hard" => args.eviction_hard.push(value),
+            "soft" => args.eviction_soft.push(value),
+            "grace" => args.eviction_soft_grace_period.push(value),
+            "reclaim" => args.eviction_minimum_reclaim.push(value),
+            "max-grace" => args.eviction_max_pod_grace_period = Some(value),
+            "transition" => args.eviction_pressure_transition_period = Some(value),
+            other => panic!("no flag {other}"),
+        }
+    }
+    args
+}
+
+fn resolve(flags: &[(&str, &str)]) -> EvictionConfig {
+    args(flags).resolve().unwrap()
+}
+
+fn error(flags: &[(&str, &str)]) -> String {
+    args(flags).resolve().unwrap_err().to_string()
+}
+
+fn signals(config: &EvictionConfig) -> Vec<(Signal, ThresholdValue, bool)> {
+    config
+        .thresholds
+        .iter()
+        .map(|t| (t.signal, t.value, t.hard))
+        .collect()
+}
+
+fn config_file(text: &str) -> (tempfile::TempDir, EvictionArgs) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kubelet.yaml");
+    fs::write(&path, text).unwrap();
+    let args = EvictionArgs {
+        config: Some(path),
+        ..EvictionArgs::default()
+    };
+    (dir, args)
+}
+
+#[test]
+fn defaults_are_kubelets_linux_defaults_with_the_allocatable_copy() {
+    let config = resolve(&[]);
+    assert_eq!(
+        signals(&config),
+        [
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(104857600),
+                true
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(104857600),
+                true
+            ),
+            (
+                Signal::NodeFsAvailable,
+                ThresholdValue::Percentage(0.1),
+                true
+            ),
+            (
+                Signal::NodeFsInodesFree,
+                ThresholdValue::Percentage(0.05),
+                true
+            ),
+            (
+                Signal::ImageFsAvailable,
+                ThresholdValue::Percentage(0.15),
+                true
+            ),
+            (
+                Signal::ImageFsInodesFree,
+                ThresholdValue::Percentage(0.05),
+                true
+            ),
+        ]
+    );
+    assert_eq!(config.pressure_transition_period, Duration::from_secs(300));
+    assert_eq!(config.max_pod_grace_period, Duration::ZERO);
+}
+
+#[test]
+fn a_hard_flag_replaces_the_defaults_and_an_empty_one_clears_them() {
+    let config = resolve(&[
+        ("hard", "memory.available<1Gi"),
+        ("hard", "pid.available<10%"),
+    ]);
+    assert_eq!(
+        signals(&config),
+        [
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(1 << 30),
+                true
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(1 << 30),
+                true
+            ),
+            (Signal::PidAvailable, ThresholdValue::Percentage(0.1), true),
+        ]
+    );
+    assert!(resolve(&[("hard", "")]).thresholds.is_empty());
+}
+
+#[test]
+fn zero_and_hundred_percent_disable_and_a_zero_quantity_is_valid() {
+    let config = resolve(&[(
+        "hard",
+        "memory.available<0%,nodefs.available<100%,pid.available<0",
+    )]);
+    assert_eq!(
+        signals(&config),
+        [(Signal::PidAvailable, ThresholdValue::Quantity(0), true)]
+    );
+}
+
+#[test]
+fn soft_thresholds_take_their_grace_and_min_reclaim_applies_to_both_kinds() {
+    let config = resolve(&[
+        ("hard", "memory.available<100Mi"),
+        ("soft", "memory.available<300Mi"),
+        ("grace", "memory.available=1m30s"),
+        ("reclaim", "memory.available=50Mi"),
+        ("max-grace", "60"),
+        ("transition", "30s"),
+    ]);
+    let soft = config.thresholds.iter().find(|t| !t.hard).unwrap();
+    assert_eq!(soft.grace_period, Duration::from_secs(90));
+    assert_eq!(soft.min_reclaim, ThresholdValue::Quantity(50 << 20));
+    let allocatable = config
+        .thresholds
+        .iter()
+        .find(|t| t.signal == Signal::AllocatableMemoryAvailable)
+        .unwrap();
+    assert_eq!(allocatable.min_reclaim, ThresholdValue::Quantity(50 << 20));
+    assert!(allocatable.hard, "only hard thresholds are copied");
+    assert_eq!(config.thresholds.len(), 3);
+    assert_eq!(config.max_pod_grace_period, Duration::from_secs(60));
+    assert_eq!(config.pressure_transition_period, Duration::from_secs(30));
+}
+
+#[test]
+fn every_invalid_input_is_an_error_quoting_the_text() {
+    for (flags, quoted) in [
+        (vec![("hard", "memory.free<1Gi")], "memory.free"),
+        (vec![("hard", "memory.available")], "memory.available"),
+        (vec![("hard", "memory.available<-1Mi")], "-1Mi"),
+        (vec![("hard", "memory.available<12Xi")], "12Xi"),
+        (
+            vec![("hard", "memory.available<1Gi,memory.available<2Gi")],
+            "memory.available",
+        ),
+        (
+            vec![
+                ("hard", "memory.available<1Gi"),
+                ("hard", "memory.available<2Gi"),
+            ],
+            "memory.available",
+        ),
+        (vec![("hard", "nodefs.available<101%")], "101%"),
+        (vec![("hard", "nodefs.available<-5%")], "-5%"),
+        (vec![("hard", "nodefs.available<lots%")], "lots%"),
+        (
+            vec![("soft", "memory.available<1Gi")],
+            "memory.available<1Gi",
+        ),
+        (
+            vec![
+                ("soft", "memory.available<1Gi"),
+                ("grace", "memory.available=-1s"),
+            ],
+            "-1s",
+        ),
+        (
+            vec![
+                ("soft", "memory.available<1Gi"),
+                ("grace", "memory.available=soon"),
+            ],
+            "soon",
+        ),
+        (vec![("grace", "memory.free=1s")], "memory.free"),
+        (vec![("reclaim", "memory.available=-1Mi")], "-1Mi"),
+        (vec![("reclaim", "memory.free=1Mi")], "memory.free"),
+        (vec![("max-grace", "-1")], "-1"),
+        (vec![("max-grace", "ten")], "ten"),
+        (vec![("transition", "5 minutes")], "5 minutes"),
+    ] {
+        let message = error(&flags);
+        assert!(message.contains(quoted), "{flags:?}: {message}");
+        assert!(!message.contains('\n'), "one line: {message}");
+    }
+}
+
+#[test]
+fn percentages_resolve_with_kubelets_float32_arithmetic() {
+    let config = resolve(&[("hard", "nodefs.available<10%")]);
+    let value = config.thresholds[0].value;
+    // float32(0.1) is a little above 0.1: kubelet's threshold is 16 bytes
+    // above the exact tenth of 10 GiB.
+    assert_eq!(value.resolve(10 << 30), 1073741840);
+    assert_eq!(ThresholdValue::Quantity(5).resolve(10 << 30), 5);
+}
+
+#[test]
+fn the_config_file_is_read_in_yaml_or_json_and_flags_override_it() {
+    let (_dir, yaml) = config_file(
+        "apiVersion: kubelet.config.k8s.io/v1beta1\n\
+         kind: KubeletConfiguration\n\
+         cgroupDriver: systemd\n\
+         evictionHard:\n  memory.available: 200Mi\n  pid.available: 100\n\
+         evictionSoft:\n  memory.available: 500Mi\n\
+         evictionSoftGracePeriod:\n  memory.available: 2m\n\
+         evictionMaxPodGracePeriod: 45\n\
+         evictionPressureTransitionPeriod: 1m\n\
+         enforceNodeAllocatable: [\"pods\", \"system-reserved\"]\n",
+    );
+    let config = yaml.resolve().unwrap();
+    assert_eq!(
+        signals(&config),
+        [
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(200 << 20),
+                true
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(200 << 20),
+                true
+            ),
+            (Signal::PidAvailable, ThresholdValue::Quantity(100), true),
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(500 << 20),
+                false
+            ),
+        ]
+    );
+    assert_eq!(config.max_pod_grace_period, Duration::from_secs(45));
+    assert_eq!(config.pressure_transition_period, Duration::from_secs(60));
+
+    let overridden = EvictionArgs {
+        eviction_hard: vec!["memory.available<1Gi".into()],
+        eviction_pressure_transition_period: Some("10s".into()),
+        ..yaml
+    };
+    let config = overridden.resolve().unwrap();
+    assert_eq!(
+        config.thresholds[0].value,
+        ThresholdValue::Quantity(1 << 30)
+    );
+    assert_eq!(config.pressure_transition_period, Duration::from_secs(10));
+    assert_eq!(
+        config.max_pod_grace_period,
+        Duration::from_secs(45),
+        "kept from the file"
+    );
+
+    let (_dir, json) = config_file(
+        r#"{"evictionHard": {"nodefs.available": "20%"}, "enforceNodeAllocatable": []}"#,
+    );
+    assert_eq!(
+        signals(&json.resolve().unwrap()),
+        [(
+            Signal::NodeFsAvailable,
+            ThresholdValue::Percentage(0.2),
+            true
+        )]
+    );
+}
+
+#[test]
+fn merging_defaults_fills_the_signals_the_file_leaves_out() {
+    let (_dir, args) = config_file(
+        "evictionHard:\n  memory.available: 1Gi\nmergeDefaultEvictionSettings: true\n\
+         enforceNodeAllocatable: []\n",
+    );
+    let config = args.resolve().unwrap();
+    let got: Vec<_> = config
+        .thresholds
+        .iter()
+        .map(|t| (t.signal, t.value))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Signal::MemoryAvailable, ThresholdValue::Quantity(1 << 30)),
+            (Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1)),
+            (Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+            (Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+            (Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
+        ]
+    );
+    let (_dir, cleared) = config_file("evictionHard: {}\n");
+    assert!(cleared.resolve().unwrap().thresholds.is_empty());
+}
+
+#[test]
+fn a_bad_config_file_is_an_error_naming_it() {
+    let (_dir, args) = config_file("evictionHard: [not, a, map]\n");
+    let message = args.resolve().unwrap_err().to_string();
+    assert!(message.contains("kubelet.yaml"), "{message}");
+    let (_dir, args) = config_file("evictionHard:\n  memory.free: 1Gi\n");
+    let message = args.resolve().unwrap_err().to_string();
+    assert!(
+        message.contains("memory.free") && message.contains("evictionHard in"),
+        "{message}"
+    );
+    let missing = EvictionArgs {
+        config: Some("/nonexistent/kubelet.yaml".into()),
+        ..EvictionArgs::default()
+    };
+    let message = missing.resolve().unwrap_err().to_string();
+    assert!(message.contains("/nonexistent/kubelet.yaml"), "{message}");
+}
+
+#[test]
+fn thresholds_print_in_the_contracts_shape() {
+    let config = resolve(&[("hard", "memory.available<150Mi,nodefs.available<10%")]);
+    // As printed: an f32 prints as its shortest decimal, 0.1.
+    let text = serde_json::to_string(&config.thresholds).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        json[0],
+        serde_json::json!({"signal": "memory.available", "operator": "LessThan",
+            "value": {"quantity": 157286400}, "grace_period_seconds": 0,
+            "min_reclaim": {"quantity": 0}})
+    );
+    assert_eq!(json[2]["value"], serde_json::json!({"percentage": 0.1}));
+}
