@@ -244,19 +244,20 @@ impl Inventory {
             None => PodSnapshot {
                 namespace: String::new(),
                 name: format!("pod{}", cgroup.uid),
+                is_static: is_static_pod_uid(&cgroup.uid),
+                unknown: UNKNOWN_WITHOUT_METADATA
+                    .iter()
+                    .filter(|field| !(**field == "static" && is_static_pod_uid(&cgroup.uid)))
+                    .map(|field| (*field).to_owned())
+                    .collect(),
                 uid: cgroup.uid,
                 priority: 0,
-                is_static: false,
                 mirror: false,
                 containers: Vec::new(),
                 termination_grace_period_seconds: None,
                 usage,
                 cgroup: Some(cgroup.path),
                 cgroup_qos: Some(cgroup.qos),
-                unknown: UNKNOWN_WITHOUT_METADATA
-                    .iter()
-                    .map(|field| (*field).to_owned())
-                    .collect(),
                 hosts_evictd,
             },
         };
@@ -293,6 +294,13 @@ const UNKNOWN_WITHOUT_METADATA: [&str; 7] = [
     "containers",
     "termination_grace_period_seconds",
 ];
+
+/// kubelet names a static pod (from a manifest file, never evicted) with
+/// the md5 of its source as uid: 32 hex digits, where API pods have a
+/// dashed UUID. A pod without metadata shaped so is protected as static.
+fn is_static_pod_uid(uid: &str) -> bool {
+    uid.len() == 32 && uid.bytes().all(|b| b.is_ascii_hexdigit())
+}
 
 /// Pod cgroups under the pods' cgroup `dir` (whose path is `kubepods`).
 fn find_pods(dir: &Path, kubepods: &str) -> Result<Vec<PodCgroup>, InventoryError> {

@@ -82,11 +82,8 @@ impl NodeSignals {
 
     fn memory(&self) -> Result<MemoryStats, SignalsError> {
         let total = mem_total()?;
-        let capacity = if is_root(&self.node) {
-            total
-        } else {
-            memory_limit(&self.cgroupfs, &self.node)?.map_or(total, |limit| limit.min(total))
-        };
+        let capacity = lowest_memory_limit(&self.cgroupfs, &self.node)?
+            .map_or(total, |limit| limit.min(total));
         let reading = self.cgroupfs.read_memory(&self.node)?;
         Ok(MemoryStats {
             capacity_bytes: capacity,
@@ -99,6 +96,7 @@ impl NodeSignals {
     fn allocatable(&self, kubepods: &str, node_capacity: u64) -> Result<MemoryStats, SignalsError> {
         let capacity = memory_limit(&self.cgroupfs, kubepods)?
             .map_or(node_capacity, |limit| limit.min(node_capacity));
+        // The node's own limit already bounds it from above (node_capacity).
         let reading = self.cgroupfs.read_memory(kubepods)?;
         Ok(MemoryStats {
             capacity_bytes: capacity,
@@ -116,7 +114,7 @@ impl NodeSignals {
             .is_ok_and(|dir| dir.is_dir());
         if !is_root(&self.node)
             && node_pids
-            && let Some(max) = pids_limit(&self.cgroupfs, &self.node)?
+            && let Some(max) = lowest_pids_limit(&self.cgroupfs, &self.node)?
         {
             return Ok(PidStats {
                 max,
@@ -139,6 +137,37 @@ pub fn child_path(parent: &str, name: &str) -> String {
 
 fn is_root(path: &str) -> bool {
     path.trim_matches('/').is_empty()
+}
+
+/// The cgroup and its ancestors, deepest first, without the root (which
+/// has no limit files).
+fn lineage(path: &str) -> impl Iterator<Item = String> + '_ {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    (1..=parts.len())
+        .rev()
+        .map(move |depth| format!("/{}", parts[..depth].join("/")))
+}
+
+/// The tightest memory limit on `path` or an ancestor: an ancestor's limit
+/// binds the whole subtree.
+fn lowest_memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    let mut lowest: Option<u64> = None;
+    for cgroup in lineage(path) {
+        if let Some(limit) = memory_limit(cgroupfs, &cgroup)? {
+            lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+    }
+    Ok(lowest)
+}
+
+fn lowest_pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    let mut lowest: Option<u64> = None;
+    for cgroup in lineage(path) {
+        if let Some(limit) = pids_limit(cgroupfs, &cgroup)? {
+            lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+    }
+    Ok(lowest)
 }
 
 /// The cgroup's hard memory limit; `None` when unlimited.
@@ -326,6 +355,38 @@ mod tests {
         assert_eq!(stats.allocatable.unwrap().capacity_bytes, 1048576);
         let pid = stats.pid.unwrap();
         assert!(pid.max > 3, "no pids.max: the kernel's limit");
+    }
+
+    #[test]
+    fn an_ancestors_tighter_limit_is_the_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroupfs = fixture_fs(dir.path(), CgroupVersion::V1);
+        let parent = dir.path().join("memory/parent");
+        write(&parent.join("memory.limit_in_bytes"), "1048576\n");
+        write(
+            &parent.join("node/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        );
+        write(&parent.join("node/memory.usage_in_bytes"), "4096\n");
+        write(&parent.join("node/memory.stat"), "total_inactive_file 0\n");
+        let pids = dir.path().join("pids/parent");
+        write(&pids.join("pids.max"), "50\n");
+        write(&pids.join("node/pids.max"), "max\n");
+        write(&pids.join("node/pids.current"), "7\n");
+        let signals = NodeSignals {
+            cgroupfs,
+            node: "/parent/node".into(),
+            nodefs: dir.path().join("missing"),
+            imagefs: dir.path().join("missing"),
+        };
+        let node = signals.read_fast().unwrap();
+        assert_eq!(node.memory.capacity_bytes, 1048576);
+        assert_eq!(node.pid, Some(PidStats { max: 50, in_use: 7 }));
+        assert_eq!(
+            lineage("/a/b/c").collect::<Vec<_>>(),
+            ["/a/b/c", "/a/b", "/a"]
+        );
+        assert_eq!(lineage("/").count(), 0);
     }
 
     #[test]

@@ -214,6 +214,31 @@ fn a_pod_removed_while_read_is_left_out_and_the_agents_pod_is_marked() {
 }
 
 #[test]
+fn a_pod_without_metadata_named_like_a_static_pod_is_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(
+        root,
+        "sandbox/kubepods/besteffort/pod6f1d0c3b9a7e45d2b8c1f0e2d3a4b5c6",
+        10,
+        1,
+    );
+    v1_pod(
+        root,
+        "sandbox/kubepods/besteffort/pod6f1d0c3b-9a7e-45d2-b8c1-f0e2d3a4b5c6",
+        10,
+        1,
+    );
+    let mut inventory = inventory(root, "/sandbox", None);
+    let pods = inventory.pods().unwrap();
+    let (hashed, api): (Vec<_>, Vec<_>) = pods.iter().partition(|p| !p.uid.contains('-'));
+    assert!(hashed[0].is_static && !hashed[0].is_evictable());
+    assert!(!hashed[0].unknown.contains(&"static".to_owned()));
+    assert!(!api[0].is_static);
+    assert!(api[0].unknown.contains(&"static".to_owned()));
+}
+
+#[test]
 fn own_cgroup_from_proc_self_cgroup() {
     let v1 = "9:name=systemd:/\n4:memory:/kubepods/podx/c\n0::/\n";
     assert_eq!(parse_own_cgroup(v1).as_deref(), Some("/kubepods/podx/c"));
