@@ -9,7 +9,7 @@ use tracing::{Instrument as _, info, info_span, warn};
 use crate::{
     bpf::{Resource as KernelResource, monotonic_now_ns},
     cgroup::{CgroupError, CgroupFs},
-    engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
+    engine::{Assessment, Choice, Engine, Starvation, VictimPolicy, observe_signals},
     inventory::Inventory,
     kill::{KillReport, Killer},
     metrics::Metrics,
@@ -34,6 +34,22 @@ const RECLAIM_POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// of what it was, or below [`RECLAIM_FLOOR_BYTES`].
 const RECLAIM_REMAINING_SHARE: f64 = 0.05;
 const RECLAIM_FLOOR_BYTES: u64 = 1 << 20;
+
+/// How often the node's signals are re-read while waiting for disk to come
+/// back after a kill.
+const SIGNAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What one decision achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Nothing killed: dry run, no evictable pod, a decision already
+    /// reported, or a failed kill.
+    Unacted,
+    /// Killed, and the resource came back.
+    Reclaimed,
+    /// Killed, but the resource did not come back in time.
+    NotBack,
+}
 
 /// Pods of the ranking a decision's log line explains.
 const CANDIDATES_LOGGED: usize = 5;
@@ -153,12 +169,17 @@ impl Evictor {
                 .observe(trigger.elapsed().as_secs_f64());
             let span = info_span!("eviction",
                 signal = %starvation.threshold.signal, trigger = trigger.source);
-            let evicted = self
+            let outcome = self
                 .execute(&trigger, starvation, &choice, &pods)
                 .instrument(span)
                 .await;
-            if !evicted || self.options.dry_run {
-                return self.soon();
+            match outcome {
+                // Decide again at once, on fresh numbers.
+                Outcome::Reclaimed => continue,
+                Outcome::Unacted => return self.soon(),
+                // Killing more before this one's resource is back would
+                // take pods for nothing: wait for the next trigger.
+                Outcome::NotBack => return None,
             }
         }
         warn!(
@@ -173,28 +194,28 @@ impl Evictor {
         self.options.kernel_triggers.then_some(CLOSE_WATCH_INTERVAL)
     }
 
-    /// Logs the decision and carries it out. Returns whether anything was
-    /// evicted (and, unless dry-run, its resource came back).
+    /// Logs the decision and carries it out.
     async fn execute(
         &mut self,
         trigger: &Trigger,
         starvation: &Starvation,
         choice: &Choice,
         pods: &[PodSnapshot],
-    ) -> bool {
+    ) -> Outcome {
         let candidates = explain(choice);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
-            return false;
+            return Outcome::Unacted;
         }
         if choice.victims.is_empty() {
             warn!(%candidates, "threshold met but no pod may be evicted (all critical or none running)");
             self.unacted = Some(victims);
-            return false;
+            return Outcome::Unacted;
         }
         if self.options.dry_run {
             self.unacted = Some(victims);
         }
+        let mut outcome = Outcome::Unacted;
         for victim in &choice.victims {
             let pod = &pods[victim.index];
             let signal = starvation.threshold.signal;
@@ -225,7 +246,7 @@ impl Evictor {
             }
             let Some(cgroup) = pod.cgroup.as_deref() else {
                 warn!(victim = %pod.key(), "pod has no cgroup; cannot kill it");
-                return false;
+                return outcome;
             };
             let before = self.cgroupfs.read_memory(cgroup).ok();
             let kill_started_ns = monotonic_now_ns();
@@ -251,20 +272,67 @@ impl Evictor {
                         .with_label_values(&[signal.as_str()])
                         .inc();
                     warn!(victim = %pod.key(), error = %e, "eviction failed");
-                    return false;
+                    return outcome;
                 }
             }
-            if starvation.resource == Resource::Memory {
-                let before = before.map(|m| m.working_set_bytes()).unwrap_or(0);
-                self.wait_for_memory(cgroup, &pod.key(), before).await;
+            let back = match starvation.resource {
+                Resource::Memory => {
+                    let before = before.map(|m| m.working_set_bytes()).unwrap_or(0);
+                    self.wait_for_memory(cgroup, &pod.key(), before).await
+                }
+                // The kill returns once the pod has no task left.
+                Resource::Pids => true,
+                // Disk comes back only when the pod's files are removed
+                // (kubelet's cleanup of the killed pod).
+                Resource::EphemeralStorage | Resource::Inodes => {
+                    self.wait_for_signal(starvation, victim.usage, &pod.key())
+                        .await
+                }
+            };
+            outcome = if back {
+                Outcome::Reclaimed
+            } else {
+                Outcome::NotBack
+            };
+            if !back {
+                break;
             }
         }
-        true
+        outcome
+    }
+
+    /// Waits, up to --reclaim-timeout, until the starved signal is past its
+    /// threshold again or has gained half of what the victim used.
+    async fn wait_for_signal(&self, starvation: &Starvation, usage: i64, pod: &str) -> bool {
+        let started = tokio::time::Instant::now();
+        let signal = starvation.threshold.signal;
+        let before = starvation.observation.available;
+        loop {
+            let available = self
+                .inventory
+                .node()
+                .ok()
+                .and_then(|node| observe_signals(&node).get(&signal).map(|o| o.available));
+            if let Some(available) = available
+                && (available >= starvation.threshold_quantity
+                    || available.saturating_sub(before) >= usage / 2)
+            {
+                info!(victim = pod, %signal, available, after_us = started.elapsed().as_micros() as u64,
+                    "resource back");
+                return true;
+            }
+            if started.elapsed() >= self.options.reclaim_timeout {
+                warn!(victim = pod, %signal, available, timeout = ?self.options.reclaim_timeout,
+                    "resource not back before --reclaim-timeout (its files are freed when the pod is cleaned up); waiting for the next trigger");
+                return false;
+            }
+            tokio::time::sleep(SIGNAL_POLL_INTERVAL).await;
+        }
     }
 
     /// Waits, up to --reclaim-timeout, until the killed pod's memory is
     /// back (its working set near zero, or its cgroup removed).
-    async fn wait_for_memory(&self, cgroup: &str, pod: &str, before: u64) {
+    async fn wait_for_memory(&self, cgroup: &str, pod: &str, before: u64) -> bool {
         let started = tokio::time::Instant::now();
         let target = ((before as f64 * RECLAIM_REMAINING_SHARE) as u64).max(RECLAIM_FLOOR_BYTES);
         loop {
@@ -273,7 +341,7 @@ impl Evictor {
                 Err(CgroupError::Gone(_)) => 0,
                 Err(e) => {
                     warn!(victim = pod, error = %e, "cannot read the victim's memory");
-                    return;
+                    return false;
                 }
             };
             if remaining <= target {
@@ -283,12 +351,12 @@ impl Evictor {
                     after_us = started.elapsed().as_micros() as u64,
                     "memory back"
                 );
-                return;
+                return true;
             }
             if started.elapsed() >= self.options.reclaim_timeout {
                 warn!(victim = pod, remaining_bytes = remaining, timeout = ?self.options.reclaim_timeout,
-                    "memory not back before --reclaim-timeout; deciding again");
-                return;
+                    "memory not back before --reclaim-timeout; waiting for the next trigger");
+                return false;
             }
             tokio::time::sleep(RECLAIM_POLL_INTERVAL).await;
         }
