@@ -66,16 +66,7 @@ fn thresholds(args: &EvictionArgs) -> ExitCode {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
-    match serde_json::to_string(&config.thresholds) {
-        Ok(json) => {
-            println!("{json}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("evictd: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    print_json(serde_json::to_string(&config.thresholds))
 }
 
 /// `evictd snapshot`: the live node as one JSON object on stdout.
@@ -92,7 +83,11 @@ fn snapshot(args: &InventoryArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match serde_json::to_string_pretty(&snapshot) {
+    print_json(serde_json::to_string_pretty(&snapshot))
+}
+
+fn print_json(json: serde_json::Result<String>) -> ExitCode {
+    match json {
         Ok(json) => {
             println!("{json}");
             ExitCode::SUCCESS
