@@ -7,11 +7,11 @@ use tracing::{error, info, warn};
 
 use crate::{
     bpf::{BpfError, ProbeOptions, Probes, Resource},
-    cgroup::{CgroupError, CgroupFs},
+    cgroup::CgroupError,
     config::{Mode, RunArgs},
     engine::VictimPolicy,
     evictor::{Evictor, EvictorOptions, Trigger},
-    inventory::{Inventory, InventoryError},
+    inventory::Inventory,
     kernel_layout::{KernelBtf, VMLINUX_BTF},
     kill::Killer,
     metrics::{Metrics, MetricsError},
@@ -27,8 +27,6 @@ pub enum RunError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Bpf(#[from] BpfError),
-    #[error(transparent)]
-    Inventory(#[from] InventoryError),
 }
 
 /// Runs the agent until `shutdown` resolves. On return every program is
@@ -36,13 +34,13 @@ pub enum RunError {
 pub async fn run(
     args: RunArgs,
     config: EvictionConfig,
+    inventory: Inventory,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let metrics = Metrics::new()?;
-    let cgroupfs = CgroupFs::discover()?;
+    let cgroupfs = inventory.cgroupfs().clone();
     info!(version = ?cgroupfs.version, memory = %cgroupfs.memory_root.display(),
-        pids = ?cgroupfs.pids_root, "cgroup hierarchies");
-    let inventory = Inventory::new(cgroupfs.clone(), &args.inventory)?;
+        pids = ?cgroupfs.pids_root, node = inventory.node_cgroup(), "cgroup hierarchies");
     for threshold in &config.thresholds {
         info!(signal = %threshold.signal, value = ?threshold.value, hard = threshold.hard,
             grace = ?threshold.grace_period, min_reclaim = ?threshold.min_reclaim, "eviction threshold");

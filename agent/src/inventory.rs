@@ -174,6 +174,10 @@ impl Inventory {
         })
     }
 
+    pub fn cgroupfs(&self) -> &CgroupFs {
+        &self.signals.cgroupfs
+    }
+
     /// The node cgroup, relative to the hierarchy root.
     pub fn node_cgroup(&self) -> &str {
         &self.signals.node

@@ -35,6 +35,14 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(e) => return usage_error(e),
     };
+    let inventory = match open_inventory(&args.inventory) {
+        Ok(inventory) => inventory,
+        Err(e) if e.is_input_error() => return usage_error(e),
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match args.log_format {
@@ -51,7 +59,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(evictd::daemon::run(args, config, shutdown_signal())) {
+    match runtime.block_on(evictd::daemon::run(args, config, inventory, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{:#}", anyhow::Error::from(e));
@@ -71,10 +79,7 @@ fn thresholds(args: &EvictionArgs) -> ExitCode {
 
 /// `evictd snapshot`: the live node as one JSON object on stdout.
 fn snapshot(args: &InventoryArgs) -> ExitCode {
-    let result = CgroupFs::discover()
-        .map_err(InventoryError::from)
-        .and_then(|cgroupfs| Inventory::new(cgroupfs, args))
-        .and_then(|mut inventory| inventory.snapshot(0.0));
+    let result = open_inventory(args).and_then(|mut inventory| inventory.snapshot(0.0));
     let snapshot = match result {
         Ok(snapshot) => snapshot,
         Err(e) if e.is_input_error() => return usage_error(e),
@@ -84,6 +89,10 @@ fn snapshot(args: &InventoryArgs) -> ExitCode {
         }
     };
     print_json(serde_json::to_string_pretty(&snapshot))
+}
+
+fn open_inventory(args: &InventoryArgs) -> Result<Inventory, InventoryError> {
+    Inventory::new(CgroupFs::discover()?, args)
 }
 
 fn print_json(json: serde_json::Result<String>) -> ExitCode {
