@@ -70,6 +70,14 @@ pub enum ConfigError {
         signal: Signal,
         text: String,
     },
+    #[error(
+        "{origin}: {signal}={text:?}: a minimum reclaim percentage must be above 0% and at most 100%"
+    )]
+    MinReclaimPercentage {
+        origin: String,
+        signal: Signal,
+        text: String,
+    },
     #[error("{origin}: {signal}={text:?}: {source}")]
     GracePeriod {
         origin: String,
@@ -109,14 +117,45 @@ pub enum ConfigError {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct KubeletConfigFile {
-    eviction_hard: Option<BTreeMap<String, Scalar>>,
-    eviction_soft: Option<BTreeMap<String, Scalar>>,
-    eviction_soft_grace_period: Option<BTreeMap<String, Scalar>>,
-    eviction_minimum_reclaim: Option<BTreeMap<String, Scalar>>,
+    eviction_hard: Option<Entries>,
+    eviction_soft: Option<Entries>,
+    eviction_soft_grace_period: Option<Entries>,
+    eviction_minimum_reclaim: Option<Entries>,
     eviction_max_pod_grace_period: Option<Scalar>,
     eviction_pressure_transition_period: Option<Scalar>,
     merge_default_eviction_settings: Option<bool>,
     enforce_node_allocatable: Option<Vec<String>>,
+}
+
+/// A map of signal to value as written in the file, in order and with any
+/// key given twice kept, so that [`push`] refuses the duplicate as it does
+/// on the command line; a plain map would silently keep the last one.
+#[derive(Debug)]
+struct Entries(Vec<(String, Scalar)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Entries;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of eviction signal to value")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    entries.push(entry);
+                }
+                Ok(Entries(entries))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 /// A YAML scalar read as text: `pid.available: 100` is as good as "100".
@@ -167,7 +206,7 @@ impl EvictionArgs {
         };
         let pick = |flag: &[String],
                     flag_name: &str,
-                    field: &Option<BTreeMap<String, Scalar>>,
+                    field: &Option<Entries>,
                     field_name: &str,
                     separator: char|
          -> Result<Option<Statements>, ConfigError> {
@@ -228,11 +267,7 @@ impl EvictionArgs {
         let min_reclaims = reclaim
             .entries
             .iter()
-            .map(|(signal, text)| {
-                let value = parse_value(&reclaim.origin, *signal, text)?
-                    .unwrap_or(ThresholdValue::Quantity(0));
-                Ok((*signal, value))
-            })
+            .map(|(signal, text)| Ok((*signal, parse_min_reclaim(&reclaim.origin, *signal, text)?)))
             .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
         let grace_periods = grace
             .entries
@@ -270,15 +305,15 @@ impl EvictionArgs {
         }
         // kubelet's addAllocatableThresholds: with pods' allocatable
         // enforced, each hard memory.available threshold also guards the
-        // pods' cgroup, with the same value and minimum reclaim.
+        // pods' cgroup, with the same value and minimum reclaim (the
+        // memory.available one, not one given for allocatableMemory.available).
+        // An explicit allocatableMemory.available threshold does not stop
+        // the copy: kubelet then has both.
         let enforce_pods = file
             .enforce_node_allocatable
             .as_ref()
             .is_none_or(|list| list.iter().any(|item| item == NODE_ALLOCATABLE_PODS));
-        let explicit_allocatable = hard_thresholds
-            .iter()
-            .any(|t| t.signal == Signal::AllocatableMemoryAvailable);
-        if enforce_pods && !explicit_allocatable {
+        if enforce_pods {
             let copies: Vec<Threshold> = hard_thresholds
                 .iter()
                 .filter(|t| t.signal == Signal::MemoryAvailable)
@@ -402,12 +437,9 @@ fn flag_statements(
     Ok(statements)
 }
 
-fn file_statements(
-    map: &BTreeMap<String, Scalar>,
-    origin: &str,
-) -> Result<Statements, ConfigError> {
+fn file_statements(map: &Entries, origin: &str) -> Result<Statements, ConfigError> {
     let mut statements = empty(origin);
-    for (signal, value) in map {
+    for (signal, value) in &map.0 {
         push(&mut statements, signal.trim(), value.text().trim())?;
     }
     Ok(statements)
@@ -430,27 +462,59 @@ fn push(statements: &mut Statements, signal: &str, value: &str) -> Result<(), Co
     Ok(())
 }
 
-/// A threshold or minimum reclaim value. `None`: a percentage of exactly
-/// 0% or 100%, which disables the threshold in kubelet.
+/// A threshold value, as kubelet's `parseThresholdStatement`. `None`: a
+/// percentage of 0% or 100%, which disables the threshold in kubelet.
+/// kubelet matches the text "0%" and "100%"; the number is compared here, so
+/// "0.0%" disables too rather than leaving a threshold that is never met.
 fn parse_value(
     origin: &str,
     signal: Signal,
     text: &str,
 ) -> Result<Option<ThresholdValue>, ConfigError> {
     if let Some(number) = text.strip_suffix('%') {
-        let value: f64 = number
-            .trim()
-            .parse()
-            .map_err(|_| percentage_error(origin, signal, text))?;
-        if !value.is_finite() || !(0.0..=100.0).contains(&value) {
-            return Err(percentage_error(origin, signal, text));
-        }
-        if value == 0.0 || value == 100.0 {
+        let fraction = parse_percentage(number)
+            .filter(|fraction| (0.0..=1.0).contains(fraction))
+            .ok_or_else(|| percentage_error(origin, signal, text))?;
+        if fraction == 0.0 || fraction == 1.0 {
             return Ok(None);
         }
-        // kubelet: float32(ParseFloat(text, 32)) / 100, in float32.
-        return Ok(Some(ThresholdValue::Percentage(value as f32 / 100.0)));
+        return Ok(Some(ThresholdValue::Percentage(fraction)));
     }
+    parse_quantity(origin, signal, text).map(Some)
+}
+
+/// A minimum reclaim, as kubelet's `parseMinimumReclaims`: a percentage
+/// must be above 0% (kubelet refuses 0%); above 100% is refused too, since
+/// no eviction could ever reclaim it.
+fn parse_min_reclaim(
+    origin: &str,
+    signal: Signal,
+    text: &str,
+) -> Result<ThresholdValue, ConfigError> {
+    if let Some(number) = text.strip_suffix('%') {
+        return parse_percentage(number)
+            .filter(|fraction| *fraction > 0.0 && *fraction <= 1.0)
+            .map(ThresholdValue::Percentage)
+            .ok_or_else(|| ConfigError::MinReclaimPercentage {
+                origin: origin.to_owned(),
+                signal,
+                text: text.to_owned(),
+            });
+    }
+    parse_quantity(origin, signal, text)
+}
+
+/// kubelet's `parsePercentage`: the number read as a float32 (Go's
+/// `ParseFloat(s, 32)`; Rust's `f32` parsing rounds the same way, once),
+/// divided by 100 in float32. `None` for text that is not a finite number.
+fn parse_percentage(number: &str) -> Option<f32> {
+    let value: f32 = number.parse().ok()?;
+    value.is_finite().then_some(value / 100.0)
+}
+
+/// A quantity's exact integer value; 0 is valid (the contract), negative
+/// is not.
+fn parse_quantity(origin: &str, signal: Signal, text: &str) -> Result<ThresholdValue, ConfigError> {
     let quantity = Quantity::parse(text).map_err(|source| ConfigError::Quantity {
         origin: origin.to_owned(),
         signal,
@@ -464,7 +528,7 @@ fn parse_value(
             text: text.to_owned(),
         });
     }
-    Ok(Some(ThresholdValue::Quantity(quantity.value())))
+    Ok(ThresholdValue::Quantity(quantity.value()))
 }
 
 fn percentage_error(origin: &str, signal: Signal, text: &str) -> ConfigError {
@@ -475,11 +539,14 @@ fn percentage_error(origin: &str, signal: Signal, text: &str) -> ConfigError {
     }
 }
 
+/// `evictionMaxPodGracePeriod` is an int32 in kubelet; negative is refused.
 fn parse_seconds(origin: &str, text: &str) -> Result<Duration, ConfigError> {
     text.trim()
-        .parse::<u32>()
-        .map(|seconds| Duration::from_secs(seconds.into()))
-        .map_err(|_| ConfigError::MaxPodGracePeriod {
+        .parse::<i32>()
+        .ok()
+        .and_then(|seconds| u64::try_from(seconds).ok())
+        .map(Duration::from_secs)
+        .ok_or_else(|| ConfigError::MaxPodGracePeriod {
             origin: origin.to_owned(),
             text: text.to_owned(),
         })

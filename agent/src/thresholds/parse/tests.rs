@@ -337,3 +337,199 @@ fn thresholds_print_in_the_contracts_shape() {
     );
     assert_eq!(json[2]["value"], serde_json::json!({"percentage": 0.1}));
 }
+
+#[test]
+fn minimum_reclaim_follows_kubelets_rules() {
+    let reclaim_of = |text: &str| {
+        resolve(&[("hard", "memory.available<1Gi"), ("reclaim", text)]).thresholds[0].min_reclaim
+    };
+    assert_eq!(
+        reclaim_of("memory.available=0"),
+        ThresholdValue::Quantity(0)
+    );
+    assert_eq!(
+        reclaim_of("memory.available=10%"),
+        ThresholdValue::Percentage(0.1)
+    );
+    // Unlike a threshold, a 100% minimum reclaim is a value, not "disabled".
+    assert_eq!(
+        reclaim_of("memory.available=100%"),
+        ThresholdValue::Percentage(1.0)
+    );
+    for text in [
+        "memory.available=0%",
+        "memory.available=-5%",
+        "memory.available=150%",
+        "memory.available=some%",
+    ] {
+        let message = error(&[("reclaim", text)]);
+        let quoted = text.trim_start_matches("memory.available=");
+        assert!(message.contains(&format!("{quoted:?}")), "{message}");
+    }
+}
+
+#[test]
+fn percentages_are_parsed_as_kubelet_parses_them() {
+    for (text, fraction) in [("33.3%", 33.3f32 / 100.0), ("5%", 0.05), ("0.5%", 0.005)] {
+        let config = resolve(&[("hard", &format!("nodefs.available<{text}"))]);
+        assert_eq!(
+            config.thresholds[0].value,
+            ThresholdValue::Percentage(fraction),
+            "{text}"
+        );
+    }
+    // Any spelling of 0% or 100% disables the threshold.
+    assert!(
+        resolve(&[("hard", "nodefs.available<0.0%,imagefs.available<100.0%")])
+            .thresholds
+            .is_empty()
+    );
+    for text in ["nan%", "inf%", "%", "1e39%"] {
+        let message = error(&[("hard", &format!("nodefs.available<{text}"))]);
+        assert!(message.contains(&format!("{text:?}")), "{message}");
+    }
+}
+
+#[test]
+fn max_pod_grace_period_is_kubelets_int32() {
+    assert_eq!(
+        resolve(&[("max-grace", "2147483647")]).max_pod_grace_period,
+        Duration::from_secs(2147483647)
+    );
+    let message = error(&[("max-grace", "2147483648")]);
+    assert!(message.contains("\"2147483648\""), "{message}");
+}
+
+#[test]
+fn an_explicit_allocatable_threshold_does_not_stop_kubelets_copy() {
+    let config = resolve(&[
+        (
+            "hard",
+            "memory.available<100Mi,allocatableMemory.available<500Mi",
+        ),
+        (
+            "reclaim",
+            "memory.available=1Gi,allocatableMemory.available=10Mi",
+        ),
+    ]);
+    let got: Vec<_> = config
+        .thresholds
+        .iter()
+        .map(|t| (t.signal, t.value, t.min_reclaim))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(100 << 20),
+                ThresholdValue::Quantity(1 << 30)
+            ),
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(500 << 20),
+                ThresholdValue::Quantity(10 << 20)
+            ),
+            // The copy keeps memory.available's minimum reclaim.
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(100 << 20),
+                ThresholdValue::Quantity(1 << 30)
+            ),
+        ]
+    );
+}
+
+#[test]
+fn enforce_node_allocatable_without_pods_adds_no_copy() {
+    let (_dir, args) = config_file(
+        "evictionHard:\n  memory.available: 1Gi\nenforceNodeAllocatable: [system-reserved]\n",
+    );
+    assert_eq!(
+        signals(&args.resolve().unwrap()),
+        [(
+            Signal::MemoryAvailable,
+            ThresholdValue::Quantity(1 << 30),
+            true
+        )]
+    );
+}
+
+#[test]
+fn each_field_of_the_file_yields_to_its_own_flag_only() {
+    let (_dir, file) = config_file(
+        r#"{"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "evictionHard": {"memory.available": "1Gi"},
+            "evictionSoft": {"memory.available": "2Gi", "nodefs.available": "20%"},
+            "evictionSoftGracePeriod": {"memory.available": "1m", "nodefs.available": "2m"},
+            "evictionMinimumReclaim": {"memory.available": "100Mi"},
+            "mergeDefaultEvictionSettings": false, "enforceNodeAllocatable": []}"#,
+    );
+    let args = EvictionArgs {
+        eviction_soft_grace_period: vec!["memory.available=30s,nodefs.available=10s".into()],
+        eviction_minimum_reclaim: vec!["memory.available=5%".into()],
+        ..file
+    };
+    let config = args.resolve().unwrap();
+    let got: Vec<_> = config
+        .thresholds
+        .iter()
+        .map(|t| (t.signal, t.hard, t.grace_period.as_secs(), t.min_reclaim))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                Signal::MemoryAvailable,
+                true,
+                0,
+                ThresholdValue::Percentage(0.05)
+            ),
+            (
+                Signal::MemoryAvailable,
+                false,
+                30,
+                ThresholdValue::Percentage(0.05)
+            ),
+            (
+                Signal::NodeFsAvailable,
+                false,
+                10,
+                ThresholdValue::Quantity(0)
+            ),
+        ]
+    );
+}
+
+#[test]
+fn errors_in_the_file_quote_the_text_and_name_the_file() {
+    for (text, quoted) in [
+        ("evictionHard:\n  memory.available: -1Gi\n", "-1Gi"),
+        (
+            "evictionSoft:\n  memory.available: 1Gi\n",
+            "memory.available<1Gi",
+        ),
+        (
+            "evictionSoft:\n  memory.available: 1Gi\nevictionSoftGracePeriod:\n  memory.available: -1m\n",
+            "-1m",
+        ),
+        (
+            "evictionSoftGracePeriod:\n  memory.free: 1m\n",
+            "memory.free",
+        ),
+        ("evictionMinimumReclaim:\n  pid.available: lots\n", "lots"),
+        ("evictionMaxPodGracePeriod: -1\n", "-1"),
+        ("evictionPressureTransitionPeriod: 5\n", "5"),
+        (
+            "evictionHard:\n  memory.available: 1Gi\n  memory.available: 2Gi\n",
+            "\"memory.available\" is given twice",
+        ),
+        ("{not yaml", "kubelet.yaml"),
+    ] {
+        let (_dir, args) = config_file(text);
+        let message = args.resolve().unwrap_err().to_string();
+        assert!(message.contains(quoted), "{text}: {message}");
+        assert!(message.contains("kubelet.yaml"), "{text}: {message}");
+        assert!(!message.contains('\n'), "one line: {message}");
+    }
+}
