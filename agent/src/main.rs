@@ -59,7 +59,12 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(evictd::daemon::run(args, config, inventory, shutdown_signal())) {
+    match runtime.block_on(evictd::daemon::run(
+        args,
+        config,
+        inventory,
+        shutdown_signal(),
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{:#}", anyhow::Error::from(e));

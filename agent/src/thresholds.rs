@@ -212,9 +212,8 @@ pub struct Threshold {
     pub grace_period: Duration,
     /// `{"quantity": 0}` when not configured, as the contract prints it.
     pub min_reclaim: ThresholdValue,
-    /// Hard or soft is a property of where it was configured: a soft
-    /// threshold given a 0s grace period is still soft (its evictions are
-    /// graceful), as in kubelet.
+    /// kubelet's `isHardEvictionThreshold`: no grace period. A soft
+    /// threshold given 0s is hard too: it evicts with no pod grace period.
     #[serde(skip)]
     pub hard: bool,
 }

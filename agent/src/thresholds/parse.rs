@@ -87,9 +87,13 @@ pub enum ConfigError {
         source: DurationError,
     },
     #[error(
-        "soft eviction threshold {signal}<{value} has no grace period: add --eviction-soft-grace-period={signal}=DURATION"
+        "{origin}: soft eviction threshold {signal}<{value} has no grace period: add --eviction-soft-grace-period={signal}=DURATION (evictionSoftGracePeriod in a config file)"
     )]
-    NoGracePeriod { signal: Signal, value: String },
+    NoGracePeriod {
+        origin: String,
+        signal: Signal,
+        value: String,
+    },
     #[error("{origin}: {text:?} is not a whole number of seconds >= 0")]
     MaxPodGracePeriod { origin: String, text: String },
     #[error("{origin}: {source}")]
@@ -303,6 +307,31 @@ impl EvictionArgs {
                 });
             }
         }
+
+        let mut soft_thresholds = Vec::new();
+        for (signal, text) in &soft.entries {
+            let Some(value) = parse_value(&soft.origin, *signal, text)? else {
+                continue;
+            };
+            let grace_period =
+                *grace_periods
+                    .get(signal)
+                    .ok_or_else(|| ConfigError::NoGracePeriod {
+                        origin: soft.origin.clone(),
+                        signal: *signal,
+                        value: text.clone(),
+                    })?;
+            soft_thresholds.push(Threshold {
+                signal: *signal,
+                operator: Operator::LessThan,
+                value,
+                grace_period,
+                min_reclaim: min_reclaim_of(*signal),
+                // kubelet's isHardEvictionThreshold: no grace period is hard.
+                hard: grace_period.is_zero(),
+            });
+        }
+        soft_thresholds.sort_by_key(|t| t.signal);
         // kubelet's addAllocatableThresholds: with pods' allocatable
         // enforced, each hard memory.available threshold also guards the
         // pods' cgroup, with the same value and minimum reclaim (the
@@ -316,7 +345,8 @@ impl EvictionArgs {
         if enforce_pods {
             let copies: Vec<Threshold> = hard_thresholds
                 .iter()
-                .filter(|t| t.signal == Signal::MemoryAvailable)
+                .chain(&soft_thresholds)
+                .filter(|t| t.hard && t.signal == Signal::MemoryAvailable)
                 .map(|t| Threshold {
                     signal: Signal::AllocatableMemoryAvailable,
                     ..t.clone()
@@ -325,29 +355,6 @@ impl EvictionArgs {
             hard_thresholds.extend(copies);
         }
         hard_thresholds.sort_by_key(|t| t.signal);
-
-        let mut soft_thresholds = Vec::new();
-        for (signal, text) in &soft.entries {
-            let Some(value) = parse_value(&soft.origin, *signal, text)? else {
-                continue;
-            };
-            let grace_period =
-                *grace_periods
-                    .get(signal)
-                    .ok_or_else(|| ConfigError::NoGracePeriod {
-                        signal: *signal,
-                        value: text.clone(),
-                    })?;
-            soft_thresholds.push(Threshold {
-                signal: *signal,
-                operator: Operator::LessThan,
-                value,
-                grace_period,
-                min_reclaim: min_reclaim_of(*signal),
-                hard: false,
-            });
-        }
-        soft_thresholds.sort_by_key(|t| t.signal);
 
         let max_pod_grace_period = match (
             &self.eviction_max_pod_grace_period,

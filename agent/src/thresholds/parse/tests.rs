@@ -533,3 +533,28 @@ fn errors_in_the_file_quote_the_text_and_name_the_file() {
         assert!(!message.contains('\n'), "one line: {message}");
     }
 }
+
+#[test]
+fn a_soft_threshold_without_grace_is_hard_as_in_kubelet() {
+    let config = resolve(&[
+        ("hard", ""),
+        ("soft", "memory.available<1Gi"),
+        ("grace", "memory.available=0s"),
+    ]);
+    // The copy joins the hard thresholds, listed before the soft ones.
+    assert_eq!(
+        signals(&config),
+        [
+            (
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(1 << 30),
+                true
+            ),
+            (
+                Signal::MemoryAvailable,
+                ThresholdValue::Quantity(1 << 30),
+                true
+            ),
+        ]
+    );
+}
