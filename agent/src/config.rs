@@ -35,7 +35,7 @@ pub enum Command {
 }
 
 /// kubelet's eviction flags, with kubelet's names, formats and meanings.
-/// Kept as text here: `thresholds::EvictionArgs::resolve` validates them
+/// Kept as text here: `EvictionArgs::resolve` (thresholds/parse.rs) validates them
 /// together with --config, where flags override the file as in kubelet.
 #[derive(Debug, Clone, Default, Args)]
 pub struct EvictionArgs {
