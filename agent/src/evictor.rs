@@ -131,7 +131,7 @@ impl Evictor {
     /// reclaim (one victim per round unless --evict-set). Returns when the
     /// engine wants to look again sooner than the resync timer.
     pub async fn evaluate(&mut self, trigger: Trigger, monitor: &mut Monitor) -> Option<Duration> {
-        for _ in 0..MAX_ROUNDS_PER_TRIGGER {
+        for round in 0..MAX_ROUNDS_PER_TRIGGER {
             self.metrics
                 .engine_runs
                 .with_label_values(&[trigger.source])
@@ -164,9 +164,12 @@ impl Evictor {
             let pods: Vec<PodSnapshot> =
                 pods.into_iter().filter(|pod| pod.usage.pids > 0).collect();
             let choice = self.engine.choose(&assessment, &pods, self.options.policy);
-            self.metrics
-                .decision_latency
-                .observe(trigger.elapsed().as_secs_f64());
+            // Later rounds of the same trigger include the previous kills.
+            if round == 0 {
+                self.metrics
+                    .decision_latency
+                    .observe(trigger.elapsed().as_secs_f64());
+            }
             let span = info_span!("eviction",
                 signal = %starvation.threshold.signal, trigger = trigger.source);
             let outcome = self
