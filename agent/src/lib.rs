@@ -21,5 +21,7 @@ pub mod rank;
 pub mod signals;
 pub mod simulate;
 pub mod snapshot;
+#[cfg(test)]
+mod testing;
 pub mod thresholds;
 pub mod watch;
