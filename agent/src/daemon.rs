@@ -148,6 +148,7 @@ pub async fn run(
         .await?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
+    evictor.thaw_abandoned_pods();
     // What a restart costs the node: from here on the engine decides (the
     // first run follows at once) and the kernel watches.
     let startup = started.elapsed();

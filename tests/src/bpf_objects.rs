@@ -45,6 +45,16 @@ impl BpfObjects {
         }
     }
 
+    /// Just these programs, as an agent reported them: what is left to
+    /// check once it has exited before its links and maps could be looked
+    /// up.
+    pub fn programs_only(ids: &[u32]) -> Self {
+        Self {
+            programs: ids.iter().copied().collect(),
+            ..Self::default()
+        }
+    }
+
     /// Those of these objects the kernel still holds.
     pub fn still_loaded(&self) -> Self {
         Self {

@@ -173,6 +173,14 @@ impl SandboxNode {
         ]
     }
 
+    /// Makes each named pod's process hold that many bytes more.
+    pub fn alloc(&mut self, pods: &[(&str, u64)]) -> io::Result<()> {
+        for (name, bytes) in pods {
+            self.workload(name)?.alloc(*bytes)?;
+        }
+        Ok(())
+    }
+
     /// Starts the agent on this node with `extra` arguments.
     pub fn start_agent(&self, extra: &[&str]) -> io::Result<Agent> {
         let mut args = self.agent_args();

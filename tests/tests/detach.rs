@@ -75,11 +75,7 @@ fn a_sigterm_while_the_programs_load_is_a_clean_stop() {
     log.expect("SIGTERM received", &[]);
     let attached = log.expect("eBPF programs attached", &[]);
     log.expect("all eBPF programs detached", &[]);
-    let programs = program_ids(&attached).into_iter().collect();
-    assert_freed(&BpfObjects {
-        programs,
-        ..BpfObjects::default()
-    });
+    assert_freed(&BpfObjects::programs_only(&program_ids(&attached)));
 }
 
 /// An error after the programs are loaded: the metrics address is taken.
@@ -116,11 +112,7 @@ fn an_error_after_the_programs_are_loaded_frees_them() {
     assert!(named, "no error naming {address}: {:#?}", log.seen);
     // The agent was gone before the test could look up its links and
     // maps; its program ids are what it reported.
-    let programs = program_ids(&attached).into_iter().collect();
-    assert_freed(&BpfObjects {
-        programs,
-        ..BpfObjects::default()
-    });
+    assert_freed(&BpfObjects::programs_only(&program_ids(&attached)));
 }
 
 /// A panic unwinds (the agent keeps the default `panic = "unwind"`, so

@@ -22,14 +22,13 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     // Below their requests: db (48 of 128Mi), web (32 of 64Mi). Above:
     // batch (48 > 16Mi, but priority 100), node-exporter (critical).
-    for (name, bytes) in [
+    node.alloc(&[
         ("db", 48 * MIB),
         ("web", 32 * MIB),
         ("batch", 48 * MIB),
         ("node-exporter", 24 * MIB),
-    ] {
-        node.workload(name).unwrap().alloc(bytes).unwrap();
-    }
+    ])
+    .unwrap();
     let mut agent = node
         .start_agent(&["--eviction-hard", "memory.available<96Mi"])
         .unwrap();

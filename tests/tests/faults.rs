@@ -14,8 +14,8 @@ use std::{
 
 use evictd_common::{CgroupEvent, CrossingEvent, EVENTS_RING_BYTES};
 use evictd_integration::{
-    AGENT_DEADLINE, Agent, AgentLog, BpfObjects, PrivateCgroupTree, SandboxNode, Workload,
-    http_get, memory_pods, metric, program_ids, wait_until,
+    AGENT_DEADLINE, Agent, AgentLog, BpfObjects, Controller, PrivateCgroupTree, SandboxNode,
+    Workload, http_get, memory_pods, metric, program_ids, wait_until,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -278,15 +278,14 @@ fn pod_cgroups_vanishing_while_the_agent_reads_and_kills_raise_no_warning() {
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn an_agent_killed_under_pressure_and_restarted_evicts_the_right_pod_at_once() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    for (name, bytes) in [
+    node.alloc(&[
         ("db", 48 * MIB),
         ("web", 32 * MIB),
         ("batch", 48 * MIB),
         ("node-exporter", 24 * MIB),
         ("hog", 64 * MIB),
-    ] {
-        node.workload(name).unwrap().alloc(bytes).unwrap();
-    }
+    ])
+    .unwrap();
     let threshold = ["--eviction-hard", "memory.available<256Mi"];
     let mut first = node.start_agent(&threshold).unwrap();
     let attached = first.log.expect("eBPF programs attached", &[]);
@@ -321,4 +320,44 @@ fn an_agent_killed_under_pressure_and_restarted_evicts_the_right_pod_at_once() {
     let metrics = metrics_of(&mut second.log);
     assert!(metric(&metrics, "evictd_startup_seconds").unwrap() > 0.0);
     assert!(second.stop().unwrap().0.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn a_pod_left_frozen_by_an_agent_killed_mid_kill_is_thawed_by_the_next_one() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    if node.tree.layout().freezer.is_none() {
+        eprintln!(
+            "skipped: no v1 freezer hierarchy; on cgroup v2 the agent kills with cgroup.kill and never freezes a pod"
+        );
+        return;
+    }
+    let hog = memory_pods()
+        .into_iter()
+        .find(|pod| pod.name == "hog")
+        .unwrap();
+    let pod = format!("node/{}", hog.container.rsplit_once('/').unwrap().0);
+    // What an agent killed between freezing its victim and thawing it
+    // leaves: the pod frozen at its own level.
+    let state = node
+        .tree
+        .dir(Controller::Freezer, &pod)
+        .join("freezer.state");
+    fs::write(&state, "FROZEN").unwrap();
+    wait_until(AGENT_DEADLINE, "the pod to freeze", || {
+        node.tree.freezer_state(&pod).unwrap() == "FROZEN"
+    })
+    .unwrap();
+
+    let mut agent = node.start_agent(&[]).unwrap();
+    let thawed = agent.log.expect(
+        "thawed a pod left frozen by an agent stopped in the middle of its kill",
+        &[("cgroup", &node.tree.relative_path(&pod))],
+    );
+    let armed = agent.log.expect("protection armed", &[]);
+    assert!(position(&agent.log, &thawed) < position(&agent.log, &armed));
+    assert_eq!(node.tree.freezer_state(&pod).unwrap(), "THAWED");
+    assert!(node.alive("hog"), "the pod runs again");
+    assert_eq!(agent.log.problems(), [thawed]);
+    assert!(agent.stop().unwrap().0.success());
 }

@@ -201,6 +201,32 @@ impl Killer {
         Ok(report)
     }
 
+    /// Thaws the pods among `cgroups` that are frozen at the pod's own level:
+    /// a kill a previous agent began and never finished (it was killed
+    /// itself while the pod was frozen). Only evictd freezes a whole pod —
+    /// container runtimes pause containers — and left so the pod would stay
+    /// frozen for good, its SIGKILLed tasks unable to die. Returns the pods
+    /// thawed.
+    pub fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
+        let mut thawed = Vec::new();
+        for cgroup in cgroups {
+            let Some(freezer) = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at) else {
+                continue;
+            };
+            match freezer.is_self_frozen().and_then(|frozen| {
+                if frozen {
+                    freezer.thaw()?;
+                }
+                Ok(frozen)
+            }) {
+                Ok(true) => thawed.push((*cgroup).to_owned()),
+                Ok(false) => {}
+                Err(error) => warn!(cgroup, %error, "cannot thaw a pod left frozen"),
+            }
+        }
+        thawed
+    }
+
     /// The directories whose `cgroup.procs` make up the pod: memory, and on
     /// v1 the pids and freezer hierarchies too where they are mounted apart
     /// (a task moved in one v1 hierarchy stays put in the others).

@@ -266,3 +266,37 @@ async fn a_pod_removed_while_freezing_ends_the_wait_quietly() {
     assert_eq!(log.problems(), Vec::<String>::new());
     assert!(log.contains("removed while freezing"), "{:?}", log.lines());
 }
+
+/// A pod a killed agent left frozen is thawed at the pod's level only: a
+/// container paused on its own stays paused, and pods frozen only through
+/// an ancestor, or not at all, are left alone.
+#[test]
+fn thaws_pods_left_frozen_at_their_own_level_only() {
+    let fixture = Fixture::new("abandoned");
+    let frozen = fixture.freezer("freezer/kubepods/pod-left");
+    fs::write(frozen.join("freezer.state"), "FROZEN\n").unwrap();
+    fs::write(frozen.join("freezer.self_freezing"), "1\n").unwrap();
+    let paused = fixture.freezer("freezer/kubepods/pod-left/paused");
+    fs::write(paused.join("freezer.state"), "FROZEN\n").unwrap();
+    fs::write(paused.join("freezer.self_freezing"), "1\n").unwrap();
+    let running = fixture.freezer("freezer/kubepods/pod-running");
+    fs::write(running.join("freezer.self_freezing"), "0\n").unwrap();
+    let killer = Killer::new(fixture.v1());
+    let (log, _guard) = LogCapture::start();
+    let thawed = killer.thaw_abandoned(&[
+        "/kubepods/pod-left",
+        "/kubepods/pod-running",
+        "/kubepods/pod-gone",
+    ]);
+    assert_eq!(thawed, ["/kubepods/pod-left"]);
+    assert_eq!(read(&frozen.join("freezer.state")), "THAWED");
+    assert_eq!(read(&paused.join("freezer.state")), "FROZEN\n");
+    assert_eq!(read(&running.join("freezer.state")), "THAWED\n");
+    assert_eq!(log.problems(), Vec::<String>::new());
+    // v2 has no freezer hierarchy: nothing to do.
+    assert!(
+        Killer::new(fixture.v2())
+            .thaw_abandoned(&["/kubepods/pod-left"])
+            .is_empty()
+    );
+}

@@ -107,6 +107,27 @@ impl Freezer {
     pub(super) fn thaw_subtree(&self) -> Result<(), KillError> {
         thaw(&self.dir)
     }
+
+    /// Whether this cgroup itself was asked to freeze (`freezer.self_freezing`),
+    /// rather than frozen through an ancestor.
+    pub(super) fn is_self_frozen(&self) -> Result<bool, KillError> {
+        let path = self.dir.join("freezer.self_freezing");
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(text.trim() == "1"),
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(KillError::io(&path, e)),
+        }
+    }
+
+    /// Thaws this cgroup only: a descendant frozen on its own (a paused
+    /// container) stays so.
+    pub(super) fn thaw(&self) -> Result<(), KillError> {
+        let path = self.dir.join("freezer.state");
+        match write_existing(&path, "THAWED") {
+            Err(e) if is_gone(&e) => Ok(()),
+            other => other.map_err(|e| KillError::io(&path, e)),
+        }
+    }
 }
 
 fn thaw(dir: &Path) -> Result<(), KillError> {
