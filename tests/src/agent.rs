@@ -12,9 +12,10 @@ use std::{
 
 use serde_json::Value;
 
-use crate::wait_until;
+use crate::{wait::scaled, wait_until};
 
-/// How long a log line or the agent's exit may take.
+/// How long a log line or the agent's exit may take (stretched by
+/// [`scaled`](crate::scaled)).
 pub const AGENT_DEADLINE: Duration = Duration::from_secs(20);
 
 /// The agent binary: $EVICTD_BIN, or `evictd` in the target directory the
@@ -144,7 +145,8 @@ impl AgentLog {
     }
 
     /// The first line with `message` whose string `fields` match, waiting
-    /// up to [`AGENT_DEADLINE`]; panics with everything seen otherwise.
+    /// up to [`AGENT_DEADLINE`] (stretched by [`scaled`](crate::scaled));
+    /// panics with everything seen otherwise.
     pub fn expect(&mut self, message: &str, fields: &[(&str, &str)]) -> Value {
         let matches = |line: &Value| {
             line["message"] == message && fields.iter().all(|(k, v)| line[*k].as_str() == Some(*v))
@@ -154,7 +156,7 @@ impl AgentLog {
             if let Some(line) = self.seen.iter().find(|l| matches(l)) {
                 return line.clone();
             }
-            let left = AGENT_DEADLINE.saturating_sub(started.elapsed());
+            let left = scaled(AGENT_DEADLINE).saturating_sub(started.elapsed());
             match self.lines.recv_timeout(left) {
                 Ok(line) => self.seen.push(line),
                 Err(_) => panic!("no log line {message:?} {fields:?}; saw {:#?}", self.seen),
