@@ -148,6 +148,9 @@ fn in_guest(kernel: &Kernel, target: &Path, what: &str, script: &str) -> Result<
         .join("vm")
         .join(format!("run-{}", std::process::id()));
     let result = boot(kernel, &run, what, script);
+    // The initramfs is rebuilt for every run; the log stays.
+    let _ = fs::remove_dir_all(run.join("initramfs"));
+    let _ = fs::remove_file(run.join("initramfs.cpio"));
     println!("xtask: vm log: {}", run.join("log").display());
     result
 }
@@ -263,7 +266,17 @@ impl Kernel {
     fn cached(version: &str) -> Result<Self> {
         let cache = setup::cache_dir()?.join("vm");
         fs::create_dir_all(&cache).with_context(|| format!("creating {}", cache.display()))?;
-        let package = match newest_package(version) {
+        let mut listed = newest_package(version);
+        if listed.is_err() && setup::is_root() {
+            // A fresh machine may have no package lists yet.
+            setup::step_bounded(
+                "apt-get update",
+                Command::new("apt-get").args(["update", "-qq"]),
+                APT_LIMIT,
+            )?;
+            listed = newest_package(version);
+        }
+        let package = match listed {
             Ok(package) => package,
             Err(e) => newest_cached(&cache, version).with_context(|| {
                 format!(
