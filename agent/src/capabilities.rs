@@ -189,12 +189,15 @@ impl fmt::Display for Capabilities {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "kernel {}, BTF {}, BPF {}, cgroup {:?} (memory at {}, pids at {}), \
+            "kernel {}, BTF {}, BPF {}, cgroup {} (memory at {}, pids at {}), \
              PSI system {} cgroup {}, memcg v1 event_control {}, tracepoints: ",
             self.kernel_release,
             self.btf,
             self.bpf,
-            self.cgroup_version,
+            match self.cgroup_version {
+                CgroupVersion::V1 => "v1",
+                CgroupVersion::V2 => "v2",
+            },
             self.memory_root,
             self.pids_root.as_deref().unwrap_or("none"),
             self.psi.system,

@@ -283,7 +283,7 @@ pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duratio
     }
 }
 
-/// The tracepoints of a hook, `group:name` style without the group.
+/// The raw tracepoints of a hook, comma-separated.
 struct TracepointList(Hook);
 
 impl fmt::Display for TracepointList {

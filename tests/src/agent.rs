@@ -164,6 +164,15 @@ impl AgentLog {
         }
     }
 
+    /// The address of the metrics endpoint, from its log line.
+    pub fn metrics_address(&mut self) -> String {
+        let line = self.expect("serving /metrics and /healthz", &[]);
+        match line["address"].as_str() {
+            Some(address) => address.to_owned(),
+            None => panic!("no address in {line}"),
+        }
+    }
+
     /// Lines seen so far with `message` and `field` == `value`.
     pub fn count(&mut self, message: &str, field: &str, value: &str) -> usize {
         self.drain();
@@ -188,6 +197,44 @@ impl AgentLog {
             self.seen.push(line);
         }
     }
+}
+
+/// Runs `evictd ARGS` (a subcommand that ends by itself) to completion
+/// within [`AGENT_DEADLINE`]: its exit status and stdout. Killed and
+/// reported as `TimedOut` if it does not finish.
+pub fn run_evictd(args: &[&str]) -> io::Result<(ExitStatus, String)> {
+    let mut child = Command::new(agent_binary())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("evictd stdout not captured"))?;
+    // Read while it runs: a full pipe would stall it.
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let mut status = None;
+    let finished = wait_until(AGENT_DEADLINE, "evictd to finish", || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if let Err(timeout) = finished {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("evictd {args:?}: {timeout}"),
+        ));
+    }
+    let text = reader
+        .join()
+        .map_err(|_| io::Error::other("reading evictd's output"))??;
+    let status = status.ok_or_else(|| io::Error::other("evictd exit status lost"))?;
+    Ok((status, text))
 }
 
 /// A plain HTTP/1.1 GET, for the metrics endpoint.

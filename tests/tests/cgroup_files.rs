@@ -11,16 +11,12 @@
     reason = "test helpers: a failed step is a failed test"
 )]
 
-use std::{
-    fs,
-    io::Read as _,
-    process::{Command, Stdio},
-};
+use std::{fs, process::Command};
 
 use evictd::cgroup::CgroupFs;
 use evictd_integration::{
     AGENT_DEADLINE, Agent, CgroupVersion, Controller, PodSpec, PrivateCgroupTree, SandboxNode,
-    Workload, agent_binary, http_get, systemd_path, wait_until,
+    Workload, agent_binary, http_get, run_evictd, systemd_path, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -52,25 +48,9 @@ fn working_set(tree: &PrivateCgroupTree, rel: &str) -> (u64, u64) {
 
 /// Runs `evictd ARGS` to completion: its stdout as JSON.
 fn evictd_json(args: &[String]) -> Value {
-    let mut child = Command::new(agent_binary())
-        .args(args)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut status = None;
-    wait_until(AGENT_DEADLINE, "evictd to finish", || {
-        status = child.try_wait().unwrap();
-        status.is_some()
-    })
-    .unwrap();
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    assert!(status.unwrap().success(), "evictd {args:?}: {stdout}");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, stdout) = run_evictd(&args).unwrap();
+    assert!(status.success(), "evictd {args:?}: {stdout}");
     serde_json::from_str(&stdout).unwrap()
 }
 
@@ -242,10 +222,7 @@ fn a_kernel_oom_kill_is_counted_by_the_kernel_and_reported_by_the_agent() {
     tree.set_memory_limit("pod", 32 * MIB).unwrap();
     let scope = tree.relative_path("pod");
     let mut agent = Agent::start(&["--watch-memory", &format!("{scope}=16Mi")]).unwrap();
-    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let address = agent.log.metrics_address();
     agent
         .log
         .expect("trigger", &[("resource", "oom_kills"), ("trigger", "bpf")]);

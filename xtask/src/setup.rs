@@ -196,19 +196,7 @@ pub fn is_root() -> bool {
 
 /// Runs one announced step; fails quoting the command.
 pub fn step(what: &str, command: &mut Command) -> Result<()> {
-    println!("xtask: == {what}");
-    let started = Instant::now();
-    let status = command
-        .status()
-        .with_context(|| format!("starting {command:?}"))?;
-    if !status.success() {
-        bail!("{what} failed ({status}): {command:?}");
-    }
-    println!(
-        "xtask: == {what}: ok in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
+    step_bounded(what, command, Duration::MAX)
 }
 
 /// Like [`step`], but the command is killed (by its pid, and only it) if it

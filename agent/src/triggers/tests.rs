@@ -2,7 +2,7 @@
 //! capabilities as `Capabilities::detect` reports them there.
 use std::collections::BTreeMap;
 
-use super::*;
+use super::{Trigger::Kernel, *};
 use crate::{capabilities::Psi, cgroup::CgroupVersion};
 
 /// Tracepoints (and arities) both test kernels have.
@@ -60,24 +60,22 @@ fn trigger(triggers: &Triggers, purpose: Purpose) -> Trigger {
     triggers.get(purpose).trigger
 }
 
+/// The triggers of memory, pids, OOM kills and new cgroups.
+fn all(triggers: &Triggers) -> [Trigger; 4] {
+    Purpose::ALL.map(|purpose| trigger(triggers, purpose))
+}
+
 #[test]
 fn linux_6_18_watches_memory_through_the_memcg_stat_tracepoints() {
     let triggers = choose(&linux_6_18_v1(), Mode::Event);
     assert_eq!(
-        trigger(&triggers, Purpose::Memory),
-        Trigger::Kernel(Hook::MemcgStat)
-    );
-    assert_eq!(
-        trigger(&triggers, Purpose::Pids),
-        Trigger::Kernel(Hook::TaskLifetime)
-    );
-    assert_eq!(
-        trigger(&triggers, Purpose::OomKills),
-        Trigger::Kernel(Hook::OomVictim)
-    );
-    assert_eq!(
-        trigger(&triggers, Purpose::CgroupLifecycle),
-        Trigger::Kernel(Hook::CgroupLifecycle)
+        all(&triggers),
+        [
+            Kernel(Hook::MemcgStat),
+            Kernel(Hook::TaskLifetime),
+            Kernel(Hook::OomVictim),
+            Kernel(Hook::CgroupLifecycle)
+        ]
     );
     assert_eq!(
         triggers.hooks(),
@@ -93,22 +91,19 @@ fn linux_6_18_watches_memory_through_the_memcg_stat_tracepoints() {
 #[test]
 fn linux_6_1_watches_memory_through_page_allocations_and_says_why() {
     let triggers = choose(&linux_6_1_v2(), Mode::Event);
-    let memory = triggers.get(Purpose::Memory);
-    assert_eq!(memory.trigger, Trigger::Kernel(Hook::PageAlloc));
+    assert_eq!(
+        all(&triggers),
+        [
+            Kernel(Hook::PageAlloc),
+            Kernel(Hook::TaskLifetime),
+            Kernel(Hook::OomVictim),
+            Kernel(Hook::CgroupLifecycle)
+        ]
+    );
+    let reason = &triggers.get(Purpose::Memory).reason;
     assert!(
-        memory
-            .reason
-            .contains("not memcg-stat: no mod_memcg_lruvec_state tracepoint"),
-        "{}",
-        memory.reason
-    );
-    assert_eq!(
-        trigger(&triggers, Purpose::Pids),
-        Trigger::Kernel(Hook::TaskLifetime)
-    );
-    assert_eq!(
-        trigger(&triggers, Purpose::OomKills),
-        Trigger::Kernel(Hook::OomVictim)
+        reason.contains("not memcg-stat: no mod_memcg_lruvec_state tracepoint"),
+        "{reason}"
     );
 }
 
@@ -125,10 +120,7 @@ fn an_upstream_6_1_mark_victim_with_one_argument_leaves_oom_kills_unobserved() {
         "{}",
         oom.reason
     );
-    assert_eq!(
-        trigger(&triggers, Purpose::Memory),
-        Trigger::Kernel(Hook::PageAlloc)
-    );
+    assert_eq!(trigger(&triggers, Purpose::Memory), Kernel(Hook::PageAlloc));
 }
 
 #[test]
@@ -139,14 +131,19 @@ fn without_btf_everything_polls_and_says_so() {
         let triggers = choose(&capabilities, Mode::Event);
         assert!(triggers.hooks().is_empty());
         let memory = triggers.get(Purpose::Memory);
-        assert_eq!(memory.trigger, Trigger::Poll);
         assert_eq!(
             memory.reason,
             "no kernel BTF: /sys/kernel/btf/vmlinux: not found"
         );
-        assert_eq!(trigger(&triggers, Purpose::Pids), Trigger::Poll);
-        assert_eq!(trigger(&triggers, Purpose::CgroupLifecycle), Trigger::Poll);
-        assert_eq!(trigger(&triggers, Purpose::OomKills), Trigger::Unobserved);
+        assert_eq!(
+            all(&triggers),
+            [
+                Trigger::Poll,
+                Trigger::Poll,
+                Trigger::Unobserved,
+                Trigger::Poll
+            ]
+        );
     }
 }
 

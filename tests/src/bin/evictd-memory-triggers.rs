@@ -30,13 +30,12 @@ use evictd::{
     kernel_layout::KernelBtf,
     levels::Levels,
 };
-use evictd_integration::{Controller, PrivateCgroupTree, Workload};
+use evictd_integration::{BpfStatsEnabled, Controller, PrivateCgroupTree, Workload};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 const MIB: u64 = 1 << 20;
 const CHECK_STEP: u64 = 256 * 1024;
 const POD_LIMIT: u64 = 512 * MIB;
-const STATS_SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
 /// How long to wait for a record after the workload stopped growing.
 const SETTLE: Duration = Duration::from_secs(1);
 
@@ -51,7 +50,7 @@ fn main() -> Result<()> {
     println!("{capabilities}\n");
     let btf = btf.context("no kernel BTF")?;
     let tmpfs = PrivateTmpfs::mount()?;
-    let _stats = StatsEnabled::new()?;
+    let _stats = BpfStatsEnabled::new().context("turning kernel.bpf_stats_enabled on")?;
     for hook in Hook::ALL {
         if hook.purpose() != Purpose::Memory {
             continue;
@@ -355,23 +354,6 @@ fn memory_high(workload: &Path) -> Result<()> {
     }
     println!();
     Ok(())
-}
-
-/// Turns kernel BPF run statistics on, and back to what they were on drop.
-struct StatsEnabled(String);
-
-impl StatsEnabled {
-    fn new() -> Result<Self> {
-        let before = fs::read_to_string(STATS_SWITCH).context(STATS_SWITCH)?;
-        fs::write(STATS_SWITCH, "1").context(STATS_SWITCH)?;
-        Ok(Self(before.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsEnabled {
-    fn drop(&mut self) {
-        let _ = fs::write(STATS_SWITCH, &self.0);
-    }
 }
 
 /// A tmpfs of our own, unmounted and removed on drop.
