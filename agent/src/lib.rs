@@ -4,6 +4,7 @@
 //! Data path: kernel band crossing -> [`bpf`] event stream -> [`monitor`]
 //! (fresh cgroupfs read, levels, re-arm) -> logs and [`metrics`].
 pub mod bpf;
+pub mod capabilities;
 pub mod cgroup;
 pub mod config;
 pub mod daemon;
@@ -22,4 +23,5 @@ pub mod signals;
 pub mod simulate;
 pub mod snapshot;
 pub mod thresholds;
+pub mod triggers;
 pub mod watch;

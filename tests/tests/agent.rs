@@ -31,10 +31,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         .filter_map(|n| n.parse().ok())
         .collect();
     assert_eq!(program_ids.len(), 7, "{attached}");
-    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let address = agent.log.metrics_address();
     agent
         .log
         .expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);
