@@ -47,9 +47,9 @@ impl Resource {
     }
 }
 
-/// What a program is for; the agent polls a resource whose programs are not
-/// all attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+/// What a program is for; the agent polls a resource no attached hook
+/// serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Purpose {
     Memory,
     Pids,
@@ -57,22 +57,124 @@ pub enum Purpose {
     CgroupLifecycle,
 }
 
-/// Program name in the object, raw tracepoint it attaches to, number of
-/// tracepoint arguments it was written for, and its purpose.
-const PROGRAMS: [(&str, &str, usize, Purpose); 7] = [
-    (
-        "memcg_lruvec_state",
-        "mod_memcg_lruvec_state",
-        3,
+impl Purpose {
+    pub const ALL: [Purpose; 4] = [
         Purpose::Memory,
-    ),
-    ("memcg_state", "mod_memcg_state", 3, Purpose::Memory),
-    ("task_fork", "sched_process_fork", 2, Purpose::Pids),
-    ("task_free", "sched_process_free", 1, Purpose::Pids),
-    ("oom_mark_victim", "mark_victim", 2, Purpose::OomKills),
-    ("cgroup_mkdir", "cgroup_mkdir", 2, Purpose::CgroupLifecycle),
-    ("cgroup_rmdir", "cgroup_rmdir", 2, Purpose::CgroupLifecycle),
-];
+        Purpose::Pids,
+        Purpose::OomKills,
+        Purpose::CgroupLifecycle,
+    ];
+
+    /// The `resource` label of logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+            Self::OomKills => "oom_kills",
+            Self::CgroupLifecycle => "cgroups",
+        }
+    }
+}
+
+/// One program of the eBPF object and the raw tracepoint it attaches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Program {
+    pub name: &'static str,
+    pub tracepoint: &'static str,
+    /// Tracepoint arguments the program was written for.
+    pub arity: usize,
+}
+
+/// A set of programs that serve one purpose together, attached all or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Hook {
+    /// memcg stat updates, with the memory cgroup charged (Linux 6.x after 6.1).
+    MemcgStat,
+    /// Page allocations and frees, with the current task's memory cgroup.
+    PageAlloc,
+    /// Task creation and release, with the task's pids cgroup.
+    TaskLifetime,
+    /// The kernel OOM killer's victims.
+    OomVictim,
+    /// Cgroup creation and removal.
+    CgroupLifecycle,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 5] = [
+        Hook::MemcgStat,
+        Hook::PageAlloc,
+        Hook::TaskLifetime,
+        Hook::OomVictim,
+        Hook::CgroupLifecycle,
+    ];
+
+    pub fn purpose(self) -> Purpose {
+        match self {
+            Self::MemcgStat | Self::PageAlloc => Purpose::Memory,
+            Self::TaskLifetime => Purpose::Pids,
+            Self::OomVictim => Purpose::OomKills,
+            Self::CgroupLifecycle => Purpose::CgroupLifecycle,
+        }
+    }
+
+    /// The `hook` label of logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MemcgStat => "memcg-stat",
+            Self::PageAlloc => "page-alloc",
+            Self::TaskLifetime => "task-lifetime",
+            Self::OomVictim => "oom-victim",
+            Self::CgroupLifecycle => "cgroup-lifecycle",
+        }
+    }
+
+    pub fn programs(self) -> &'static [Program] {
+        match self {
+            Self::MemcgStat => {
+                const {
+                    &[
+                        program("memcg_lruvec_state", "mod_memcg_lruvec_state", 3),
+                        program("memcg_state", "mod_memcg_state", 3),
+                    ]
+                }
+            }
+            Self::PageAlloc => {
+                const {
+                    &[
+                        program("page_alloc", "mm_page_alloc", 4),
+                        program("page_free", "mm_page_free", 2),
+                    ]
+                }
+            }
+            Self::TaskLifetime => {
+                const {
+                    &[
+                        program("task_fork", "sched_process_fork", 2),
+                        program("task_free", "sched_process_free", 1),
+                    ]
+                }
+            }
+            Self::OomVictim => const { &[program("oom_mark_victim", "mark_victim", 2)] },
+            Self::CgroupLifecycle => {
+                const {
+                    &[
+                        program("cgroup_mkdir", "cgroup_mkdir", 2),
+                        program("cgroup_rmdir", "cgroup_rmdir", 2),
+                    ]
+                }
+            }
+        }
+    }
+}
+
+const fn program(name: &'static str, tracepoint: &'static str, arity: usize) -> Program {
+    Program {
+        name,
+        tracepoint,
+        arity,
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
@@ -116,15 +218,6 @@ fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
     }
 }
 
-/// A program that could not be attached, and why.
-#[derive(Debug)]
-pub struct Unattached {
-    pub program: &'static str,
-    pub tracepoint: &'static str,
-    pub purpose: Purpose,
-    pub reason: String,
-}
-
 #[derive(Debug, Clone, Copy)]
 pub struct ProbeOptions {
     /// Bytes of memcg stat churn a CPU sees between two page-counter reads.
@@ -140,8 +233,7 @@ pub struct Probes {
     pids_scopes: HashMap<MapData, u64, Band>,
     counters: PerCpuArray<MapData, u64>,
     events: Option<RingBuf<MapData>>,
-    attached: Vec<(&'static str, &'static str, Purpose)>,
-    unattached: Vec<Unattached>,
+    hooks: Vec<Hook>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,10 +252,8 @@ pub struct KernelCounters {
 }
 
 impl Probes {
-    /// Loads the object with the layout of the running kernel and attaches
-    /// every program whose tracepoint exists. A missing tracepoint is not an
-    /// error: it is listed in [`Probes::unattached`] so the agent can poll
-    /// what that program would have watched.
+    /// Loads the object with the layout of the running kernel and takes its
+    /// maps. No program runs until [`Probes::attach`] attaches its hook.
     pub fn load(btf: &KernelBtf, options: ProbeOptions) -> Result<Self, BpfError> {
         if OBJECT.is_empty() {
             return Err(BpfError::NoObject);
@@ -173,49 +263,6 @@ impl Probes {
             .override_global(names::LAYOUT, &layout, true)
             .load(OBJECT)
             .map_err(BpfError::Load)?;
-
-        let mut attached = Vec::new();
-        let mut unattached = Vec::new();
-        for (program, tracepoint, arity, purpose) in PROGRAMS {
-            let not_attached = |reason: String| Unattached {
-                program,
-                tracepoint,
-                purpose,
-                reason,
-            };
-            match btf.tracepoint_arity(tracepoint) {
-                None => {
-                    unattached.push(not_attached("the kernel has no such tracepoint".into()));
-                    continue;
-                }
-                Some(found) if found != arity => {
-                    unattached.push(not_attached(format!(
-                        "the tracepoint takes {found} arguments here, the program expects {arity}"
-                    )));
-                    continue;
-                }
-                Some(_) => {}
-            }
-            let prog: &mut RawTracePoint = ebpf
-                .program_mut(program)
-                .ok_or(BpfError::Missing(program))?
-                .try_into()
-                .map_err(|source| BpfError::Program {
-                    program,
-                    tracepoint,
-                    source,
-                })?;
-            prog.load().map_err(|source| BpfError::Program {
-                program,
-                tracepoint,
-                source,
-            })?;
-            match prog.attach(tracepoint) {
-                Ok(_) => attached.push((program, tracepoint, purpose)),
-                Err(e) => unattached.push(not_attached(e.to_string())),
-            }
-        }
-
         let memory_scopes = take_map(&mut ebpf, names::MEMORY_SCOPES)?;
         let pids_scopes = take_map(&mut ebpf, names::PIDS_SCOPES)?;
         let counters = take_map(&mut ebpf, names::COUNTERS)?;
@@ -226,18 +273,68 @@ impl Probes {
             pids_scopes,
             counters,
             events,
-            attached,
-            unattached,
+            hooks: Vec::new(),
         })
     }
 
-    pub fn unattached(&self) -> &[Unattached] {
-        &self.unattached
+    /// Verifies and attaches every program of `hook`. On an error none of
+    /// them stays attached, so the caller can fall back to another hook.
+    pub fn attach(&mut self, hook: Hook) -> Result<(), BpfError> {
+        if self.hooks.contains(&hook) {
+            return Ok(());
+        }
+        for (done, program) in hook.programs().iter().enumerate() {
+            if let Err(e) = self.attach_program(program) {
+                for attached in &hook.programs()[..done] {
+                    if let Ok(prog) = self.raw_tracepoint(attached) {
+                        // Unloading detaches its link; failing that, dropping
+                        // the Probes does.
+                        let _ = prog.unload();
+                    }
+                }
+                return Err(e);
+            }
+        }
+        self.hooks.push(hook);
+        Ok(())
     }
 
-    /// Whether every program serving `purpose` is attached.
+    fn attach_program(&mut self, program: &Program) -> Result<(), BpfError> {
+        let error = |source| BpfError::Program {
+            program: program.name,
+            tracepoint: program.tracepoint,
+            source,
+        };
+        let prog = self.raw_tracepoint(program)?;
+        prog.load().map_err(error)?;
+        prog.attach(program.tracepoint).map_err(error)?;
+        Ok(())
+    }
+
+    fn raw_tracepoint(&mut self, program: &Program) -> Result<&mut RawTracePoint, BpfError> {
+        self.ebpf
+            .program_mut(program.name)
+            .ok_or(BpfError::Missing(program.name))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                program: program.name,
+                tracepoint: program.tracepoint,
+                source,
+            })
+    }
+
+    /// The hooks attached, in the order they were.
+    pub fn hooks(&self) -> &[Hook] {
+        &self.hooks
+    }
+
+    /// Whether an attached hook serves `purpose`.
     pub fn covers(&self, purpose: Purpose) -> bool {
-        !self.unattached.iter().any(|u| u.purpose == purpose)
+        self.hooks.iter().any(|hook| hook.purpose() == purpose)
+    }
+
+    fn attached_programs(&self) -> impl Iterator<Item = &'static Program> + '_ {
+        self.hooks.iter().flat_map(|hook| hook.programs())
     }
 
     /// Arms (or re-arms) the band of scope `id` of `resource`.
@@ -326,12 +423,11 @@ impl Probes {
     /// counts only while `kernel.bpf_stats_enabled` is 1 (it costs a clock
     /// read per run), so both stay 0 otherwise.
     pub fn program_stats(&self) -> Vec<ProgramStats> {
-        self.attached
-            .iter()
-            .filter_map(|(name, _, _)| {
-                let info = self.ebpf.program(name)?.info().ok()?;
+        self.attached_programs()
+            .filter_map(|program| {
+                let info = self.ebpf.program(program.name)?.info().ok()?;
                 Some(ProgramStats {
-                    program: name,
+                    program: program.name,
                     runs: info.run_count(),
                     run_time: info.run_time(),
                 })
@@ -341,11 +437,10 @@ impl Probes {
 
     /// Ids of the loaded programs, as `bpftool prog list` shows them.
     pub fn program_ids(&self) -> BTreeMap<&'static str, u32> {
-        self.attached
-            .iter()
-            .filter_map(|(name, _, _)| {
-                let program = self.ebpf.program(name)?;
-                Some((*name, program.info().ok()?.id()))
+        self.attached_programs()
+            .filter_map(|program| {
+                let id = self.ebpf.program(program.name)?.info().ok()?.id();
+                Some((program.name, id))
             })
             .collect()
     }

@@ -6,11 +6,23 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{duration, quantity::Quantity, watch::WatchSpec};
 
+/// What `--mode event` uses on the kernels evictd is tested on
+/// (`triggers::choose`; README has the measurements behind it).
+const TRIGGERS_BY_KERNEL: &str = "\
+Triggers in --mode event, chosen at startup from what the kernel offers (logged,
+and exported as evictd_trigger_info and evictd_trigger_hook_info):
+  kernel                    memory          pids               OOM kills       new cgroups
+  6.18 (memcg tracepoints)  bpf memcg-stat  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  6.1 (Debian, cgroup v2)   bpf page-alloc  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  no BTF, or no privilege   poll            poll               none            poll
+Polling re-reads cgroupfs every --resync-interval and is logged as a warning.";
+
 #[derive(Debug, Parser)]
 #[command(
     name = "evictd",
     version,
     about = "Kubernetes node agent: detects memory and PID pressure in the kernel with eBPF",
+    after_help = TRIGGERS_BY_KERNEL,
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -262,6 +274,16 @@ mod tests {
     #[test]
     fn cli_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_trigger_table_names_every_hook_as_logs_and_metrics_do() {
+        for hook in crate::bpf::Hook::ALL {
+            assert!(
+                TRIGGERS_BY_KERNEL.contains(&format!("bpf {}", hook.as_str())),
+                "{hook:?}"
+            );
+        }
     }
 
     #[test]

@@ -2,25 +2,25 @@
 //! it cannot and polls instead), and serves until told to stop.
 use std::{
     future::Future,
-    path::Path,
     time::{Duration, Instant},
 };
 
 use tokio::{sync::watch, time::MissedTickBehavior};
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use crate::{
-    bpf::{BpfError, ProbeOptions, Probes, Resource},
+    bpf::{BpfError, ProbeOptions},
+    capabilities::Capabilities,
     cgroup::CgroupError,
     config::{Mode, RunArgs},
     engine::VictimPolicy,
     evictor::{Evictor, EvictorOptions, Trigger},
     inventory::Inventory,
-    kernel_layout::{KernelBtf, VMLINUX_BTF},
     kill::Killer,
     metrics::{Metrics, MetricsError},
     monitor::{Monitor, MonitorOptions, next_batch},
     thresholds::EvictionConfig,
+    triggers,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -54,27 +54,22 @@ pub async fn run(
         warn!("no eviction thresholds: evictd reports but never evicts");
     }
 
-    let mut probes = match args.mode {
-        Mode::Poll => None,
-        Mode::Event => match load_probes(&args) {
-            Ok(probes) => Some(probes),
-            Err(e) => {
-                error!(error = %e, period = ?args.resync_interval,
-                    "eBPF programs unavailable: POLLING cgroupfs instead of kernel events");
-                None
-            }
-        },
+    let check_interval = match args.mode {
+        Mode::Poll => args.housekeeping_interval,
+        Mode::Event => args.resync_interval,
     };
+    let (capabilities, btf) = Capabilities::detect(&cgroupfs);
+    let options = ProbeOptions {
+        check_step_bytes: args.memory_check_step,
+        kernel_log: args.bpf_log,
+    };
+    let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, options);
+    // The parsed BTF (tens of MiB) was only needed to load the programs.
+    drop(btf);
+    triggers::report(&armed, args.mode, &metrics, check_interval);
+    let mut probes = armed.probes;
     let mut kernel_log = None;
     if let Some(probes) = probes.as_mut() {
-        for missing in probes.unattached() {
-            warn!(
-                program = missing.program,
-                tracepoint = missing.tracepoint,
-                reason = missing.reason,
-                "program not attached"
-            );
-        }
         info!(programs = ?probes.program_ids(), "eBPF programs attached");
         if args.bpf_log {
             kernel_log = Some(tokio::spawn(probes.kernel_logger()?.run()));
@@ -83,10 +78,6 @@ pub async fn run(
     let events = match probes.as_mut() {
         Some(probes) => Some(probes.take_events()?),
         None => None,
-    };
-    let check_interval = match args.mode {
-        Mode::Poll => args.housekeeping_interval,
-        Mode::Event => args.resync_interval,
     };
     let kernel_triggers = probes.is_some();
     let mut monitor = Monitor::new(
@@ -118,23 +109,6 @@ pub async fn run(
     );
     if args.dry_run {
         warn!("--dry-run: evictions are decided and reported, nothing is killed");
-    }
-    for resource in [Resource::Memory, Resource::Pids] {
-        let trigger = if monitor.kernel_watches(resource) {
-            "bpf"
-        } else {
-            "poll"
-        };
-        metrics
-            .trigger
-            .with_label_values(&[resource.as_str(), trigger])
-            .set(1);
-        if trigger == "poll" && args.mode == Mode::Event {
-            warn!(resource = resource.as_str(), period = ?check_interval,
-                "no kernel trigger for this resource: POLLING cgroupfs");
-        } else {
-            info!(resource = resource.as_str(), trigger, "trigger");
-        }
     }
     monitor.install_all();
 
@@ -247,15 +221,4 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
     }
-}
-
-fn load_probes(args: &RunArgs) -> Result<Probes, BpfError> {
-    let btf = KernelBtf::open(Path::new(VMLINUX_BTF))?;
-    Probes::load(
-        &btf,
-        ProbeOptions {
-            check_step_bytes: args.memory_check_step,
-            kernel_log: args.bpf_log,
-        },
-    )
 }

@@ -32,6 +32,11 @@ pub enum LayoutError {
     MissingEnumerator(String),
     #[error("kernel BTF is malformed: {0}")]
     Malformed(#[source] btf_rs::Error),
+    #[error("kernel BTF: {what} is not {expected}")]
+    Unexpected {
+        what: &'static str,
+        expected: &'static str,
+    },
     #[error("offset {0} does not fit the layout's 32-bit field")]
     OffsetRange(u64),
 }
@@ -114,13 +119,7 @@ impl KernelBtf {
     /// Byte offset of `member` in struct `strukt`, looking through anonymous
     /// structs and unions (where `mm_struct` keeps most of its fields).
     pub fn offset(&self, strukt: &str, member: &str) -> Result<u32, LayoutError> {
-        let s = self.strukt(strukt)?;
-        let bits = self
-            .find_member(&s, member, 0)?
-            .ok_or_else(|| LayoutError::MissingMember {
-                strukt: strukt.to_owned(),
-                member: member.to_owned(),
-            })?;
+        let (bits, _) = self.member(strukt, member)?;
         if bits % 8 != 0 {
             return Err(LayoutError::Bitfield {
                 strukt: strukt.to_owned(),
@@ -130,12 +129,22 @@ impl KernelBtf {
         to_u32(u64::from(bits / 8))
     }
 
+    /// Bit offset and description of `member` in struct `strukt`.
+    fn member(&self, strukt: &str, member: &str) -> Result<(u32, btf_rs::Member), LayoutError> {
+        let s = self.strukt(strukt)?;
+        self.find_member(&s, member, 0)?
+            .ok_or_else(|| LayoutError::MissingMember {
+                strukt: strukt.to_owned(),
+                member: member.to_owned(),
+            })
+    }
+
     fn find_member(
         &self,
         s: &btf_rs::Struct,
         wanted: &str,
         base_bits: u32,
-    ) -> Result<Option<u32>, LayoutError> {
+    ) -> Result<Option<(u32, btf_rs::Member)>, LayoutError> {
         for member in &s.members {
             let name = self
                 .btf
@@ -143,7 +152,7 @@ impl KernelBtf {
                 .map_err(LayoutError::Malformed)?;
             let bits = base_bits + member.bit_offset();
             if name == wanted {
-                return Ok(Some(bits));
+                return Ok(Some((bits, member.clone())));
             }
             if name.is_empty() {
                 let inner = self
@@ -162,6 +171,42 @@ impl KernelBtf {
 
     pub fn size_of(&self, strukt: &str) -> Result<u32, LayoutError> {
         to_u32(self.strukt(strukt)?.size() as u64)
+    }
+
+    /// Stride between two `mm_struct.rss_stat` counters and the offset of
+    /// the count in one: an array of `struct percpu_counter` since Linux
+    /// 6.2, a `struct mm_rss_stat { atomic_long_t count[]; }` before.
+    fn rss_counters(&self) -> Result<(u32, u32), LayoutError> {
+        let (_, member) = self.member("mm_struct", "rss_stat")?;
+        let ty = self
+            .btf
+            .resolve_chained_type(&member)
+            .map_err(LayoutError::Malformed)?;
+        match ty {
+            Type::Array(_) => Ok((
+                self.size_of("percpu_counter")?,
+                self.offset("percpu_counter", "count")?,
+            )),
+            Type::Struct(_) => {
+                let (bits, count) = self.member("mm_rss_stat", "count")?;
+                let Type::Array(counters) = self
+                    .btf
+                    .resolve_chained_type(&count)
+                    .map_err(LayoutError::Malformed)?
+                else {
+                    return Err(LayoutError::Unexpected {
+                        what: "mm_rss_stat.count",
+                        expected: "an array",
+                    });
+                };
+                let stride = self.size_of("mm_rss_stat")? / (counters.len().max(1) as u32);
+                Ok((stride, bits / 8))
+            }
+            _ => Err(LayoutError::Unexpected {
+                what: "mm_struct.rss_stat",
+                expected: "an array of percpu_counter or struct mm_rss_stat",
+            }),
+        }
     }
 
     pub fn enumerator(&self, name: &str) -> Result<u64, LayoutError> {
@@ -228,6 +273,7 @@ impl KernelBtf {
             size if size > 0 => size as u64,
             _ => 4096,
         };
+        let (rss_stat_stride, rss_stat_count) = self.rss_counters()?;
         Ok(KernelLayout {
             mem_cgroup_css: self.offset("mem_cgroup", "css")?,
             mem_cgroup_memory_usage: self.offset("mem_cgroup", "memory")?
@@ -249,8 +295,8 @@ impl KernelBtf {
             task_comm: self.offset("task_struct", "comm")?,
             task_mm: self.offset("task_struct", "mm")?,
             mm_rss_stat: self.offset("mm_struct", "rss_stat")?,
-            percpu_counter_size: self.size_of("percpu_counter")?,
-            percpu_counter_count: self.offset("percpu_counter", "count")?,
+            rss_stat_stride,
+            rss_stat_count,
             rss_file_index: to_u32(self.enumerator("MM_FILEPAGES")?)?,
             rss_anon_index: to_u32(self.enumerator("MM_ANONPAGES")?)?,
             rss_shmem_index: to_u32(self.enumerator("MM_SHMEMPAGES")?)?,
@@ -289,7 +335,7 @@ mod tests {
             "memory controller compiled in"
         );
         assert!(layout.mem_cgroup_memory_usage > layout.mem_cgroup_css);
-        assert!(layout.percpu_counter_size >= 8);
+        assert!(layout.rss_stat_stride >= 8);
         assert_eq!(layout.check_step_pages, 64);
         // NR_SLAB_RECLAIMABLE_B and friends count bytes.
         assert_ne!(layout.byte_items_mask, [0, 0]);

@@ -4,6 +4,7 @@
 //! Data path: kernel band crossing -> [`bpf`] event stream -> [`monitor`]
 //! (fresh cgroupfs read, levels, re-arm) -> logs and [`metrics`].
 pub mod bpf;
+pub mod capabilities;
 pub mod cgroup;
 pub mod config;
 pub mod daemon;
@@ -24,4 +25,5 @@ pub mod snapshot;
 #[cfg(test)]
 mod testing;
 pub mod thresholds;
+pub mod triggers;
 pub mod watch;

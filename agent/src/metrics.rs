@@ -47,8 +47,12 @@ pub struct Metrics {
     pub scope_level: IntGaugeVec,
     /// Kernel OOM killer victims.
     pub oom_kills: IntCounter,
-    /// 1 for the trigger in use per resource (`bpf` or `poll`).
+    /// 1 for the trigger in use per resource (`memory`, `pids`, `oom_kills`,
+    /// `cgroups`): `bpf`, `poll` or `none`.
     pub trigger: IntGaugeVec,
+    /// 1 for the kernel hook behind a `bpf` trigger (`memcg-stat`,
+    /// `page-alloc`, ...), per resource.
+    pub trigger_hook: IntGaugeVec,
     /// Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1).
     pub program_runs: IntGaugeVec,
     /// Total run time of each eBPF program, nanoseconds (same condition).
@@ -200,8 +204,13 @@ impl Metrics {
             )?,
             trigger: gauge_vec(
                 "trigger_info",
-                "Trigger in use per resource: bpf (kernel-pushed) or poll",
+                "Trigger in use per resource: bpf (kernel-pushed), poll, or none",
                 &["resource", "trigger"],
+            )?,
+            trigger_hook: gauge_vec(
+                "trigger_hook_info",
+                "Kernel hook behind each bpf trigger, per resource",
+                &["resource", "hook"],
             )?,
             program_runs: gauge_vec(
                 "bpf_program_runs",

@@ -173,12 +173,13 @@ pub struct KernelLayout {
     pub task_comm: u32,
     /// `task_struct.mm`.
     pub task_mm: u32,
-    /// `mm_struct.rss_stat` (array of `percpu_counter`).
+    /// `mm_struct.rss_stat`: an array of `percpu_counter` (Linux 6.2 and
+    /// later) or a `struct mm_rss_stat` of `atomic_long_t` (before).
     pub mm_rss_stat: u32,
-    /// `sizeof(struct percpu_counter)`.
-    pub percpu_counter_size: u32,
-    /// `percpu_counter.count`.
-    pub percpu_counter_count: u32,
+    /// Bytes from one rss counter to the next.
+    pub rss_stat_stride: u32,
+    /// Offset of the count in one counter (`percpu_counter.count`, or 0).
+    pub rss_stat_count: u32,
     /// `MM_FILEPAGES`, `MM_ANONPAGES`, `MM_SHMEMPAGES`.
     pub rss_file_index: u32,
     pub rss_anon_index: u32,

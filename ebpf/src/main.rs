@@ -54,8 +54,8 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_comm: 0,
     task_mm: 0,
     mm_rss_stat: 0,
-    percpu_counter_size: 0,
-    percpu_counter_count: 0,
+    rss_stat_stride: 0,
+    rss_stat_count: 0,
     rss_file_index: 0,
     rss_anon_index: 0,
     rss_shmem_index: 0,
@@ -158,34 +158,81 @@ fn on_memcg_stat(ctx: &RawTracePointContext) {
             pages >>= layout!(page_shift);
         }
     }
-    if pages == 0 {
+    if !spend_check_budget(pages) {
         return;
     }
-    let Some(budget) = CHECK_BUDGET.get_ptr_mut(0) else {
+    if check_memory(memcg + layout!(mem_cgroup_css) as u64).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+}
+
+/// `mm_page_alloc(struct page *, unsigned int order, gfp_t, int migratetype)`:
+/// the memory trigger of kernels without the memcg stat tracepoints (before
+/// 6.x, e.g. 6.1). Every page a memory cgroup is charged for is allocated
+/// first, mostly by the task it is charged to, so the allocating task's
+/// memory cgroup is the one to look at.
+#[raw_tracepoint(tracepoint = "mm_page_alloc")]
+pub fn page_alloc(ctx: RawTracePointContext) -> i32 {
+    on_page_churn(ctx.arg::<u64>(1) as u32);
+    0
+}
+
+/// `mm_page_free(struct page *, unsigned int order)`: pages are uncharged
+/// before they are freed, so a fall below a band shows here; frees outside
+/// the owner's context (reclaim) are left to the agent's resync.
+#[raw_tracepoint(tracepoint = "mm_page_free")]
+pub fn page_free(ctx: RawTracePointContext) -> i32 {
+    on_page_churn(ctx.arg::<u64>(1) as u32);
+    0
+}
+
+#[inline(always)]
+fn on_page_churn(order: u32) {
+    // Orders above MAX_ORDER do not exist; the mask keeps the shift defined.
+    if !spend_check_budget(1 << (order & 31)) {
         return;
+    }
+    let memory_subsys_id = layout!(memory_subsys_id);
+    if memory_subsys_id == u32::MAX {
+        return;
+    }
+    // SAFETY: helper without preconditions.
+    let current = unsafe { bpf_get_current_task() };
+    let checked = task_css(current, memory_subsys_id).and_then(check_memory);
+    if checked.is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+}
+
+/// Adds `pages` of churn to this CPU's budget; true (and the budget reset)
+/// once a check step is spent, when the page counters are due for a read.
+#[inline(always)]
+fn spend_check_budget(pages: u64) -> bool {
+    if pages == 0 {
+        return false;
+    }
+    let Some(budget) = CHECK_BUDGET.get_ptr_mut(0) else {
+        return false;
     };
     // SAFETY: per-CPU slot; tracepoints run with preemption disabled.
     let spent = unsafe { *budget } + pages;
     if spent < layout!(check_step_pages) {
         unsafe { *budget = spent };
-        return;
+        return false;
     }
     unsafe { *budget = 0 };
     bump(COUNTER_MEMORY_CHECKS);
-    if check_memory(memcg).is_err() {
-        bump(COUNTER_READ_ERRORS);
-    }
+    true
 }
 
-/// Re-reads the page counter of every watched scope from `memcg` up to the
-/// root. The page counter is what the kernel charges and limits against, so
-/// the value compared is exact at this instant.
+/// Re-reads the page counter of every watched scope from the memory css
+/// `css` up to the root. The page counter is what the kernel charges and
+/// limits against, so the value compared is exact at this instant.
 #[inline(always)]
-fn check_memory(memcg: u64) -> Result<(), i32> {
+fn check_memory(mut css: u64) -> Result<(), i32> {
     let css_offset = layout!(mem_cgroup_css) as u64;
     let usage_offset = layout!(mem_cgroup_memory_usage) as u64;
     let page_shift = layout!(page_shift);
-    let mut css = memcg + css_offset;
     let mut trigger = 0u64;
     let mut depth = 0u32;
     while depth < MAX_DEPTH && css != 0 {
@@ -312,7 +359,8 @@ fn update_scope(
 // ---------------------------------------------------------------------------
 // OOM kills
 
-/// `mark_victim(struct task_struct *task, uid_t uid)` (Linux 6.8 and later).
+/// `mark_victim(struct task_struct *task, uid_t uid)` (Linux 6.8 and later,
+/// and Debian's 6.1, which backported it).
 #[raw_tracepoint(tracepoint = "mark_victim")]
 pub fn oom_mark_victim(ctx: RawTracePointContext) -> i32 {
     if report_oom_victim(&ctx).is_err() {
@@ -362,8 +410,8 @@ fn report_oom_victim(ctx: &RawTracePointContext) -> Result<(), i32> {
 
 fn rss_counter(mm: u64, index: u32) -> Result<u64, i32> {
     let offset = layout!(mm_rss_stat) as u64
-        + index as u64 * layout!(percpu_counter_size) as u64
-        + layout!(percpu_counter_count) as u64;
+        + index as u64 * layout!(rss_stat_stride) as u64
+        + layout!(rss_stat_count) as u64;
     let pages: i64 = read(mm, offset)?;
     Ok(pages.max(0) as u64)
 }

@@ -13,9 +13,10 @@ use std::{
 
 use serde_json::Value;
 
-use crate::wait_until;
+use crate::{wait::scaled, wait_until};
 
-/// How long a log line or the agent's exit may take.
+/// How long a log line or the agent's exit may take (stretched by
+/// [`scaled`](crate::scaled)).
 pub const AGENT_DEADLINE: Duration = Duration::from_secs(20);
 
 /// The agent binary: $EVICTD_BIN, or `evictd` in the target directory the
@@ -174,7 +175,8 @@ impl AgentLog {
     }
 
     /// The first line with `message` whose string `fields` match, waiting
-    /// up to [`AGENT_DEADLINE`]; panics with everything seen otherwise.
+    /// up to [`AGENT_DEADLINE`] (stretched by [`scaled`](crate::scaled));
+    /// panics with everything seen otherwise.
     pub fn expect(&mut self, message: &str, fields: &[(&str, &str)]) -> Value {
         let matches = |line: &Value| {
             line["message"] == message && fields.iter().all(|(k, v)| line[*k].as_str() == Some(*v))
@@ -184,7 +186,7 @@ impl AgentLog {
             if let Some(line) = self.seen.iter().find(|l| matches(l)) {
                 return line.clone();
             }
-            let left = AGENT_DEADLINE.saturating_sub(started.elapsed());
+            let left = scaled(AGENT_DEADLINE).saturating_sub(started.elapsed());
             match self.lines.recv_timeout(left) {
                 Ok(line) => self.seen.push(line),
                 Err(_) => panic!("no log line {message:?} {fields:?}; saw {:#?}", self.seen),
@@ -214,6 +216,15 @@ impl AgentLog {
             .collect()
     }
 
+    /// The address of the metrics endpoint, from its log line.
+    pub fn metrics_address(&mut self) -> String {
+        let line = self.expect("serving /metrics and /healthz", &[]);
+        match line["address"].as_str() {
+            Some(address) => address.to_owned(),
+            None => panic!("no address in {line}"),
+        }
+    }
+
     /// Lines seen so far with `message` and `field` == `value`.
     pub fn count(&mut self, message: &str, field: &str, value: &str) -> usize {
         self.drain();
@@ -238,6 +249,44 @@ impl AgentLog {
             self.seen.push(line);
         }
     }
+}
+
+/// Runs `evictd ARGS` (a subcommand that ends by itself) to completion
+/// within [`AGENT_DEADLINE`]: its exit status and stdout. Killed and
+/// reported as `TimedOut` if it does not finish.
+pub fn run_evictd(args: &[&str]) -> io::Result<(ExitStatus, String)> {
+    let mut child = Command::new(agent_binary())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("evictd stdout not captured"))?;
+    // Read while it runs: a full pipe would stall it.
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let mut status = None;
+    let finished = wait_until(AGENT_DEADLINE, "evictd to finish", || {
+        status = child.try_wait().ok().flatten();
+        status.is_some()
+    });
+    if let Err(timeout) = finished {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("evictd {args:?}: {timeout}"),
+        ));
+    }
+    let text = reader
+        .join()
+        .map_err(|_| io::Error::other("reading evictd's output"))??;
+    let status = status.ok_or_else(|| io::Error::other("evictd exit status lost"))?;
+    Ok((status, text))
 }
 
 /// A plain HTTP/1.1 GET, for the metrics endpoint.

@@ -20,22 +20,31 @@ pub struct BpfObjects {
 }
 
 impl BpfObjects {
-    /// The programs with these ids, the links whose program is one of them
-    /// and the maps they use, as loaded now.
+    /// The programs with these ids, the maps they use, every other program
+    /// using one of those maps (loaded by the same agent but not attached,
+    /// where its hook is missing), and the links attaching any of them, as
+    /// loaded now. Maps are never shared between agents: each loads its own.
     pub fn of_programs(ids: &[u32]) -> Self {
-        let programs = loaded_programs()
+        let loaded: Vec<(u32, Vec<u32>)> = loaded_programs()
             .filter_map(Result::ok)
-            .map(|program| program.id())
-            .filter(|id| ids.contains(id))
+            .map(|program| {
+                let maps = program.map_ids().ok().flatten().unwrap_or_default();
+                (program.id(), maps)
+            })
             .collect();
-        let maps = loaded_programs()
-            .filter_map(Result::ok)
-            .filter(|program| ids.contains(&program.id()))
-            .flat_map(|program| program.map_ids().ok().flatten().unwrap_or_default())
+        let maps: BTreeSet<u32> = loaded
+            .iter()
+            .filter(|(id, _)| ids.contains(id))
+            .flat_map(|(_, maps)| maps.iter().copied())
+            .collect();
+        let programs: BTreeSet<u32> = loaded
+            .iter()
+            .filter(|(id, uses)| ids.contains(id) || uses.iter().any(|m| maps.contains(m)))
+            .map(|(id, _)| *id)
             .collect();
         let links = loaded_links()
             .filter_map(Result::ok)
-            .filter(|link| ids.contains(&link.program_id()))
+            .filter(|link| programs.contains(&link.program_id()))
             .map(|link| link.id())
             .collect();
         Self {

@@ -20,16 +20,18 @@
 //! ```
 mod agent;
 mod bpf_objects;
+mod bpf_stats;
 mod cgroup_tree;
 mod layout;
 mod sandbox;
 mod wait;
 mod workload;
 
-pub use agent::{AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric};
+pub use agent::{AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric, run_evictd};
 pub use bpf_objects::{BpfObjects, program_ids};
+pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use sandbox::{PodSpec, SandboxNode, cgroupfs_path, memory_pods, systemd_path};
-pub use wait::{POLL_INTERVAL, Timeout, wait_until};
+pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload};

@@ -8,6 +8,26 @@ use std::{
 /// latencies (RCU grace periods, OOM kills), cheap for cgroupfs reads.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(5);
 
+/// Environment variable holding a whole factor (at least 1) by which every
+/// deadline of the fixtures is stretched. `cargo xtask test --vm` sets it
+/// when the guest is emulated (TCG), where everything runs several times
+/// slower. Deadlines only bound how long a test may hang; no test asserts
+/// speed, so stretching them changes no outcome.
+pub const TIME_SCALE_ENV: &str = "EVICTD_TEST_TIME_SCALE";
+
+/// `deadline` stretched by [`TIME_SCALE_ENV`] (unchanged when it is unset
+/// or not a whole number of at least 1).
+pub fn scaled(deadline: Duration) -> Duration {
+    deadline.saturating_mul(time_scale(std::env::var(TIME_SCALE_ENV).ok().as_deref()))
+}
+
+fn time_scale(value: Option<&str>) -> u32 {
+    value
+        .and_then(|text| text.trim().parse::<u32>().ok())
+        .filter(|factor| *factor >= 1)
+        .unwrap_or(1)
+}
+
 /// A condition did not hold within its deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timeout {
@@ -35,13 +55,15 @@ impl From<Timeout> for io::Error {
 }
 
 /// Polls `condition` every [`POLL_INTERVAL`] until it holds or `deadline`
-/// has passed. The condition is checked at least once, and once more at the
-/// deadline, so a zero deadline means "is it true now".
+/// (stretched by [`scaled`]) has passed. The condition is checked at least
+/// once, and once more at the deadline, so a zero deadline means "is it
+/// true now".
 pub fn wait_until(
     deadline: Duration,
     what: &str,
     mut condition: impl FnMut() -> bool,
 ) -> Result<(), Timeout> {
+    let deadline = scaled(deadline);
     let start = Instant::now();
     loop {
         if condition() {
@@ -80,6 +102,15 @@ mod tests {
         assert!(err.waited >= Duration::from_millis(20));
         assert!(err.to_string().contains("pigs to fly"));
         assert_eq!(io::Error::from(err).kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn deadlines_are_stretched_by_a_whole_factor_only() {
+        assert_eq!(time_scale(Some("3")), 3);
+        assert_eq!(time_scale(Some(" 12\n")), 12);
+        for ignored in [None, Some("0"), Some("-2"), Some("1.5"), Some("fast")] {
+            assert_eq!(time_scale(ignored), 1, "{ignored:?}");
+        }
     }
 
     #[test]

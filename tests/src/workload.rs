@@ -9,7 +9,10 @@ use std::{
     time::Duration,
 };
 
-use crate::{cgroup_tree::PrivateCgroupTree, wait::wait_until};
+use crate::{
+    cgroup_tree::PrivateCgroupTree,
+    wait::{scaled, wait_until},
+};
 
 /// How long one command may take: allocating hundreds of MiB, or forking
 /// dozens of children, on a loaded 2-core machine stays well inside it.
@@ -89,7 +92,8 @@ impl Workload {
         Ok(workload)
     }
 
-    /// Changes how long each command may take from now on.
+    /// Changes how long each command may take from now on (stretched by
+    /// [`scaled`](crate::scaled), as every deadline).
     pub fn set_command_deadline(&mut self, deadline: Duration) {
         self.deadline = deadline;
     }
@@ -145,7 +149,7 @@ impl Workload {
             .map_err(|e| {
                 io::Error::new(e.kind(), format!("sending {line:?} to workload {pid}: {e}"))
             })?;
-        let reply = match self.replies.recv_timeout(self.deadline) {
+        let reply = match self.replies.recv_timeout(scaled(self.deadline)) {
             Ok(reply) => reply,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 self.desynchronised = true;
@@ -154,7 +158,7 @@ impl Workload {
                     format!(
                         "workload {}: no reply to {line:?} within {:?}",
                         self.pid(),
-                        self.deadline
+                        scaled(self.deadline)
                     ),
                 ));
             }

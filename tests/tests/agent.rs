@@ -28,10 +28,7 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     let program_ids = program_ids(&attached);
     assert_eq!(program_ids.len(), 7, "{attached}");
     let loaded = BpfObjects::of_programs(&program_ids);
-    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let address = agent.log.metrics_address();
     agent
         .log
         .expect("watching scope", &[("scope", &scope), ("trigger", "bpf")]);

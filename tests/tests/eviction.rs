@@ -171,10 +171,7 @@ fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
         .start_agent(&["--dry-run", "--eviction-hard", "memory.available<256Mi"])
         .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
-    let address = agent.log.expect("serving /metrics and /healthz", &[])["address"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let address = agent.log.metrics_address();
     node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
     let decided = agent
         .log

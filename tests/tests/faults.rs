@@ -15,7 +15,7 @@ use std::{
 use evictd_common::{CgroupEvent, CrossingEvent, EVENTS_RING_BYTES};
 use evictd_integration::{
     AGENT_DEADLINE, Agent, AgentLog, BpfObjects, Controller, PrivateCgroupTree, SandboxNode,
-    Workload, http_get, memory_pods, metric, program_ids, wait_until,
+    Workload, agent_binary, http_get, memory_pods, metric, program_ids, wait_until,
 };
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -32,8 +32,7 @@ fn position(log: &AgentLog, line: &Value) -> usize {
 }
 
 fn metrics_of(log: &mut AgentLog) -> String {
-    let serving = log.expect("serving /metrics and /healthz", &[]);
-    http_get(serving["address"].as_str().unwrap(), "/metrics").unwrap()
+    http_get(&log.metrics_address(), "/metrics").unwrap()
 }
 
 /// Watched pods whose crossings race for what room the flood leaves: at
@@ -314,8 +313,10 @@ fn an_agent_killed_under_pressure_and_restarted_evicts_the_right_pod_at_once() {
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     assert_eq!(second.log.all("eviction decided").len(), 1);
     eprintln!(
-        "restart under pressure: protection armed {} ms into the run, hog killed {:?} after the start (debug build)",
-        armed["startup_ms"], killed_after
+        "restart under pressure: protection armed {} ms into the run, hog killed {:?} after the start ({})",
+        armed["startup_ms"],
+        killed_after,
+        agent_binary().display()
     );
     let metrics = metrics_of(&mut second.log);
     assert!(metric(&metrics, "evictd_startup_seconds").unwrap() > 0.0);

@@ -10,12 +10,15 @@
 use std::time::Duration;
 
 use evictd::{
-    bpf::{KernelEvent, ProbeOptions, Probes, Received, Resource},
-    kernel_layout::{KernelBtf, VMLINUX_BTF},
+    bpf::{Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, Resource},
+    capabilities::Capabilities,
+    cgroup::CgroupFs,
+    config::Mode,
     levels::Levels,
+    triggers::{self, Trigger},
 };
 use evictd_common::NODE_PIDS_SCOPE_ID;
-use evictd_integration::{Controller, PrivateCgroupTree, Workload, wait_until};
+use evictd_integration::{Controller, PrivateCgroupTree, Workload, scaled, wait_until};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
@@ -30,6 +33,19 @@ fn detection_tolerance() -> u64 {
     CHECK_STEP * cpus + 2 * MIB
 }
 
+/// The hooks that can watch memory on this kernel (memcg-stat on 6.18 and
+/// page-alloc, page-alloc alone on 6.1): the memory tests run on each.
+fn memory_hooks() -> Vec<Hook> {
+    let (capabilities, _) = Capabilities::detect(&CgroupFs::discover().unwrap());
+    let hooks: Vec<Hook> = Hook::ALL
+        .into_iter()
+        .filter(|hook| hook.purpose() == Purpose::Memory)
+        .filter(|hook| capabilities.hook_tracepoints(*hook).is_yes())
+        .collect();
+    assert!(!hooks.is_empty(), "no memory hook on this kernel");
+    hooks
+}
+
 /// Loaded programs and the records read from them so far.
 struct Kernel {
     runtime: tokio::runtime::Runtime,
@@ -39,25 +55,46 @@ struct Kernel {
 }
 
 impl Kernel {
+    /// The hooks the agent would choose on this kernel, all attached: every
+    /// resource has a kernel trigger on the kernels evictd is tested on.
     fn load() -> Self {
+        Self::load_watching_memory_with(None)
+    }
+
+    /// Same, with memory watched through `memory` instead of the best hook.
+    fn load_with(memory: Hook) -> Self {
+        Self::load_watching_memory_with(Some(memory))
+    }
+
+    fn load_watching_memory_with(memory: Option<Hook>) -> Self {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
-        let btf = KernelBtf::open(std::path::Path::new(VMLINUX_BTF)).unwrap();
+        let (capabilities, btf) = Capabilities::detect(&CgroupFs::discover().unwrap());
+        let chosen = triggers::choose(&capabilities, Mode::Event);
+        for purpose in Purpose::ALL {
+            assert!(
+                matches!(chosen.get(purpose).trigger, Trigger::Kernel(_)),
+                "{purpose:?} has a kernel trigger on this kernel: {:?} ({capabilities})",
+                chosen.get(purpose)
+            );
+        }
         let mut probes = Probes::load(
-            &btf,
+            &btf.unwrap(),
             ProbeOptions {
                 check_step_bytes: CHECK_STEP,
                 kernel_log: false,
             },
         )
         .unwrap();
-        assert!(
-            probes.unattached().is_empty(),
-            "every program attaches on this kernel: {:?}",
-            probes.unattached()
-        );
+        for hook in chosen.hooks() {
+            let hook = match memory {
+                Some(memory) if hook.purpose() == Purpose::Memory => memory,
+                _ => hook,
+            };
+            probes.attach(hook).unwrap();
+        }
         let events = {
             let _guard = runtime.enter();
             probes.take_events().unwrap()
@@ -100,17 +137,19 @@ impl Kernel {
             .extend(batch.into_iter().map(|r| r.expect("every record decodes")));
     }
 
-    /// The first record matching `wanted`, waiting up to EVENT_DEADLINE.
+    /// The first record matching `wanted`, waiting up to EVENT_DEADLINE
+    /// (stretched by `scaled`).
     fn expect(&mut self, what: &str, wanted: impl Fn(&KernelEvent) -> bool) -> Received {
         let started = std::time::Instant::now();
+        let deadline = scaled(EVENT_DEADLINE);
         loop {
             if let Some(i) = self.unclaimed.iter().position(|r| wanted(&r.event)) {
                 return self.unclaimed.remove(i);
             }
-            let left = EVENT_DEADLINE.saturating_sub(started.elapsed());
+            let left = deadline.saturating_sub(started.elapsed());
             assert!(
                 !left.is_zero(),
-                "no {what} within {EVENT_DEADLINE:?}; saw {:?}",
+                "no {what} within {deadline:?}; saw {:?}",
                 self.unclaimed
             );
             self.read(left);
@@ -141,11 +180,18 @@ fn crossing_value(received: &Received) -> u64 {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit() {
+    for hook in memory_hooks() {
+        eprintln!("memory hook {}", hook.as_str());
+        memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit_through(hook);
+    }
+}
+
+fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit_through(hook: Hook) {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("node/kubepods/pod-a").unwrap();
     let limit = 512 * MIB;
     tree.set_memory_limit("node/kubepods/pod-a", limit).unwrap();
-    let mut kernel = Kernel::load();
+    let mut kernel = Kernel::load_with(hook);
     let scopes = [
         ("node/kubepods/pod-a", 64 * MIB),
         ("node/kubepods", 96 * MIB),
@@ -177,8 +223,9 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit()
         );
         assert!(
             value - threshold <= detection_tolerance(),
-            "{rel}: reported {value}, {} past threshold {threshold}",
-            value - threshold
+            "{rel}: reported {value}, {} past threshold {threshold} ({})",
+            value - threshold,
+            hook.as_str()
         );
         // The value was read from the page counter cgroupfs reports; the
         // workload only grew since.
@@ -202,10 +249,17 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit()
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn memory_falling_below_the_band_is_reported_after_a_rearm() {
+    for hook in memory_hooks() {
+        eprintln!("memory hook {}", hook.as_str());
+        memory_falling_below_the_band_is_reported_after_a_rearm_through(hook);
+    }
+}
+
+fn memory_falling_below_the_band_is_reported_after_a_rearm_through(hook: Hook) {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
-    let mut kernel = Kernel::load();
+    let mut kernel = Kernel::load_with(hook);
     let (thresholds, hysteresis) = ([64 * MIB], 16 * MIB);
     kernel.watch(Resource::Memory, id, &thresholds, hysteresis);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
@@ -232,10 +286,17 @@ fn memory_falling_below_the_band_is_reported_after_a_rearm() {
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn a_value_hovering_at_the_line_is_reported_once() {
+    for hook in memory_hooks() {
+        eprintln!("memory hook {}", hook.as_str());
+        a_value_hovering_at_the_line_is_reported_once_through(hook);
+    }
+}
+
+fn a_value_hovering_at_the_line_is_reported_once_through(hook: Hook) {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
-    let mut kernel = Kernel::load();
+    let mut kernel = Kernel::load_with(hook);
     kernel.watch(Resource::Memory, id, &[64 * MIB], 16 * MIB);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(62 * MIB).unwrap();

@@ -14,7 +14,9 @@ use evictd::{
     cgroup::CgroupFs,
     kill::{KillError, KillMethod, KillReport, Killer},
 };
-use evictd_integration::{CgroupVersion, Controller, PrivateCgroupTree, Workload, wait_until};
+use evictd_integration::{
+    CgroupVersion, Controller, PrivateCgroupTree, Workload, scaled, wait_until,
+};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
@@ -28,7 +30,7 @@ const GONE_DEADLINE: Duration = Duration::from_secs(10);
 const RESIDUE: u64 = 4 * MIB;
 
 fn killer() -> Killer {
-    Killer::new(CgroupFs::discover().unwrap()).with_deadline(KILL_DEADLINE)
+    Killer::new(CgroupFs::discover().unwrap()).with_deadline(scaled(KILL_DEADLINE))
 }
 
 fn kill_pod(tree: &PrivateCgroupTree, rel: &str, grace: Duration) -> Result<KillReport, KillError> {
@@ -156,7 +158,16 @@ fn a_pod_whose_processes_keep_changing_pid_is_killed_whole() {
     eprintln!("{report:?}");
     assert_empty(&tree, "kubepods/pod-bomb");
     assert_eq!(report.frozen, has_freezer(&tree));
-    assert!(u64::from(report.sigkill_sent) >= hoppers + 2, "{report:?}");
+    match report.method {
+        // One signal per task, all listed and killed.
+        KillMethod::Signals => {
+            assert!(u64::from(report.sigkill_sent) >= hoppers + 2, "{report:?}");
+        }
+        // The kernel kills the whole subtree in one write; sigkill_sent only
+        // counts the pidfds opened for process_mrelease just before, and a
+        // hopper listed then may be gone (replaced) by the time it is opened.
+        KillMethod::CgroupKill => assert_eq!(report.rounds, 1, "{report:?}"),
+    }
     if report.frozen {
         // Frozen, no process could hop away between being listed and being
         // killed and reaped. (Unfrozen, some are gone by then: process_mrelease
@@ -239,7 +250,7 @@ impl SelfInPod {
             // Exiting takes the thread out of the pod's cgroup.
             let _ = released.recv();
         });
-        let tid = tid_rx.recv_timeout(GONE_DEADLINE).unwrap();
+        let tid = tid_rx.recv_timeout(scaled(GONE_DEADLINE)).unwrap();
         tree.move_thread(rel, u32::try_from(tid).unwrap()).unwrap();
         Self {
             release: Some(release),

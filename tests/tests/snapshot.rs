@@ -5,14 +5,7 @@
     reason = "test helpers: a failed step is a failed test"
 )]
 
-use std::{
-    io::Read as _,
-    process::{Command, Stdio},
-};
-
-use evictd_integration::{
-    AGENT_DEADLINE, SandboxNode, Workload, agent_binary, memory_pods, wait_until,
-};
+use evictd_integration::{SandboxNode, Workload, memory_pods, run_evictd};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -22,29 +15,8 @@ const STRANGER: &str = "node/kubepods/burstable/pod0b1e5a1d-0000-4000-8000-00000
 
 /// Runs `evictd ARGS` to completion within the deadline: (status, stdout).
 fn evictd(args: &[&str]) -> (i32, String) {
-    let mut child = Command::new(agent_binary())
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut status = None;
-    let finished = wait_until(AGENT_DEADLINE, "evictd to finish", || {
-        status = child.try_wait().unwrap();
-        status.is_some()
-    });
-    if finished.is_err() {
-        let _ = child.kill();
-        panic!("evictd {args:?} did not finish");
-    }
-    let mut stdout = String::new();
-    child
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut stdout)
-        .unwrap();
-    (status.unwrap().code().unwrap(), stdout)
+    let (status, stdout) = run_evictd(args).unwrap();
+    (status.code().unwrap(), stdout)
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! needs first (see `setup`), so a fresh clone needs nothing else.
 mod fuzz;
 mod setup;
+mod vm;
 
 use std::{
     path::PathBuf,
@@ -57,11 +58,47 @@ enum Task {
         /// Targets to run; all when none is named.
         targets: Vec<String>,
     },
+    /// Run a command as root in the Linux guest of `cargo xtask test --vm`
+    /// (chrooted into this host's /, so host binaries and paths work).
+    Vm {
+        /// Kernel of the guest (as for `cargo xtask test --vm`).
+        #[arg(long, value_name = "VERSION", default_value = "6.1")]
+        kernel: String,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Measure each memory trigger the kernel offers: how far past a
+    /// threshold it reports, what its programs cost; and PSI and memory.high
+    /// on cgroup v2 (needs root; --vm: in the QEMU guest).
+    MeasureTriggers {
+        /// Crossings measured per hook and scenario.
+        #[arg(long, default_value_t = 10)]
+        runs: u32,
+        /// Measure in the Linux guest of `cargo xtask test --vm`.
+        #[arg(long)]
+        vm: bool,
+        /// Kernel of the guest (as for `cargo xtask test --vm`).
+        #[arg(long, value_name = "VERSION", default_value = "6.1", requires = "vm")]
+        kernel: String,
+    },
     /// fmt check, clippy, unit tests, then the privileged integration tests.
+    /// With --vm: only the privileged integration tests, inside a QEMU guest
+    /// on another kernel with pure cgroup v2.
     Test {
         /// Skip the integration tests that need root and a real kernel.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "vm")]
         no_privileged: bool,
+        /// Run the privileged integration tests in a Linux guest under QEMU
+        /// (Debian kernel package, cgroup v2 only) instead of on this host.
+        /// Installs QEMU with apt-get when run as root; skips with a message
+        /// where QEMU is unavailable.
+        #[arg(long)]
+        vm: bool,
+        /// Kernel series (`6.1`) or exact Debian ABI (`6.1.0-56`) of the
+        /// guest: the newest matching linux-image-*-amd64-unsigned package.
+        #[arg(long, value_name = "VERSION", default_value = "6.1", requires = "vm")]
+        kernel: String,
     },
 }
 
@@ -105,7 +142,13 @@ fn run(task: Task) -> Result<ExitCode> {
                 status.code().unwrap_or(1).clamp(0, 255) as u8
             ));
         }
-        Task::Test { no_privileged } => test(no_privileged)?,
+        Task::Test {
+            vm: true, kernel, ..
+        } => {
+            let toolchain = setup::ensure()?;
+            vm::test(&toolchain, &target_dir()?, &kernel)?;
+        }
+        Task::Test { no_privileged, .. } => test(no_privileged)?,
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets)?,
         Task::Demo => {
             let release = build_release_tools("the demo sandboxes pods in cgroups")?;
@@ -115,6 +158,27 @@ fn run(task: Task) -> Result<ExitCode> {
                     .arg(release.join("evictd"))
                     .arg(release.join("evictd-workload")),
             )?;
+        }
+        Task::Vm { kernel, command } => {
+            let (program, args) = command.split_first().context("no command")?;
+            vm::run(&target_dir()?, &kernel, &[PathBuf::from(program)], args)?;
+        }
+        Task::MeasureTriggers { runs, vm, kernel } => {
+            let release = build_release_tools("measuring triggers")?;
+            let command = [
+                release.join("evictd-memory-triggers"),
+                release.join("evictd-workload"),
+            ];
+            if vm {
+                vm::run(&target_dir()?, &kernel, &command, &[runs.to_string()])?;
+            } else {
+                setup::step(
+                    "measure",
+                    Command::new(&command[0])
+                        .arg(&command[1])
+                        .arg(runs.to_string()),
+                )?;
+            }
         }
         Task::BpfCost { rounds, agent_args } => {
             let release = build_release_tools("measuring BPF programs")?;

@@ -2,7 +2,16 @@
 //! nightly toolchain with rust-src (for `-Z build-std=core`), and bpf-linker
 //! built against that toolchain's own libLLVM (no system LLVM needed).
 //! Idempotent; takes well under a second when everything is there.
-use std::{env, ffi::OsString, fs, path::PathBuf, process::Command, time::Instant};
+use std::{
+    env,
+    ffi::OsString,
+    fs,
+    io::Read as _,
+    path::PathBuf,
+    process::{Child, Command, ExitStatus, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -177,7 +186,8 @@ fn install_bpf_linker(toolchain: &Toolchain) -> Result<()> {
     )
 }
 
-fn cache_dir() -> Result<PathBuf> {
+/// `~/.cache/evictd` (or under `$XDG_CACHE_HOME`).
+pub fn cache_dir() -> Result<PathBuf> {
     let base = match env::var_os("XDG_CACHE_HOME") {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(env::var_os("HOME").context("HOME is not set")?).join(".cache"),
@@ -210,11 +220,18 @@ pub fn is_root() -> bool {
 
 /// Runs one announced step; fails quoting the command.
 pub fn step(what: &str, command: &mut Command) -> Result<()> {
+    step_bounded(what, command, Duration::MAX)
+}
+
+/// Like [`step`], but the command is killed (by its pid, and only it) if it
+/// runs longer than `limit`.
+pub fn step_bounded(what: &str, command: &mut Command, limit: Duration) -> Result<()> {
     println!("xtask: == {what}");
     let started = Instant::now();
-    let status = command
-        .status()
+    let mut child = command
+        .spawn()
         .with_context(|| format!("starting {command:?}"))?;
+    let status = wait_bounded(&mut child, limit).with_context(|| what.to_owned())?;
     if !status.success() {
         bail!("{what} failed ({status}): {command:?}");
     }
@@ -225,7 +242,49 @@ pub fn step(what: &str, command: &mut Command) -> Result<()> {
     Ok(())
 }
 
-pub fn output(command: &mut Command) -> Result<String> {
+/// The stdout of `command` (stderr passes through), which must succeed
+/// within `limit`.
+pub fn output_bounded(command: &mut Command, limit: Duration) -> Result<String> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    let mut stdout = child.stdout.take().context("stdout not captured")?;
+    // Read on a thread: a full pipe would otherwise stall the child and the
+    // bounded wait with it.
+    let reader = thread::spawn(move || {
+        let mut text = String::new();
+        stdout.read_to_string(&mut text).map(|_| text)
+    });
+    let status = wait_bounded(&mut child, limit).with_context(|| format!("{command:?}"))?;
+    let text = reader
+        .join()
+        .map_err(|_| anyhow::anyhow!("reading the output of {command:?}"))?
+        .with_context(|| format!("reading the output of {command:?}"))?;
+    if !status.success() {
+        bail!("{command:?} failed ({status})");
+    }
+    Ok(text)
+}
+
+/// Waits for `child` at most `limit`; past it, SIGKILLs that child (by its
+/// pid) and fails.
+pub fn wait_bounded(child: &mut Child, limit: Duration) -> Result<ExitStatus> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if started.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("killed after {limit:?} (pid {})", child.id());
+        }
+        thread::sleep(Duration::from_millis(100).min(limit));
+    }
+}
+
+fn output(command: &mut Command) -> Result<String> {
     let out = command
         .output()
         .with_context(|| format!("starting {command:?}"))?;

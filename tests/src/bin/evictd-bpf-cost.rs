@@ -8,7 +8,6 @@
 //! and forks children, then reads run counts and run times from the agent's
 //! own metrics.
 use std::{
-    fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
     process::{Child, Command, Stdio},
@@ -16,27 +15,9 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use evictd_integration::{PrivateCgroupTree, Workload};
+use evictd_integration::{BpfStatsEnabled, PrivateCgroupTree, Workload};
 
-const STATS_SWITCH: &str = "/proc/sys/kernel/bpf_stats_enabled";
 const MIB: u64 = 1 << 20;
-
-/// Turns kernel BPF run statistics on, and back to what they were on drop.
-struct StatsEnabled(String);
-
-impl StatsEnabled {
-    fn new() -> Result<Self> {
-        let before = fs::read_to_string(STATS_SWITCH).context(STATS_SWITCH)?;
-        fs::write(STATS_SWITCH, "1").context(STATS_SWITCH)?;
-        Ok(Self(before.trim().to_owned()))
-    }
-}
-
-impl Drop for StatsEnabled {
-    fn drop(&mut self) {
-        let _ = fs::write(STATS_SWITCH, &self.0);
-    }
-}
 
 /// The agent process, stopped with SIGTERM on drop.
 struct Agent(Child);
@@ -72,7 +53,7 @@ fn run(
     rounds: u32,
     agent_args: &[String],
 ) -> Result<()> {
-    let _stats = StatsEnabled::new()?;
+    let _stats = BpfStatsEnabled::new().context("turning kernel.bpf_stats_enabled on")?;
     let tree = PrivateCgroupTree::new().context("creating the private cgroup tree")?;
     tree.create("churn")?;
     let scope = tree.relative_path("churn");

@@ -1,0 +1,505 @@
+//! `cargo xtask test --vm`: the privileged integration suite inside a Linux
+//! guest under QEMU, on a kernel and cgroup layout the host may not have
+//! (Debian's 6.1 on pure cgroup v2 by default). See `shared/VM.md` for the
+//! measured recipe this follows.
+//!
+//! 1. QEMU, a static busybox, cpio, kmod and xz come from apt (installed
+//!    when missing and run as root; otherwise the run is skipped, except in
+//!    CI, where a skip would hide a red suite).
+//! 2. The kernel package is downloaded once into `~/.cache/evictd/vm`; the
+//!    uncompressed image (decompressing under emulation costs seconds) and
+//!    the virtio/9p modules are kept, the rest of the package is dropped.
+//! 3. The host builds the agent and the test executables.
+//! 4. A busybox initramfs loads the modules, mounts the host's `/` read-only
+//!    over 9p and a writable run directory at its host path, and runs the
+//!    test executables chrooted into the host's root: the same binaries, the
+//!    same paths. Their output streams to this terminal; the exit status and
+//!    the log come back through the run directory.
+//!
+//! Software emulation (TCG) unless the CPU offers vmx/svm; the guest's
+//! deadlines are stretched by `EVICTD_TEST_TIME_SCALE` under TCG. Every step
+//! is bounded in time, and only the QEMU this started is ever killed.
+use std::{
+    collections::BTreeSet,
+    fs,
+    io::Write as _,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::setup::{self, Toolchain};
+use kernel::Kernel;
+
+mod kernel;
+
+/// Debian packages the harness runs (binary → package).
+const HOST_TOOLS: [(&str, &str); 6] = [
+    ("qemu-system-x86_64", "qemu-system-x86"),
+    ("busybox", "busybox-static"),
+    ("cpio", "cpio"),
+    ("modprobe", "kmod"),
+    ("xz", "xz-utils"),
+    ("dpkg-deb", "dpkg"),
+];
+/// Guest RAM: the sandbox node tests fill a 512 MiB node; the rest is the
+/// guest kernel, the page cache of the host binaries, the test process and
+/// the agent. QEMU peaked at 1.07 GB resident for the whole suite.
+const GUEST_MEMORY_MIB: u32 = 1536;
+/// Under TCG everything runs several times slower than on the host.
+const TCG_TIME_SCALE: u32 = 4;
+/// Cgroup v2 only, with PSI: what most Kubernetes nodes run.
+const KERNEL_COMMAND_LINE: &str = "console=ttyS0 quiet loglevel=3 panic=-1 \
+     cgroup_no_v1=all systemd.unified_cgroup_hierarchy=1 psi=1";
+
+/// Bounds of each step (all generous against measured times, for a
+/// machine shared with other builds).
+const APT_LIMIT: Duration = Duration::from_secs(15 * 60);
+const TOOL_LIMIT: Duration = Duration::from_secs(5 * 60);
+const BUILD_LIMIT: Duration = Duration::from_secs(60 * 60);
+/// One test executable in the guest (the slowest took about a minute).
+const GUEST_TEST_LIMIT: Duration = Duration::from_secs(20 * 60);
+/// The whole guest: boot, every test executable, power off.
+const GUEST_LIMIT: Duration = Duration::from_secs(50 * 60);
+
+/// The guest's /init. `evictd_run` (from the kernel command line) is the
+/// host path of the run directory, mounted read-write at the same path.
+const INIT: &str = r#"#!/bin/busybox sh
+# evictd's VM guest: reach the host over 9p, run the tests there, power off.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+for module in $(cat /modules/order); do
+    insmod "/modules/$module" || echo "evictd-vm: insmod $module failed"
+done
+fail() { echo "evictd-vm: $*"; poweroff -f; }
+[ -n "$evictd_run" ] || fail "no evictd_run= on the kernel command line"
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 run /run-share || fail "no run share"
+# cache=loose: the host's files do not change under the guest, and file
+# pages then land in the guest's page cache as on a disk.
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=loose,ro host /host || fail "no host share"
+mount -t proc proc /host/proc
+mount -t sysfs sysfs /host/sys
+mount -t devtmpfs devtmpfs /host/dev
+mount -t cgroup2 cgroup2 /host/sys/fs/cgroup
+mount -t tmpfs tmpfs /host/tmp
+mount --bind /run-share "/host$evictd_run" || fail "cannot mount the run directory"
+ip link set lo up
+# What systemd does on a v2 host: let cgroups below the root use memory and pids.
+echo "+memory +pids" > /host/sys/fs/cgroup/cgroup.subtree_control
+chroot /host /bin/sh "$evictd_run/run.sh" 2>&1 | tee /run-share/log
+poweroff -f
+"#;
+
+/// `cargo xtask test --vm --kernel VERSION`.
+pub fn test(toolchain: &Toolchain, target: &Path, version: &str) -> Result<()> {
+    if !host_tools_ready()? {
+        return Ok(());
+    }
+    let kernel = Kernel::cached(version)?;
+    let executables = build_tests(toolchain)?;
+    let tests = executables
+        .iter()
+        .map(|exe| quoted(exe))
+        .collect::<Result<Vec<_>>>()?
+        .join(" ");
+    let limit = GUEST_TEST_LIMIT.as_secs();
+    let script = format!(
+        r#"status=0
+for test in {tests}; do
+    echo "== $test"
+    timeout -k 10 {limit} "$test" --ignored --test-threads=1 || status=1
+done
+return $status
+"#
+    );
+    let what = format!("{} test executables", executables.len());
+    in_guest(&kernel, target, &what, &script)
+        .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
+}
+
+/// Runs `command` (already built, on this host's filesystem) as root in the
+/// guest; fails if it fails. Skips like [`test`] where QEMU is missing.
+pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -> Result<()> {
+    if !host_tools_ready()? {
+        return Ok(());
+    }
+    let kernel = Kernel::cached(version)?;
+    let mut line = command
+        .iter()
+        .map(|part| quoted(part))
+        .collect::<Result<Vec<_>>>()?;
+    for arg in args {
+        line.push(quoted(Path::new(arg))?);
+    }
+    let script = format!("{}\n", line.join(" "));
+    in_guest(&kernel, target, &line.join(" "), &script)
+}
+
+/// Boots `kernel` with a fresh run directory under `target/vm` and runs
+/// `script` there; the log stays in the run directory.
+fn in_guest(kernel: &Kernel, target: &Path, what: &str, script: &str) -> Result<()> {
+    let run = target
+        .join("vm")
+        .join(format!("run-{}", std::process::id()));
+    let result = boot(kernel, &run, what, script);
+    // The initramfs is rebuilt for every run; the log stays.
+    let _ = fs::remove_dir_all(run.join("initramfs"));
+    let _ = fs::remove_file(run.join("initramfs.cpio"));
+    println!("xtask: vm log: {}", run.join("log").display());
+    result
+}
+
+/// Whether QEMU and the initramfs tools are there, installing them where
+/// possible. `Ok(false)`: skip, with the reason printed.
+fn host_tools_ready() -> Result<bool> {
+    let missing = || -> Vec<&str> {
+        HOST_TOOLS
+            .iter()
+            .filter(|(binary, _)| which(binary).is_none())
+            .map(|(_, package)| *package)
+            .chain((!static_busybox()).then_some("busybox-static"))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    };
+    let needed = missing();
+    if needed.is_empty() {
+        return Ok(true);
+    }
+    if setup::is_root() && which("apt-get").is_some() {
+        println!(
+            "xtask: the VM needs {}; installing with apt-get",
+            needed.join(" ")
+        );
+        setup::step_bounded(
+            "apt-get update",
+            Command::new("apt-get").args(["update", "-qq"]),
+            APT_LIMIT,
+        )?;
+        setup::step_bounded(
+            "apt-get install",
+            Command::new("apt-get")
+                .args(["install", "-y", "-qq", "--no-install-recommends"])
+                .args(&needed)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+            APT_LIMIT,
+        )?;
+    }
+    let still = missing();
+    if still.is_empty() {
+        return Ok(true);
+    }
+    let message = format!(
+        "the VM tests need {} (Debian: apt-get install {}; as root `cargo xtask test --vm` installs them)",
+        still.join(", "),
+        still.join(" ")
+    );
+    if std::env::var_os("CI").is_some() {
+        bail!("{message}; CI must not skip the VM suite");
+    }
+    println!("xtask: SKIPPING the VM tests: {message}");
+    Ok(false)
+}
+
+/// `/bin/busybox` from busybox-static: the initramfs has no libc.
+fn static_busybox() -> bool {
+    which("busybox").is_some_and(|path| is_static_elf(&path).unwrap_or(false))
+}
+
+/// An ELF64 executable without a `PT_INTERP` program header needs no
+/// dynamic loader.
+fn is_static_elf(path: &Path) -> Result<bool> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    if !bytes.starts_with(b"\x7fELF\x02") {
+        return Ok(false);
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return Ok(false);
+    };
+    const PT_INTERP: u32 = 3;
+    Ok((0..usize::from(phnum)).all(|i| {
+        let at = phoff as usize + i * usize::from(phentsize);
+        bytes
+            .get(at..at + 4)
+            .is_some_and(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != PT_INTERP)
+    }))
+}
+
+fn which(binary: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&paths)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(binary))
+        .find(|path| path.is_file())
+}
+
+/// Builds the agent and the integration test executables on the host (the
+/// guest runs them from the host's filesystem) and returns the executables.
+fn build_tests(toolchain: &Toolchain) -> Result<Vec<PathBuf>> {
+    setup::step_bounded(
+        "build evictd",
+        toolchain
+            .cargo_host()
+            .args(["build", "--package", "evictd"]),
+        BUILD_LIMIT,
+    )?;
+    println!("xtask: == build the integration tests");
+    let json = setup::output_bounded(
+        toolchain.cargo_host().args([
+            "test",
+            "--package",
+            "evictd-integration",
+            "--no-run",
+            "--message-format=json",
+        ]),
+        BUILD_LIMIT,
+    )?;
+    let executables: Vec<PathBuf> = json
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| {
+            message["reason"] == "compiler-artifact" && message["profile"]["test"] == true
+        })
+        .filter_map(|message| message["executable"].as_str().map(PathBuf::from))
+        .collect();
+    if executables.is_empty() {
+        bail!("cargo built no test executable for evictd-integration");
+    }
+    Ok(executables)
+}
+
+/// Boots the guest on `kernel` and runs `script` in it (chrooted into the
+/// host's `/`); fails unless it exits 0.
+fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
+    let _ = fs::remove_dir_all(run);
+    fs::create_dir_all(run).with_context(|| format!("creating {}", run.display()))?;
+    let run = run.canonicalize()?;
+    let run_text = run.to_str().context("run directory path is not UTF-8")?;
+    if run_text.contains(|c: char| c.is_whitespace() || c == '\'') {
+        bail!("the run directory {run_text:?} must not contain spaces or quotes");
+    }
+    let kvm = hardware_virtualization();
+    let time_scale = if kvm { 1 } else { TCG_TIME_SCALE };
+    fs::write(run.join("run.sh"), guest_script(&run, script, time_scale)?)?;
+    let initramfs = run.join("initramfs.cpio");
+    build_initramfs(kernel, &run.join("initramfs"), &initramfs)?;
+
+    let mut qemu = Command::new("qemu-system-x86_64");
+    if kvm {
+        qemu.args(["-accel", "kvm", "-cpu", "host"]);
+    } else {
+        // A 256 MiB translation cache instead of QEMU's 1 GiB default: the
+        // guest runs a kernel and a few binaries, and the host is shared.
+        qemu.args(["-accel", "tcg,thread=multi,tb-size=256"]);
+    }
+    let cpus = thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2);
+    qemu.args([
+        "-smp",
+        &cpus.to_string(),
+        "-m",
+        &GUEST_MEMORY_MIB.to_string(),
+    ])
+    .arg("-kernel")
+    .arg(&kernel.image)
+    .arg("-initrd")
+    .arg(&initramfs)
+    .args([
+        "-append",
+        &format!("{KERNEL_COMMAND_LINE} evictd_run={run_text}"),
+    ])
+    .args([
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-monitor",
+        "none",
+        "-no-reboot",
+    ])
+    .args(["-virtfs", &virtfs(run_text, "run", false)])
+    .args(["-virtfs", &virtfs("/", "host", true)])
+    .stdin(Stdio::null());
+    let accel = if kvm {
+        "KVM"
+    } else {
+        "TCG, software emulation"
+    };
+    let started = Instant::now();
+    setup::step_bounded(
+        &format!(
+            "guest Linux {} ({accel}, {cpus} CPUs, {GUEST_MEMORY_MIB} MiB, cgroup v2): {what}",
+            kernel.release
+        ),
+        &mut qemu,
+        GUEST_LIMIT,
+    )?;
+    let status = fs::read_to_string(run.join("exit-code"))
+        .ok()
+        .and_then(|text| text.trim().parse::<i32>().ok())
+        .context("the guest left no exit code (it crashed or ran out of memory; see the log)")?;
+    println!(
+        "xtask: vm: exit status {status} in the guest after {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    if status != 0 {
+        bail!("exit status {status} in the guest");
+    }
+    Ok(())
+}
+
+/// `-virtfs` for a 9p share of host `path` (commas doubled, as QEMU's
+/// option syntax wants). `remap` keeps inode numbers of the host's several
+/// filesystems apart.
+fn virtfs(path: &str, tag: &str, readonly: bool) -> String {
+    let mut option = format!(
+        "local,path={},mount_tag={tag},security_model=none,multidevs=remap",
+        path.replace(',', ",,")
+    );
+    if readonly {
+        option.push_str(",readonly=on");
+    }
+    option
+}
+
+/// KVM only where the CPU offers it (VM.md: `/dev/kvm` can exist without).
+fn hardware_virtualization() -> bool {
+    let flags = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    Path::new("/dev/kvm").exists()
+        && flags
+            .lines()
+            .filter(|line| line.starts_with("flags"))
+            .any(|line| line.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+}
+
+/// `path` in single quotes for the guest's shell.
+fn quoted(path: &Path) -> Result<String> {
+    let text = path.to_str().context("path is not UTF-8")?;
+    if text.contains('\'') {
+        bail!("path {text:?} contains a quote");
+    }
+    Ok(format!("'{text}'"))
+}
+
+/// The script the guest runs, chrooted into the host's root: `body`, its
+/// exit status written back to the run directory.
+fn guest_script(run: &Path, body: &str, time_scale: u32) -> Result<String> {
+    Ok(format!(
+        r#"# Written by cargo xtask; runs in the guest, chrooted into the host's /.
+export EVICTD_TEST_TIME_SCALE={time_scale} RUST_BACKTRACE=1 HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+echo "guest: Linux $(uname -r), $(nproc) CPUs, $(stat -fc %T /sys/fs/cgroup) at /sys/fs/cgroup"
+main() {{
+{body}}}
+main
+echo $? > {run}/exit-code
+"#,
+        run = quoted(run)?,
+    ))
+}
+
+/// A newc cpio of busybox, /init and the kernel's 9p modules.
+fn build_initramfs(kernel: &Kernel, tree: &Path, archive: &Path) -> Result<()> {
+    for dir in [
+        "bin",
+        "modules",
+        "proc",
+        "sys",
+        "dev",
+        "host",
+        "run-share",
+        "tmp",
+    ] {
+        fs::create_dir_all(tree.join(dir))?;
+    }
+    let busybox = which("busybox").context("busybox")?;
+    fs::copy(&busybox, tree.join("bin/busybox"))?;
+    let init = tree.join("init");
+    fs::write(&init, INIT)?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    let mut order = String::new();
+    for module in &kernel.modules {
+        let name = module.file_name().context("module name")?;
+        fs::copy(module, tree.join("modules").join(name))?;
+        order += &format!("{}\n", name.to_string_lossy());
+    }
+    fs::write(tree.join("modules/order"), order)?;
+    let mut entries = Vec::new();
+    list_tree(tree, Path::new("."), &mut entries)?;
+    let out = fs::File::create(archive)?;
+    let mut cpio = Command::new("cpio")
+        .args(["-o", "-H", "newc", "--quiet"])
+        .current_dir(tree)
+        .stdin(Stdio::piped())
+        .stdout(out)
+        .spawn()
+        .context("starting cpio")?;
+    if let Some(mut stdin) = cpio.stdin.take() {
+        let list = entries.join("\n") + "\n";
+        thread::spawn(move || {
+            let _ = stdin.write_all(list.as_bytes());
+        });
+    }
+    let status = setup::wait_bounded(&mut cpio, TOOL_LIMIT)?;
+    if !status.success() {
+        bail!("cpio failed ({status})");
+    }
+    Ok(())
+}
+
+fn list_tree(root: &Path, relative: &Path, entries: &mut Vec<String>) -> Result<()> {
+    entries.push(relative.display().to_string());
+    let dir = root.join(relative);
+    if dir.is_dir() {
+        let mut children: Vec<_> = fs::read_dir(&dir)?
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        children.sort();
+        for child in children {
+            list_tree(root, &relative.join(child), entries)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn virtfs_doubles_commas_in_paths() {
+        assert_eq!(
+            virtfs("/a,b", "run", false),
+            "local,path=/a,,b,mount_tag=run,security_model=none,multidevs=remap"
+        );
+        assert!(virtfs("/", "host", true).ends_with(",readonly=on"));
+    }
+
+    #[test]
+    fn busybox_from_busybox_static_needs_no_loader() {
+        // This test binary itself is dynamically linked.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static_elf(&me).unwrap());
+    }
+}
