@@ -12,7 +12,10 @@ use std::{
 
 use evictd::{
     bpf::{ProbeOptions, Probes},
-    kernel_layout::{KernelBtf, VMLINUX_BTF},
+    capabilities::Capabilities,
+    cgroup::CgroupFs,
+    config::Mode,
+    triggers,
 };
 use evictd_integration::{
     AGENT_DEADLINE, Agent, AgentLog, BpfObjects, agent_binary, program_ids, wait_until,
@@ -126,15 +129,19 @@ fn an_error_after_the_programs_are_loaded_frees_them() {
 fn a_panic_unwinding_past_the_loaded_programs_frees_them() {
     let loaded = Mutex::new(BpfObjects::default());
     let result = std::panic::catch_unwind(|| {
-        let btf = KernelBtf::open(std::path::Path::new(VMLINUX_BTF)).unwrap();
-        let probes = Probes::load(
-            &btf,
+        // The programs the agent would attach on this kernel.
+        let (capabilities, btf) = Capabilities::detect(&CgroupFs::discover().unwrap());
+        let mut probes = Probes::load(
+            &btf.unwrap(),
             ProbeOptions {
                 check_step_bytes: 256 * 1024,
                 kernel_log: false,
             },
         )
         .unwrap();
+        for hook in triggers::choose(&capabilities, Mode::Event).hooks() {
+            probes.attach(hook).unwrap();
+        }
         let ids: Vec<u32> = probes.program_ids().into_values().collect();
         let objects = BpfObjects::of_programs(&ids);
         assert_eq!(objects.links.len(), ids.len(), "{objects:?}");
@@ -143,6 +150,9 @@ fn a_panic_unwinding_past_the_loaded_programs_frees_them() {
     });
     assert!(result.is_err());
     let loaded = loaded.into_inner().unwrap();
-    assert!(!loaded.is_empty());
+    assert!(
+        !loaded.programs.is_empty() && !loaded.maps.is_empty(),
+        "{loaded:?}"
+    );
     assert_freed(&loaded);
 }
