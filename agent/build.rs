@@ -6,12 +6,15 @@
 //! the host code still type-checks; loading it fails at run time with a clear
 //! error. `cargo xtask` sets EVICTD_REQUIRE_EBPF=1, which turns that case into
 //! a build failure, so nothing it builds can carry the empty object.
+//! AYA_BUILD_SKIP=1 (aya-build's own switch) asks for the empty object on
+//! purpose: `cargo xtask fuzz` builds only the parsers, under sanitizers.
 use std::{env, fs, path::PathBuf};
 
 use anyhow::{Context as _, bail};
 use aya_build::{Package, Toolchain};
 
 const REQUIRE: &str = "EVICTD_REQUIRE_EBPF";
+const SKIP: &str = "AYA_BUILD_SKIP";
 /// Toolchain used for the eBPF crate (needs `-Z build-std`); `stable` works
 /// too when RUSTC_BOOTSTRAP=1 is set, see README.
 const TOOLCHAIN: &str = "EVICTD_EBPF_TOOLCHAIN";
@@ -19,8 +22,15 @@ const TOOLCHAIN: &str = "EVICTD_EBPF_TOOLCHAIN";
 fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed={REQUIRE}");
     println!("cargo:rerun-if-env-changed={TOOLCHAIN}");
+    println!("cargo:rerun-if-env-changed={SKIP}");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
     let required = env::var(REQUIRE).is_ok_and(|v| v == "1");
+    if env::var(SKIP).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true")) {
+        if required {
+            bail!("{SKIP} and {REQUIRE} are both set: build the programs or skip them, not both");
+        }
+        return write_stub(&out_dir);
+    }
     let linker_found = which_bpf_linker();
     if !linker_found {
         if required {
@@ -30,8 +40,7 @@ fn main() -> anyhow::Result<()> {
             "cargo:warning=bpf-linker not found: building evictd without its eBPF programs \
              (run `cargo xtask build` for a working agent)"
         );
-        fs::write(out_dir.join("evictd"), []).context("writing the stub eBPF object")?;
-        return Ok(());
+        return write_stub(&out_dir);
     }
     let toolchain = env::var(TOOLCHAIN).unwrap_or_else(|_| "nightly".to_owned());
     let root_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?)
@@ -47,6 +56,11 @@ fn main() -> anyhow::Result<()> {
         }],
         Toolchain::Custom(&toolchain),
     )
+}
+
+/// The empty object `bpf.rs` embeds when the programs are not built.
+fn write_stub(out_dir: &std::path::Path) -> anyhow::Result<()> {
+    fs::write(out_dir.join("evictd"), []).context("writing the stub eBPF object")
 }
 
 fn which_bpf_linker() -> bool {

@@ -377,20 +377,28 @@ impl Probes {
     }
 
     pub fn counters(&self) -> Result<KernelCounters, BpfError> {
-        let sum = |index: u32| {
-            self.counters
-                .get(&index, 0)
-                .map(|values| values.iter().sum::<u64>())
-                .map_err(|source| BpfError::Map {
-                    map: names::COUNTERS,
-                    source,
-                })
-        };
         Ok(KernelCounters {
-            ringbuf_drops: sum(COUNTER_RINGBUF_DROPS)?,
-            memory_checks: sum(COUNTER_MEMORY_CHECKS)?,
-            read_errors: sum(COUNTER_READ_ERRORS)?,
+            ringbuf_drops: self.counter(COUNTER_RINGBUF_DROPS)?,
+            memory_checks: self.counter(COUNTER_MEMORY_CHECKS)?,
+            read_errors: self.counter(COUNTER_READ_ERRORS)?,
         })
+    }
+
+    /// Records lost to a full ring buffer since the programs loaded: one
+    /// map read, cheap enough to check after every batch of records.
+    pub fn ringbuf_drops(&self) -> Result<u64, BpfError> {
+        self.counter(COUNTER_RINGBUF_DROPS)
+    }
+
+    /// One counter summed over every CPU.
+    fn counter(&self, index: u32) -> Result<u64, BpfError> {
+        self.counters
+            .get(&index, 0)
+            .map(|values| values.iter().sum::<u64>())
+            .map_err(|source| BpfError::Map {
+                map: names::COUNTERS,
+                source,
+            })
     }
 
     /// The event stream; can be taken once.

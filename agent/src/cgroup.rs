@@ -28,8 +28,8 @@ pub enum CgroupError {
 }
 
 impl CgroupError {
-    fn io(path: &Path, source: io::Error) -> Self {
-        if source.kind() == io::ErrorKind::NotFound {
+    pub(crate) fn io(path: &Path, source: io::Error) -> Self {
+        if is_gone(&source) {
             Self::Gone(path.to_owned())
         } else {
             Self::Io {
@@ -38,6 +38,14 @@ impl CgroupError {
             }
         }
     }
+}
+
+/// Whether `error` means the cgroup was removed: ENOENT for a path looked
+/// up after the removal, ENODEV for a file opened before it (kernfs
+/// deactivates the files of a removed cgroup, so a read between `open` and
+/// `read` fails so).
+pub fn is_gone(error: &io::Error) -> bool {
+    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ENODEV)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,6 +378,17 @@ mod tests {
                 pids: Some(8)
             }
         );
+    }
+
+    #[test]
+    fn a_file_of_a_removed_cgroup_is_gone_whether_looked_up_or_already_open() {
+        let path = Path::new("/sys/fs/cgroup/memory/pod/memory.stat");
+        for errno in [libc::ENOENT, libc::ENODEV] {
+            let error = CgroupError::io(path, io::Error::from_raw_os_error(errno));
+            assert!(matches!(error, CgroupError::Gone(_)), "{errno}: {error}");
+        }
+        let error = CgroupError::io(path, io::Error::from_raw_os_error(libc::EACCES));
+        assert!(matches!(error, CgroupError::Io { .. }), "{error}");
     }
 
     #[test]

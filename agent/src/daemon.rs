@@ -1,6 +1,9 @@
 //! `evictd run`: discovers the node, loads the kernel programs (or says why
 //! it cannot and polls instead), and serves until told to stop.
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use tokio::{sync::watch, time::MissedTickBehavior};
 use tracing::{info, warn};
@@ -38,6 +41,7 @@ pub async fn run(
     inventory: Inventory,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    let started = Instant::now();
     let metrics = Metrics::new()?;
     let cgroupfs = inventory.cgroupfs().clone();
     info!(version = ?cgroupfs.version, memory = %cgroupfs.memory_root.display(),
@@ -110,13 +114,20 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut server_stop = stop_rx.clone();
-    let (address, server) = crate::metrics::serve(metrics, args.metrics_address, async move {
-        // Either a stop or the sender dropping ends the server.
-        let _ = server_stop.wait_for(|stop| *stop).await;
-    })
-    .await?;
+    let (address, server) =
+        crate::metrics::serve(metrics.clone(), args.metrics_address, async move {
+            // Either a stop or the sender dropping ends the server.
+            let _ = server_stop.wait_for(|stop| *stop).await;
+        })
+        .await?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
+    evictor.thaw_abandoned_pods();
+    // What a restart costs the node: from here on the engine decides (the
+    // first run follows at once) and the kernel watches.
+    let startup = started.elapsed();
+    metrics.startup.set(startup.as_secs_f64());
+    info!(startup_ms = startup.as_millis() as u64, "protection armed");
 
     let timer_source = match args.mode {
         Mode::Poll => "poll",
@@ -158,10 +169,14 @@ async fn serve(
     timer_source: &'static str,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BpfError> {
-    let mut timer = tokio::time::interval(check_interval);
+    // The first run is now, not a tick later: an agent restarted on a node
+    // already under pressure acts at once.
+    let first = evictor.evaluate(Trigger::now("startup"), monitor).await;
+    let mut close_watch = first.map(|after| tokio::time::Instant::now() + after);
+    let mut timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut batch = Vec::new();
-    let mut close_watch: Option<tokio::time::Instant> = None;
     tokio::pin!(shutdown);
     loop {
         let wake_at = close_watch;
@@ -180,6 +195,9 @@ async fn serve(
                         }
                         Err(e) => monitor.decode_error(&e),
                     }
+                }
+                if monitor.recover_lost_records() && trigger.is_none() {
+                    trigger = Some(Trigger::now("resync"));
                 }
                 match trigger {
                     Some(trigger) => evictor.evaluate(trigger, monitor).await,

@@ -127,6 +127,28 @@ impl Evictor {
         }
     }
 
+    /// Thaws pods a previous agent froze for a kill it never finished (it
+    /// was killed itself): once, at startup.
+    pub fn thaw_abandoned_pods(&mut self) {
+        let pods = match self.inventory.pods() {
+            Ok(pods) => pods,
+            Err(e) => {
+                warn!(error = %e, "cannot list the node's pods to thaw any left frozen");
+                return;
+            }
+        };
+        let cgroups: Vec<&str> = pods
+            .iter()
+            .filter_map(|pod| pod.cgroup.as_deref())
+            .collect();
+        for cgroup in self.killer.thaw_abandoned(&cgroups) {
+            warn!(
+                cgroup,
+                "thawed a pod left frozen by an agent stopped in the middle of its kill"
+            );
+        }
+    }
+
     /// Runs the engine on fresh numbers, evicting until no threshold needs
     /// reclaim (one victim per round unless --evict-set). Returns when the
     /// engine wants to look again sooner than the resync timer.

@@ -21,7 +21,7 @@ use std::{
 use tracing::{debug, warn};
 
 use crate::{
-    cgroup::{CgroupError, CgroupFs},
+    cgroup::{CgroupError, CgroupFs, is_gone},
     config::InventoryArgs,
     signals::{NodeSignals, SignalsError, child_path},
     snapshot::{NodeStats, PodSnapshot, PodUsage, QosClass, Snapshot},
@@ -339,7 +339,7 @@ fn find_pods(dir: &Path, kubepods: &str) -> Result<Vec<PodCgroup>, InventoryErro
 fn subdirectories(dir: &Path) -> Result<Vec<String>, InventoryError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if is_gone(&e) => return Ok(Vec::new()),
         Err(source) => {
             return Err(InventoryError::List {
                 path: dir.to_owned(),
@@ -379,13 +379,7 @@ fn pod_uid(name: &str) -> Option<String> {
 /// counts them.
 fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
     let procs = dir.join("cgroup.procs");
-    let text = fs::read_to_string(&procs).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => CgroupError::Gone(procs.clone()),
-        _ => CgroupError::Io {
-            path: procs.clone(),
-            source: e,
-        },
-    })?;
+    let text = fs::read_to_string(&procs).map_err(|e| CgroupError::io(&procs, e))?;
     let mut count = text.lines().filter(|l| !l.trim().is_empty()).count() as u64;
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.filter_map(Result::ok) {

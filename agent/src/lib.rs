@@ -22,6 +22,8 @@ pub mod rank;
 pub mod signals;
 pub mod simulate;
 pub mod snapshot;
+#[cfg(test)]
+mod testing;
 pub mod thresholds;
 pub mod triggers;
 pub mod watch;

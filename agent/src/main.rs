@@ -59,12 +59,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(evictd::daemon::run(
-        args,
-        config,
-        inventory,
-        shutdown_signal(),
-    )) {
+    // Handlers first: a SIGTERM while the programs load must stop the agent
+    // cleanly once they are loaded, not kill it where it stands.
+    let shutdown = {
+        let _context = runtime.enter();
+        shutdown_signal()
+    };
+    match runtime.block_on(evictd::daemon::run(args, config, inventory, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{:#}", anyhow::Error::from(e));
@@ -148,18 +149,22 @@ fn usage_error(error: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(USAGE_ERROR)
 }
 
-/// Resolves on SIGINT or SIGTERM (what kubelet sends a DaemonSet pod).
-async fn shutdown_signal() {
+/// Installs the SIGINT and SIGTERM (what kubelet sends a DaemonSet pod)
+/// handlers now, in the runtime's context, and resolves on either.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
+    let handlers = (
         signal(SignalKind::interrupt()),
         signal(SignalKind::terminate()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = interrupt.recv() => tracing::info!("SIGINT received"),
-        _ = terminate.recv() => tracing::info!("SIGTERM received"),
+    );
+    async move {
+        let (Ok(mut interrupt), Ok(mut terminate)) = handlers else {
+            tracing::error!("cannot install signal handlers; stop with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+        }
     }
 }

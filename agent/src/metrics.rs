@@ -3,8 +3,8 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use axum::{Router, http::header, response::IntoResponse, routing::get};
 use prometheus::{
-    Encoder as _, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -71,8 +71,12 @@ pub struct Metrics {
     pub node_condition: IntGaugeVec,
     /// Latest observation of every eviction signal (available amount).
     pub signal_available: IntGaugeVec,
-    /// Engine runs by trigger (`kernel`, `resync`, `poll`, `close-watch`).
+    /// Engine runs by trigger (`startup`, `kernel`, `resync`, `poll`,
+    /// `close-watch`).
     pub engine_runs: IntCounterVec,
+    /// Seconds from the agent's start to protection: programs attached,
+    /// scopes watched, the first engine run about to begin.
+    pub startup: Gauge,
 }
 
 impl Metrics {
@@ -140,9 +144,17 @@ impl Metrics {
             )?,
             engine_runs: counter_vec(
                 "engine_runs_total",
-                "Eviction engine runs by trigger (kernel, resync, poll, close-watch)",
+                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch)",
                 &["trigger"],
             )?,
+            startup: {
+                let metric = Gauge::new(
+                    "startup_seconds",
+                    "Seconds from the agent's start to protection: programs attached, scopes watched, first engine run",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             signal_available: gauge_vec(
                 "signal_available",
                 "Latest observation of an eviction signal: bytes, inodes or PIDs available",

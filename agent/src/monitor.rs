@@ -184,8 +184,14 @@ impl Monitor {
                 .cgroup_dir(resource, path)
                 .and_then(|dir| CgroupFs::cgroup_id(&dir)),
         };
+        // A cgroup removed before it could be watched (a pod that came and
+        // went between its mkdir record and now) is routine.
         let id = match resolved {
             Ok(id) => id,
+            Err(CgroupError::Gone(_)) => {
+                debug!(scope = label, "cgroup gone before it could be watched");
+                return;
+            }
             Err(e) => {
                 warn!(scope = label, error = %e, "cannot watch scope");
                 return;
@@ -193,6 +199,10 @@ impl Monitor {
         };
         let reading = match self.read(resource, path.as_deref()) {
             Ok(reading) => reading,
+            Err(CgroupError::Gone(_)) => {
+                debug!(scope = label, "cgroup gone before it could be read");
+                return;
+            }
             Err(e) => {
                 warn!(scope = label, error = %e, "cannot read scope; not watched");
                 return;
@@ -520,12 +530,45 @@ impl Monitor {
     /// with it. For kernel-watched resources this catches a record the ring
     /// buffer dropped; for the others it is the polling trigger.
     pub fn check_all(&mut self) {
-        self.refresh_counters();
+        let lost = self.refresh_counters();
+        self.resync(lost);
+    }
+
+    /// Checks whether the kernel dropped records since the last look (the
+    /// ring buffer was full: the agent was busy, or stopped) and if so
+    /// resyncs at once rather than at the next timer tick: a lost crossing
+    /// may be the pressure itself. One map read per batch of records.
+    /// Returns whether it resynced.
+    pub fn recover_lost_records(&mut self) -> bool {
+        let Some(probes) = &self.probes else {
+            return false;
+        };
+        let total = match probes.ringbuf_drops() {
+            Ok(total) => total,
+            Err(e) => {
+                warn!(error = %e, "cannot read kernel counters");
+                return false;
+            }
+        };
+        let drops = total.saturating_sub(self.counters.ringbuf_drops);
+        if drops == 0 {
+            return false;
+        }
+        self.report_drops(drops);
+        self.counters.ringbuf_drops = total;
+        self.resync(true);
+        true
+    }
+
+    /// Re-reads every watched scope. `lost_records`: the kernel dropped
+    /// records, maybe the mkdir of a cgroup a watch names, so the watched
+    /// patterns are expanded again too.
+    fn resync(&mut self, lost_records: bool) {
         let lifecycle_events = self
             .probes
             .as_ref()
             .is_some_and(|p| p.covers(Purpose::CgroupLifecycle));
-        if !lifecycle_events {
+        if !lifecycle_events || lost_records {
             self.install_new();
         }
         let keys: Vec<_> = self.watched.keys().copied().collect();
@@ -554,27 +597,23 @@ impl Monitor {
         }
     }
 
-    fn refresh_counters(&mut self) {
+    /// Brings the kernel's counters into the metrics. Returns whether
+    /// records were dropped since the last look.
+    fn refresh_counters(&mut self) -> bool {
         let Some(probes) = &self.probes else {
-            return;
+            return false;
         };
         let counters = match probes.counters() {
             Ok(counters) => counters,
             Err(e) => {
                 warn!(error = %e, "cannot read kernel counters");
-                return;
+                return false;
             }
         };
         let drops = counters
             .ringbuf_drops
             .saturating_sub(self.counters.ringbuf_drops);
-        if drops > 0 {
-            warn!(
-                drops,
-                "ring buffer was full and dropped records; resyncing from cgroupfs"
-            );
-        }
-        self.metrics.ringbuf_drops.inc_by(drops);
+        self.report_drops(drops);
         self.metrics.kernel_memory_checks.inc_by(
             counters
                 .memory_checks
@@ -596,6 +635,19 @@ impl Monitor {
                 .with_label_values(&[stats.program])
                 .set(stats.run_time.as_nanos() as i64);
         }
+        drops > 0
+    }
+
+    /// Logs and counts `drops` records lost since the last look.
+    fn report_drops(&self, drops: u64) {
+        if drops == 0 {
+            return;
+        }
+        warn!(
+            drops,
+            "ring buffer was full and dropped records; resyncing from cgroupfs"
+        );
+        self.metrics.ringbuf_drops.inc_by(drops);
     }
 
     fn update_gauges_of(&self, key: (Resource, u64), reading: Reading) {

@@ -27,6 +27,14 @@ pub const COUNTER_MEMORY_CHECKS: u32 = 1;
 pub const COUNTER_READ_ERRORS: u32 = 2;
 pub const COUNTERS_LEN: u32 = 3;
 
+/// Bytes of the `EVENTS` ring buffer: about 4,000 crossing records or 880
+/// cgroup records (each also takes an 8-byte header). Crossings are bounded
+/// by the watched scopes (each reports once until the agent re-arms it),
+/// so they fit many times over; a burst of cgroup creation can overflow
+/// any size while the agent is busy killing, and the agent resyncs from
+/// cgroupfs when it finds records were dropped (see `COUNTER_RINGBUF_DROPS`).
+pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
+
 /// Longest cgroup path a lifecycle event carries, NUL included.
 pub const CGROUP_PATH_LEN: usize = 256;
 

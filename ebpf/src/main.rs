@@ -22,8 +22,8 @@ use aya_log_ebpf::info;
 use evictd_common::{
     Band, CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
     COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
-    EVENT_CROSSING, EVENT_OOM_VICTIM, KernelLayout, NODE_PIDS_SCOPE_ID, OomVictimEvent,
-    RESOURCE_MEMORY, RESOURCE_PIDS,
+    EVENT_CROSSING, EVENT_OOM_VICTIM, EVENTS_RING_BYTES, KernelLayout, NODE_PIDS_SCOPE_ID,
+    OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS,
 };
 
 /// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
@@ -83,7 +83,7 @@ static MEMORY_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 static PIDS_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 
 #[map]
-static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 /// Pages of stat churn this CPU has seen since it last read page counters.
 #[map]

@@ -3,6 +3,7 @@
 use std::{
     io::{self, BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
+    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Child, ChildStdout, Command, ExitStatus, Stdio},
     sync::mpsc,
@@ -59,11 +60,27 @@ impl Agent {
     }
 
     /// Starts `command` (the agent, maybe behind a wrapper such as setpriv),
-    /// adding JSON logs and a free metrics port.
+    /// adding JSON logs and a free metrics port. Logs at info unless the
+    /// command sets RUST_LOG; never dumps core (see [`Agent::signal`]).
     pub fn spawn(mut command: Command) -> io::Result<Self> {
+        if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
+            command.env("RUST_LOG", "info");
+        }
+        // SAFETY: setrlimit is async-signal-safe and touches only the child.
+        unsafe {
+            command.pre_exec(|| {
+                let none = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::setrlimit(libc::RLIMIT_CORE, &none) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = command
             .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
-            .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .spawn()?;
         let stdout = child
@@ -82,13 +99,26 @@ impl Agent {
         self.child.id()
     }
 
+    /// Sends `signal` to the agent (this process's child, not yet reaped, so
+    /// its pid cannot have been recycled). Its core dumps are off, so
+    /// SIGABRT and SIGSEGV end it like a panic with `panic = "abort"` would,
+    /// leaving no core file behind.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) -> io::Result<()> {
+        let pid = i32::try_from(self.child.id()).map_err(io::Error::other)?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)?;
+        Ok(())
+    }
+
     /// SIGTERM, then waits (bounded) for the exit and the end of its log,
     /// which it gives back.
-    pub fn stop(mut self) -> io::Result<(ExitStatus, AgentLog)> {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )?;
+    pub fn stop(self) -> io::Result<(ExitStatus, AgentLog)> {
+        self.signal(nix::sys::signal::Signal::SIGTERM)?;
+        self.wait_exit()
+    }
+
+    /// Waits (bounded) for the agent to exit and for the end of its log,
+    /// which it gives back.
+    pub fn wait_exit(mut self) -> io::Result<(ExitStatus, AgentLog)> {
         let mut status = None;
         wait_until(AGENT_DEADLINE, "the agent to exit", || {
             status = self.child.try_wait().ok().flatten();
@@ -162,6 +192,28 @@ impl AgentLog {
                 Err(_) => panic!("no log line {message:?} {fields:?}; saw {:#?}", self.seen),
             }
         }
+    }
+
+    /// The decision to evict `victim` for `resource`, then its kill, in
+    /// that order; returns the decision line.
+    pub fn expect_eviction(&mut self, victim: &str, resource: &str) -> Value {
+        let decided = self.expect("eviction decided", &[("victim", victim)]);
+        assert_eq!(decided["resource"], resource, "{decided}");
+        let killed = self.expect("pod killed", &[("victim", victim)]);
+        let position = |line: &Value| self.seen.iter().position(|l| l == line);
+        assert!(position(&decided) < position(&killed));
+        assert!(killed["trigger_to_kill_us"].as_u64().is_some(), "{killed}");
+        decided
+    }
+
+    /// Every WARN or ERROR line seen so far.
+    pub fn problems(&mut self) -> Vec<Value> {
+        self.drain();
+        self.seen
+            .iter()
+            .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+            .cloned()
+            .collect()
     }
 
     /// The address of the metrics endpoint, from its log line.
@@ -247,4 +299,13 @@ pub fn http_get(address: &str, path: &str) -> io::Result<String> {
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     Ok(response)
+}
+
+/// The value of one series (`name{label="value",...}` exactly as the
+/// endpoint prints it, labels sorted) in a Prometheus text exposition.
+pub fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let (name, value) = line.rsplit_once(' ')?;
+        (name == series).then(|| value.parse().ok()).flatten()
+    })
 }

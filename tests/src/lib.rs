@@ -19,6 +19,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 mod agent;
+mod bpf_objects;
 mod bpf_stats;
 mod cgroup_tree;
 mod layout;
@@ -26,7 +27,8 @@ mod sandbox;
 mod wait;
 mod workload;
 
-pub use agent::{AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, run_evictd};
+pub use agent::{AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric, run_evictd};
+pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};

@@ -6,7 +6,7 @@ use std::{fs, io, path::PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::{PrivateCgroupTree, Workload};
+use crate::{Agent, PrivateCgroupTree, Workload};
 
 /// One pod of the sandbox node with a single container.
 #[derive(Debug, Clone)]
@@ -171,6 +171,22 @@ impl SandboxNode {
             "--imagefs-path".into(),
             "/nonexistent".into(),
         ]
+    }
+
+    /// Makes each named pod's process hold that many bytes more.
+    pub fn alloc(&mut self, pods: &[(&str, u64)]) -> io::Result<()> {
+        for (name, bytes) in pods {
+            self.workload(name)?.alloc(*bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the agent on this node with `extra` arguments.
+    pub fn start_agent(&self, extra: &[&str]) -> io::Result<Agent> {
+        let mut args = self.agent_args();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Agent::start(&args)
     }
 
     /// Kernel OOM kills in every pod's container cgroup.

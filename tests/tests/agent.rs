@@ -4,7 +4,8 @@
 use std::process::Command;
 
 use evictd_integration::{
-    AGENT_DEADLINE, Agent, PrivateCgroupTree, Workload, agent_binary, http_get, wait_until,
+    AGENT_DEADLINE, Agent, BpfObjects, PrivateCgroupTree, Workload, agent_binary, http_get,
+    program_ids,
 };
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -24,13 +25,9 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     ])
     .unwrap();
     let attached = agent.log.expect("eBPF programs attached", &[]);
-    let program_ids: Vec<u32> = attached["programs"]
-        .as_str()
-        .unwrap()
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse().ok())
-        .collect();
+    let program_ids = program_ids(&attached);
     assert_eq!(program_ids.len(), 7, "{attached}");
+    let loaded = BpfObjects::of_programs(&program_ids);
     let address = agent.log.metrics_address();
     agent
         .log
@@ -84,19 +81,9 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success(), "{status:?}");
     log.expect("all eBPF programs detached", &[]);
-    // The kernel frees a program once its last reference (link, fd) is
-    // gone, after an RCU grace period: wait for that, bounded.
-    let still_loaded = || -> Vec<u32> {
-        aya::programs::loaded_programs()
-            .filter_map(Result::ok)
-            .map(|p| p.id())
-            .filter(|id| program_ids.contains(id))
-            .collect()
-    };
-    let freed = wait_until(AGENT_DEADLINE, "the agent's programs to be freed", || {
-        still_loaded().is_empty()
-    });
-    assert!(freed.is_ok(), "programs left loaded: {:?}", still_loaded());
+    if let Err((timeout, left)) = loaded.wait_freed(AGENT_DEADLINE) {
+        panic!("{timeout}: left loaded {left:?}");
+    }
 }
 
 #[test]

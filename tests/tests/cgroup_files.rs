@@ -59,6 +59,9 @@ fn evictd_json(args: &[String]) -> Value {
 /// charged to whoever read it first).
 fn read_file_in(tree: &PrivateCgroupTree, rel: &str, file: &std::path::Path) {
     let opened = fs::File::open(file).unwrap();
+    // Written back first: DONTNEED leaves dirty pages cached (and charged to
+    // whoever wrote them), as they are right after cargo built the file.
+    opened.sync_all().unwrap();
     nix::fcntl::posix_fadvise(
         &opened,
         0,

@@ -4,40 +4,17 @@
 //! threshold. The agent must kill exactly the pod kubelet's ranking puts
 //! first, leave every other pod alive, and get there before the kernel does
 //! (no OOM kill, no fork refused at pids.max).
-#![expect(
-    clippy::unwrap_used,
-    reason = "test helpers: a failed step is a failed test"
-)]
 use std::fs;
 
 use evictd_integration::{
-    AGENT_DEADLINE, Agent, AgentLog, Controller, PodSpec, SandboxNode, http_get, memory_pods,
-    systemd_path, wait_until,
+    AGENT_DEADLINE, Controller, PodSpec, SandboxNode, http_get, memory_pods, systemd_path,
+    wait_until,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
-
-fn start_agent(node: &SandboxNode, extra: &[&str]) -> Agent {
-    let mut args = node.agent_args();
-    args.extend(extra.iter().map(|a| a.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Agent::start(&args).unwrap()
-}
-
-/// The decision line for the eviction of `victim`, which must come before
-/// the kill.
-fn expect_eviction(log: &mut AgentLog, victim: &str, resource: &str) -> Value {
-    let decided = log.expect("eviction decided", &[("victim", victim)]);
-    assert_eq!(decided["resource"], resource, "{decided}");
-    let killed = log.expect("pod killed", &[("victim", victim)]);
-    let position = |line: &Value| log.seen.iter().position(|l| l == line).unwrap();
-    assert!(position(&decided) < position(&killed));
-    assert!(killed["trigger_to_kill_us"].as_u64().is_some(), "{killed}");
-    decided
-}
 
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
@@ -45,15 +22,16 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     // Below their requests: db (48 of 128Mi), web (32 of 64Mi). Above:
     // batch (48 > 16Mi, but priority 100), node-exporter (critical).
-    for (name, bytes) in [
+    node.alloc(&[
         ("db", 48 * MIB),
         ("web", 32 * MIB),
         ("batch", 48 * MIB),
         ("node-exporter", 24 * MIB),
-    ] {
-        node.workload(name).unwrap().alloc(bytes).unwrap();
-    }
-    let mut agent = start_agent(&node, &["--eviction-hard", "memory.available<96Mi"]);
+    ])
+    .unwrap();
+    let mut agent = node
+        .start_agent(&["--eviction-hard", "memory.available<96Mi"])
+        .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
         "watching scope",
@@ -67,7 +45,7 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
         held += 16 * MIB;
         assert!(held < NODE_MEMORY, "the hog was never stopped");
     }
-    let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
+    let decided = agent.log.expect_eviction("default/hog", "memory");
     assert_eq!(decided["trigger"], "kernel", "{decided}");
     agent
         .log
@@ -87,22 +65,21 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
 fn in_poll_mode_the_same_hog_is_found_on_the_timer() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     node.workload("batch").unwrap().alloc(48 * MIB).unwrap();
-    let mut agent = start_agent(
-        &node,
-        &[
+    let mut agent = node
+        .start_agent(&[
             "--mode",
             "poll",
             "--housekeeping-interval",
             "200ms",
             "--eviction-hard",
             "memory.available<256Mi",
-        ],
-    );
+        ])
+        .unwrap();
     agent.log.expect("serving /metrics and /healthz", &[]);
     // 320 MiB leaves the node less than 256Mi available; the timer finds it
     // while the hog allocates or after (the reply may never come).
     let _ = node.workload("hog").unwrap().alloc(320 * MIB);
-    let decided = expect_eviction(&mut agent.log, "default/hog", "memory");
+    let decided = agent.log.expect_eviction("default/hog", "memory");
     assert_eq!(decided["trigger"], "poll", "{decided}");
     assert!(!node.alive("hog"));
     assert!(node.alive("batch"));
@@ -154,7 +131,9 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
     // batch has more tasks than web but a higher priority than the bomb.
     node.workload("batch").unwrap().fork(40).unwrap();
     node.workload("web").unwrap().fork(2).unwrap();
-    let mut agent = start_agent(&node, &["--eviction-hard", "pid.available<60"]);
+    let mut agent = node
+        .start_agent(&["--eviction-hard", "pid.available<60"])
+        .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
         "watching scope",
@@ -166,7 +145,7 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
         children += 10;
         assert!(children < 200, "the fork bomb was never stopped");
     }
-    let decided = expect_eviction(&mut agent.log, "default/bomb", "pids");
+    let decided = agent.log.expect_eviction("default/bomb", "pids");
     assert_eq!(decided["trigger"], "kernel", "{decided}");
     for name in ["db", "batch", "web"] {
         assert!(node.alive(name), "{name} was killed");
@@ -188,10 +167,9 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    let mut agent = start_agent(
-        &node,
-        &["--dry-run", "--eviction-hard", "memory.available<256Mi"],
-    );
+    let mut agent = node
+        .start_agent(&["--dry-run", "--eviction-hard", "memory.available<256Mi"])
+        .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     let address = agent.log.metrics_address();
     node.workload("hog").unwrap().alloc(320 * MIB).unwrap();

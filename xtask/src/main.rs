@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's developer commands. Each one installs what it
 //! needs first (see `setup`), so a fresh clone needs nothing else.
+mod fuzz;
 mod setup;
 mod vm;
 
@@ -48,6 +49,15 @@ enum Task {
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
+    /// Run every cargo-fuzz target in fuzz/ for a bounded time (installs
+    /// cargo-fuzz when missing) and print what each did.
+    Fuzz {
+        /// Seconds per target.
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Targets to run; all when none is named.
+        targets: Vec<String>,
+    },
     /// Run a command as root in the Linux guest of `cargo xtask test --vm`
     /// (chrooted into this host's /, so host binaries and paths work).
     Vm {
@@ -139,6 +149,7 @@ fn run(task: Task) -> Result<ExitCode> {
             vm::test(&toolchain, &target_dir()?, &kernel)?;
         }
         Task::Test { no_privileged, .. } => test(no_privileged)?,
+        Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets)?,
         Task::Demo => {
             let release = build_release_tools("the demo sandboxes pods in cgroups")?;
             setup::step(

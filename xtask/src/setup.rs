@@ -34,11 +34,27 @@ impl Toolchain {
         cargo
     }
 
+    /// PATH with cargo's bin directory first.
+    pub fn path(&self) -> &OsString {
+        &self.path
+    }
+
     /// cargo of the eBPF toolchain.
     pub fn cargo_ebpf(&self) -> Command {
+        let mut cargo = self.cargo_unstable();
+        self.environment(&mut cargo);
+        cargo
+    }
+
+    /// cargo of this toolchain, for what needs unstable flags, without the
+    /// agent's eBPF build settings.
+    pub fn cargo_unstable(&self) -> Command {
         let mut cargo = Command::new("rustup");
         cargo.args(["run", &self.name, "cargo"]);
-        self.environment(&mut cargo);
+        cargo.env("PATH", &self.path);
+        if self.bootstrap {
+            cargo.env("RUSTC_BOOTSTRAP", "1");
+        }
         // rustup's proxy would otherwise keep using the outer toolchain.
         cargo.env_remove("RUSTC").env_remove("CARGO");
         cargo
@@ -57,34 +73,42 @@ impl Toolchain {
     }
 }
 
-pub fn ensure() -> Result<Toolchain> {
-    let started = Instant::now();
+/// The installed nightly, or stable with RUSTC_BOOTSTRAP=1 where there is
+/// none: the toolchain for what needs unstable flags (`-Z build-std` for
+/// the eBPF crate, sanitizer coverage for fuzzing).
+pub fn unstable_toolchain() -> Result<Toolchain> {
     let path = path_with_cargo_bin()?;
     let installed = output(Command::new("rustup").args(["toolchain", "list"]))?;
     let (name, bootstrap) = if installed.lines().any(|l| l.starts_with("nightly")) {
         ("nightly".to_owned(), false)
     } else {
-        println!("xtask: no nightly toolchain; building eBPF with stable and RUSTC_BOOTSTRAP=1");
+        println!("xtask: no nightly toolchain; using stable with RUSTC_BOOTSTRAP=1");
         ("stable".to_owned(), true)
     };
+    Ok(Toolchain {
+        name,
+        bootstrap,
+        path,
+    })
+}
+
+pub fn ensure() -> Result<Toolchain> {
+    let started = Instant::now();
+    let toolchain = unstable_toolchain()?;
+    let name = &toolchain.name;
     let components = output(Command::new("rustup").args([
         "component",
         "list",
         "--installed",
         "--toolchain",
-        &name,
+        name,
     ]))?;
     if !components.lines().any(|l| l.starts_with("rust-src")) {
         step(
             &format!("install rust-src for {name}"),
-            Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", &name]),
+            Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]),
         )?;
     }
-    let toolchain = Toolchain {
-        name,
-        bootstrap,
-        path,
-    };
     if !bpf_linker_works(&toolchain.path) {
         install_bpf_linker(&toolchain)?;
         if !bpf_linker_works(&toolchain.path) {

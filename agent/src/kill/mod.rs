@@ -21,7 +21,7 @@ use std::{collections::BTreeSet, io, path::Path, path::PathBuf, time::Duration};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::cgroup::{CgroupFs, CgroupVersion};
+use crate::cgroup::{CgroupFs, CgroupVersion, is_gone};
 use pidfd::PidFd;
 use tree::Freezer;
 
@@ -201,6 +201,32 @@ impl Killer {
         Ok(report)
     }
 
+    /// Thaws the pods among `cgroups` that are frozen at the pod's own level:
+    /// a kill a previous agent began and never finished (it was killed
+    /// itself while the pod was frozen). Only evictd freezes a whole pod —
+    /// container runtimes pause containers — and left so the pod would stay
+    /// frozen for good, its SIGKILLed tasks unable to die. Returns the pods
+    /// thawed.
+    pub fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
+        let mut thawed = Vec::new();
+        for cgroup in cgroups {
+            let Some(freezer) = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at) else {
+                continue;
+            };
+            match freezer.is_self_frozen().and_then(|frozen| {
+                if frozen {
+                    freezer.thaw()?;
+                }
+                Ok(frozen)
+            }) {
+                Ok(true) => thawed.push((*cgroup).to_owned()),
+                Ok(false) => {}
+                Err(error) => warn!(cgroup, %error, "cannot thaw a pod left frozen"),
+            }
+        }
+        thawed
+    }
+
     /// The directories whose `cgroup.procs` make up the pod: memory, and on
     /// v1 the pids and freezer hierarchies too where they are mounted apart
     /// (a task moved in one v1 hierarchy stays put in the others).
@@ -290,7 +316,7 @@ impl Pod<'_> {
         // after it; the kernel kills whatever forked in between too.
         let pidfds = self.open(&self.pids()?)?;
         match tree::write_existing(file, "1") {
-            Err(e) if tree::is_gone(&e) && !file.parent().is_some_and(Path::is_dir) => {}
+            Err(e) if is_gone(&e) && !file.parent().is_some_and(Path::is_dir) => {}
             other => other.map_err(|e| KillError::io(file, e))?,
         }
         report.first_sigkill_after = Some(started.elapsed());
@@ -313,8 +339,14 @@ impl Pod<'_> {
             let thaw = match freezer {
                 Some(freezer) => {
                     let guard = ThawOnDrop(freezer);
-                    freezer.freeze()?;
-                    report.frozen |= self.wait_frozen(freezer, deadline).await?;
+                    if freezer.freeze()? {
+                        report.frozen |= self.wait_frozen(freezer, deadline).await?;
+                    } else {
+                        debug!(
+                            cgroup = self.cgroup,
+                            "pod's freezer cgroup is gone: its tasks exited"
+                        );
+                    }
                     Some(guard)
                 }
                 None => None,
@@ -341,12 +373,21 @@ impl Pod<'_> {
         }
     }
 
-    /// Whether the freezer reported `FROZEN` in time.
+    /// Whether the freezer reported `FROZEN` in time (not if the cgroup went
+    /// away meanwhile).
     async fn wait_frozen(&self, freezer: &Freezer, deadline: Instant) -> Result<bool, KillError> {
         let until = deadline.min(Instant::now() + FREEZE_DEADLINE);
         loop {
-            if freezer.is_frozen()? {
-                return Ok(true);
+            match freezer.is_frozen()? {
+                Some(true) => return Ok(true),
+                Some(false) => {}
+                None => {
+                    debug!(
+                        cgroup = self.cgroup,
+                        "pod's freezer cgroup removed while freezing: its tasks exited"
+                    );
+                    return Ok(false);
+                }
             }
             if Instant::now() >= until {
                 warn!(cgroup = self.cgroup, freezer = %freezer.dir().display(),

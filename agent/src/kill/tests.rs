@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::*;
+use crate::testing::LogCapture;
 
 /// A temporary directory removed on drop.
 pub(crate) struct Fixture {
@@ -209,4 +210,93 @@ async fn a_pod_that_never_empties_times_out_naming_what_is_left_and_is_thawed() 
     );
     assert_eq!(read(&freezer.join("freezer.state")), "THAWED");
     assert_eq!(read(&container.join("freezer.state")), "THAWED");
+}
+
+/// The pod's processes exited and kubelet removed its cgroups after the
+/// executor found the freezer but before it froze it.
+#[tokio::test]
+async fn a_pod_removed_before_its_freeze_is_no_error() {
+    let fixture = Fixture::new("gone-before-freeze");
+    let memory = fixture.cgroup("memory/pod1", "");
+    let dir = fixture.freezer("freezer/pod1");
+    let freezer = Freezer::at(dir.clone()).unwrap();
+    fs::remove_dir_all(&memory).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    let pod = Pod {
+        cgroup: "/pod1",
+        dirs: vec![memory, dir],
+    };
+    let (log, _guard) = LogCapture::start();
+    let mut report = KillReport::new(KillMethod::Signals);
+    let started = Instant::now();
+    pod.signal_rounds(
+        Some(&freezer),
+        started,
+        started + DEFAULT_KILL_DEADLINE,
+        &mut report,
+    )
+    .await
+    .unwrap();
+    assert!(!report.frozen);
+    assert_eq!((report.rounds, report.sigkill_sent), (0, 0));
+    assert_eq!(log.problems(), Vec::<String>::new());
+    assert!(log.contains("freezer cgroup is gone"), "{:?}", log.lines());
+}
+
+/// Removed while the executor waits for `FROZEN`: the wait ends at once,
+/// without the warning a pod that will not freeze gets.
+#[tokio::test]
+async fn a_pod_removed_while_freezing_ends_the_wait_quietly() {
+    let fixture = Fixture::new("gone-while-freezing");
+    let dir = fixture.freezer("freezer/pod1");
+    let freezer = Freezer::at(dir.clone()).unwrap();
+    fs::remove_dir_all(&dir).unwrap();
+    let pod = Pod {
+        cgroup: "/pod1",
+        dirs: vec![dir],
+    };
+    let (log, _guard) = LogCapture::start();
+    let started = Instant::now();
+    let frozen = pod
+        .wait_frozen(&freezer, started + DEFAULT_KILL_DEADLINE)
+        .await
+        .unwrap();
+    assert!(!frozen);
+    assert!(started.elapsed() < FREEZE_DEADLINE);
+    assert_eq!(log.problems(), Vec::<String>::new());
+    assert!(log.contains("removed while freezing"), "{:?}", log.lines());
+}
+
+/// A pod a killed agent left frozen is thawed at the pod's level only: a
+/// container paused on its own stays paused, and pods frozen only through
+/// an ancestor, or not at all, are left alone.
+#[test]
+fn thaws_pods_left_frozen_at_their_own_level_only() {
+    let fixture = Fixture::new("abandoned");
+    let frozen = fixture.freezer("freezer/kubepods/pod-left");
+    fs::write(frozen.join("freezer.state"), "FROZEN\n").unwrap();
+    fs::write(frozen.join("freezer.self_freezing"), "1\n").unwrap();
+    let paused = fixture.freezer("freezer/kubepods/pod-left/paused");
+    fs::write(paused.join("freezer.state"), "FROZEN\n").unwrap();
+    fs::write(paused.join("freezer.self_freezing"), "1\n").unwrap();
+    let running = fixture.freezer("freezer/kubepods/pod-running");
+    fs::write(running.join("freezer.self_freezing"), "0\n").unwrap();
+    let killer = Killer::new(fixture.v1());
+    let (log, _guard) = LogCapture::start();
+    let thawed = killer.thaw_abandoned(&[
+        "/kubepods/pod-left",
+        "/kubepods/pod-running",
+        "/kubepods/pod-gone",
+    ]);
+    assert_eq!(thawed, ["/kubepods/pod-left"]);
+    assert_eq!(read(&frozen.join("freezer.state")), "THAWED");
+    assert_eq!(read(&paused.join("freezer.state")), "FROZEN\n");
+    assert_eq!(read(&running.join("freezer.state")), "THAWED\n");
+    assert_eq!(log.problems(), Vec::<String>::new());
+    // v2 has no freezer hierarchy: nothing to do.
+    assert!(
+        Killer::new(fixture.v2())
+            .thaw_abandoned(&["/kubepods/pod-left"])
+            .is_empty()
+    );
 }

@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::KillError;
+use crate::cgroup::is_gone;
 
 /// Refuses cgroup paths that would reach beyond one pod: empty, the
 /// hierarchy root, or anything with `..` in it.
@@ -77,16 +78,26 @@ impl Freezer {
     }
 
     /// Asks the kernel to freeze the subtree (v1 freezing is hierarchical);
-    /// it reads `FROZEN` once every task in it is stopped.
-    pub(super) fn freeze(&self) -> Result<(), KillError> {
+    /// it reads `FROZEN` once every task in it is stopped. `Ok(false)` if
+    /// the cgroup is gone: its tasks exited and it was removed (kubelet
+    /// cleaning up a pod that ended on its own), so nothing is left to stop.
+    pub(super) fn freeze(&self) -> Result<bool, KillError> {
         let path = self.dir.join("freezer.state");
-        write_existing(&path, "FROZEN").map_err(|e| KillError::io(&path, e))
+        match write_existing(&path, "FROZEN") {
+            Ok(()) => Ok(true),
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(KillError::io(&path, e)),
+        }
     }
 
-    pub(super) fn is_frozen(&self) -> Result<bool, KillError> {
+    /// Whether every task is stopped; `None` once the cgroup is gone.
+    pub(super) fn is_frozen(&self) -> Result<Option<bool>, KillError> {
         let path = self.dir.join("freezer.state");
-        let text = fs::read_to_string(&path).map_err(|e| KillError::io(&path, e))?;
-        Ok(text.trim() == "FROZEN")
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(Some(text.trim() == "FROZEN")),
+            Err(e) if is_gone(&e) => Ok(None),
+            Err(e) => Err(KillError::io(&path, e)),
+        }
     }
 
     /// Thaws the cgroup and every descendant. Thawing the pod alone would
@@ -95,6 +106,27 @@ impl Freezer {
     /// get to exit.
     pub(super) fn thaw_subtree(&self) -> Result<(), KillError> {
         thaw(&self.dir)
+    }
+
+    /// Whether this cgroup itself was asked to freeze (`freezer.self_freezing`),
+    /// rather than frozen through an ancestor.
+    pub(super) fn is_self_frozen(&self) -> Result<bool, KillError> {
+        let path = self.dir.join("freezer.self_freezing");
+        match fs::read_to_string(&path) {
+            Ok(text) => Ok(text.trim() == "1"),
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(KillError::io(&path, e)),
+        }
+    }
+
+    /// Thaws this cgroup only: a descendant frozen on its own (a paused
+    /// container) stays so.
+    pub(super) fn thaw(&self) -> Result<(), KillError> {
+        let path = self.dir.join("freezer.state");
+        match write_existing(&path, "THAWED") {
+            Err(e) if is_gone(&e) => Ok(()),
+            other => other.map_err(|e| KillError::io(&path, e)),
+        }
     }
 }
 
@@ -136,12 +168,6 @@ fn read_if_present(path: &Path) -> Result<Option<String>, KillError> {
         Err(e) if is_gone(&e) => Ok(None),
         Err(e) => Err(KillError::io(path, e)),
     }
-}
-
-/// A cgroup being removed answers ENOENT, or ENODEV for a file opened just
-/// before the removal.
-pub(super) fn is_gone(error: &io::Error) -> bool {
-    error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ENODEV)
 }
 
 #[cfg(test)]
@@ -189,10 +215,10 @@ mod tests {
         fs::write(pod.join("freezer.state"), "THAWED\n").unwrap();
         fs::write(pod.join("c1/freezer.state"), "FROZEN\n").unwrap();
         let freezer = Freezer::at(pod.clone()).unwrap();
-        freezer.freeze().unwrap();
-        assert!(freezer.is_frozen().unwrap());
+        assert!(freezer.freeze().unwrap());
+        assert_eq!(freezer.is_frozen().unwrap(), Some(true));
         freezer.thaw_subtree().unwrap();
-        assert!(!freezer.is_frozen().unwrap());
+        assert_eq!(freezer.is_frozen().unwrap(), Some(false));
         assert_eq!(
             fs::read_to_string(pod.join("c1/freezer.state")).unwrap(),
             "THAWED"
