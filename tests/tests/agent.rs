@@ -22,6 +22,9 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         &format!("{scope}=64Mi"),
         "--memory-hysteresis",
         "16Mi",
+        // Only the kernel may report the crossings this test asserts.
+        "--resync-interval",
+        "1h",
     ])
     .unwrap();
     let attached = agent.log.expect("eBPF programs attached", &[]);
@@ -91,7 +94,14 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
 fn a_cgroup_created_after_start_is_watched_through_its_mkdir_event() {
     let tree = PrivateCgroupTree::new().unwrap();
     let pattern = format!("{}/*", tree.relative_path(""));
-    let mut agent = Agent::start(&["--watch-memory", &format!("{pattern}=32Mi")]).unwrap();
+    // A long resync leaves the late pod's crossing to the kernel alone.
+    let mut agent = Agent::start(&[
+        "--watch-memory",
+        &format!("{pattern}=32Mi"),
+        "--resync-interval",
+        "1h",
+    ])
+    .unwrap();
     agent.log.expect("serving /metrics and /healthz", &[]);
     tree.create("late-pod").unwrap();
     let scope = tree.relative_path("late-pod");

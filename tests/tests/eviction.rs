@@ -30,7 +30,14 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
     ])
     .unwrap();
     let mut agent = node
-        .start_agent(&["--eviction-hard", "memory.available<96Mi"])
+        .start_agent(&[
+            "--eviction-hard",
+            "memory.available<96Mi",
+            // Only the kernel may find the crossing: a resync tick landing
+            // within the kernel's check step would otherwise win the race.
+            "--resync-interval",
+            "1h",
+        ])
         .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
@@ -132,7 +139,12 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
     node.workload("batch").unwrap().fork(40).unwrap();
     node.workload("web").unwrap().fork(2).unwrap();
     let mut agent = node
-        .start_agent(&["--eviction-hard", "pid.available<60"])
+        .start_agent(&[
+            "--eviction-hard",
+            "pid.available<60",
+            "--resync-interval",
+            "1h",
+        ])
         .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
