@@ -1,6 +1,6 @@
 //! Command line. Every default is written once, here, with where it comes
 //! from.
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -145,6 +145,30 @@ pub enum Mode {
     Event,
     /// No eBPF: read cgroupfs every --housekeeping-interval, as kubelet does.
     Poll,
+    /// No eBPF: a PSI trigger (--psi-stall in --psi-window, as Android's
+    /// lmkd) wakes the engine, plus polling every --housekeeping-interval.
+    Psi,
+    /// No eBPF: cgroup v1 usage thresholds on an eventfd wake the engine
+    /// (kubelet's --kernel-memcg-notification), plus polling every
+    /// --housekeeping-interval. Needs cgroup v1; elsewhere memory is polled.
+    MemcgThreshold,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.to_possible_value() {
+            Some(value) => f.write_str(value.get_name()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Mode {
+    /// Whether memory pressure is polled on --housekeeping-interval (every
+    /// mode but event), rather than repaired on --resync-interval.
+    pub fn housekeeping(self) -> bool {
+        self != Self::Event
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -199,7 +223,19 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_period)]
     pub resync_interval: Duration,
 
-    /// Polling period in --mode poll. 10s is kubelet's housekeeping interval.
+    /// In --mode psi: how long tasks must stall on memory within
+    /// --psi-window before the kernel wakes the engine (lmkd: 70ms).
+    #[arg(long, value_name = "DURATION", default_value = "70ms", value_parser = parse_period)]
+    pub psi_stall: Duration,
+
+    /// In --mode psi: the PSI trigger's window, 500ms to 10s. lmkd uses 1s,
+    /// which needs CAP_SYS_RESOURCE; without it the kernel takes only
+    /// multiples of 2s, hence this default.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_period)]
+    pub psi_window: Duration,
+
+    /// Polling period in --mode poll, psi and memcg-threshold. 10s is
+    /// kubelet's housekeeping interval.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub housekeeping_interval: Duration,
 
@@ -245,7 +281,8 @@ impl RunArgs {
     }
 }
 
-fn parse_bytes(text: &str) -> Result<u64, String> {
+/// A non-negative Kubernetes quantity as bytes (a command-line value parser).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let quantity = Quantity::parse(text).map_err(|e| e.to_string())?;
     if quantity.is_negative() {
         return Err(format!("{text:?} must not be negative"));

@@ -2,23 +2,25 @@
 //! it cannot and polls instead), and serves until told to stop.
 use std::{
     future::Future,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
 use tokio::{sync::watch, time::MissedTickBehavior};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::{
-    bpf::{BpfError, ProbeOptions},
+    bpf::{BpfError, ProbeOptions, Purpose},
     capabilities::Capabilities,
-    cgroup::CgroupError,
-    config::{Mode, RunArgs},
+    cgroup::{CgroupError, CgroupFs},
+    config::RunArgs,
     engine::VictimPolicy,
     evictor::{Evictor, EvictorOptions, Trigger},
     inventory::Inventory,
     kill::Killer,
     metrics::{Metrics, MetricsError},
     monitor::{Monitor, MonitorOptions, next_batch},
+    notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
     thresholds::EvictionConfig,
     triggers,
 };
@@ -31,6 +33,36 @@ pub enum RunError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Bpf(#[from] BpfError),
+    #[error(transparent)]
+    Notify(#[from] NotifyError),
+}
+
+/// The push mechanism of --mode psi or memcg-threshold, on the node cgroup.
+fn notifier(
+    armed: &triggers::Armed,
+    args: &RunArgs,
+    cgroupfs: &CgroupFs,
+    node_cgroup: &str,
+) -> Result<Option<Notifier>, NotifyError> {
+    let notifier = match armed.triggers.get(Purpose::Memory).trigger {
+        triggers::Trigger::Psi => {
+            // A cgroup's own pressure on v2; the whole machine's on v1.
+            let path = if armed.capabilities.psi.cgroup && node_cgroup != "/" {
+                cgroupfs.memory_dir(node_cgroup).join("memory.pressure")
+            } else {
+                PathBuf::from("/proc/pressure/memory")
+            };
+            let trigger = PsiTrigger::open(&path, args.psi_stall, args.psi_window)?;
+            info!(path = %trigger.path().display(), stall = ?args.psi_stall,
+                window = ?args.psi_window, "PSI trigger armed");
+            Notifier::Psi(trigger)
+        }
+        triggers::Trigger::MemcgThreshold => {
+            Notifier::MemcgThresholds(MemcgThresholds::open(&cgroupfs.memory_dir(node_cgroup))?)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(notifier))
 }
 
 /// Runs the agent until `shutdown` resolves. On return every program is
@@ -54,9 +86,10 @@ pub async fn run(
         warn!("no eviction thresholds: evictd reports but never evicts");
     }
 
-    let check_interval = match args.mode {
-        Mode::Poll => args.housekeeping_interval,
-        Mode::Event => args.resync_interval,
+    let check_interval = if args.mode.housekeeping() {
+        args.housekeeping_interval
+    } else {
+        args.resync_interval
     };
     let (capabilities, btf) = Capabilities::detect(&cgroupfs);
     let options = ProbeOptions {
@@ -67,6 +100,7 @@ pub async fn run(
     // The parsed BTF (tens of MiB) was only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
+    let notifier = notifier(&armed, &args, &cgroupfs, inventory.node_cgroup())?;
     let mut probes = armed.probes;
     let mut kernel_log = None;
     if let Some(probes) = probes.as_mut() {
@@ -129,16 +163,20 @@ pub async fn run(
     metrics.startup.set(startup.as_secs_f64());
     info!(startup_ms = startup.as_millis() as u64, "protection armed");
 
-    let timer_source = match args.mode {
-        Mode::Poll => "poll",
-        Mode::Event => "resync",
+    let timer_source = if args.mode.housekeeping() {
+        "poll"
+    } else {
+        "resync"
     };
     let result = serve(
         &mut monitor,
         &mut evictor,
-        events,
-        check_interval,
-        timer_source,
+        Sources {
+            events,
+            notifier,
+            check_interval,
+            timer_source,
+        },
         shutdown,
     )
     .await;
@@ -158,20 +196,36 @@ pub async fn run(
     result.map_err(RunError::from)
 }
 
+/// What wakes the engine besides the close-watch deadline.
+struct Sources {
+    /// Kernel records (event mode).
+    events: Option<crate::bpf::EventStream>,
+    /// The push mechanism of --mode psi or memcg-threshold.
+    notifier: Option<Notifier>,
+    check_interval: Duration,
+    /// The trigger `source` of timer runs: `resync` or `poll`.
+    timer_source: &'static str,
+}
+
 /// Feeds kernel records to the monitor and wakes the evictor on a crossing
-/// of one of its scopes, on the timer, and on the close-watch deadline it
-/// asks for, until `shutdown` resolves.
+/// of one of its scopes, on a notification, on the timer, and on the
+/// close-watch deadline it asks for, until `shutdown` resolves.
 async fn serve(
     monitor: &mut Monitor,
     evictor: &mut Evictor,
-    mut events: Option<crate::bpf::EventStream>,
-    check_interval: Duration,
-    timer_source: &'static str,
+    sources: Sources,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BpfError> {
+    let Sources {
+        mut events,
+        mut notifier,
+        check_interval,
+        timer_source,
+    } = sources;
     // The first run is now, not a tick later: an agent restarted on a node
     // already under pressure acts at once.
     let first = evictor.evaluate(Trigger::now("startup"), monitor).await;
+    rearm(notifier.as_mut(), evictor);
     let mut close_watch = first.map(|after| tokio::time::Instant::now() + after);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
@@ -204,6 +258,21 @@ async fn serve(
                     None => continue,
                 }
             }
+            notified = next_notification(notifier.as_mut()) => {
+                let source = notifier.as_ref().map_or("notifier", Notifier::source);
+                match notified {
+                    Ok(at_ns) => {
+                        monitor.check_all();
+                        evictor.evaluate(Trigger { source, at_ns }, monitor).await
+                    }
+                    Err(e) => {
+                        error!(error = %e, period = ?check_interval,
+                            "kernel notifications failed: POLLING cgroupfs only");
+                        notifier = None;
+                        continue;
+                    }
+                }
+            }
             _ = timer.tick() => {
                 monitor.check_all();
                 evictor.evaluate(Trigger::now(timer_source), monitor).await
@@ -213,6 +282,25 @@ async fn serve(
             }
         };
         close_watch = next.map(|after| tokio::time::Instant::now() + after);
+        rearm(notifier.as_mut(), evictor);
+    }
+}
+
+async fn next_notification(notifier: Option<&mut Notifier>) -> Result<u64, NotifyError> {
+    match notifier {
+        Some(notifier) => notifier.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Moves memory thresholds to where the thresholds could next be met, on
+/// fresh numbers after each engine run (kubelet re-arms on each sync).
+fn rearm(notifier: Option<&mut Notifier>, evictor: &Evictor) {
+    if let Some(Notifier::MemcgThresholds(thresholds)) = notifier
+        && let Some(levels) = evictor.memcg_notification_levels()
+        && let Err(e) = thresholds.arm(&levels)
+    {
+        warn!(error = %e, "cannot re-arm the memory thresholds; the timer still polls");
     }
 }
 

@@ -15,7 +15,7 @@ use crate::{
     metrics::Metrics,
     monitor::Monitor,
     snapshot::{NodeStats, PodSnapshot},
-    thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
+    thresholds::{EvictionConfig, NodeCondition, Resource, Signal, Threshold},
 };
 
 /// While a memory or PID signal is inside the zone where only a fresh read
@@ -258,7 +258,9 @@ impl Evictor {
                 grace_seconds = victim.grace_period.as_secs(),
                 %candidates,
                 trigger = trigger.source,
+                trigger_at_ns = trigger.at_ns,
                 decision_us = trigger.elapsed().as_micros() as u64,
+                at_ns = monotonic_now_ns(),
                 dry_run = self.options.dry_run,
                 "eviction decided"
             );
@@ -288,6 +290,7 @@ impl Evictor {
                         released = report.mrelease_ok,
                         rounds = report.rounds,
                         empty_after_us = report.empty_after.as_micros() as u64,
+                        at_ns = monotonic_now_ns(),
                         "pod killed"
                     );
                 }
@@ -374,6 +377,7 @@ impl Evictor {
                     victim = pod,
                     freed_bytes = before.saturating_sub(remaining),
                     after_us = started.elapsed().as_micros() as u64,
+                    at_ns = monotonic_now_ns(),
                     "memory back"
                 );
                 return true;
@@ -423,15 +427,12 @@ impl Evictor {
         for threshold in &self.config.thresholds {
             match threshold.signal {
                 Signal::MemoryAvailable => {
-                    let capacity = node.memory.capacity_bytes;
-                    let value = threshold.value.resolve(capacity as i64).max(0) as u64;
-                    node_memory.push(capacity.saturating_sub(value));
+                    node_memory.push(usage_at_threshold(threshold, node.memory.capacity_bytes));
                 }
                 Signal::AllocatableMemoryAvailable => {
                     if let Some(allocatable) = node.allocatable {
-                        let capacity = allocatable.capacity_bytes;
-                        let value = threshold.value.resolve(capacity as i64).max(0) as u64;
-                        kubepods_memory.push(capacity.saturating_sub(value));
+                        kubepods_memory
+                            .push(usage_at_threshold(threshold, allocatable.capacity_bytes));
                     }
                 }
                 Signal::PidAvailable => {
@@ -465,6 +466,26 @@ impl Evictor {
         }
     }
 
+    /// Usage levels of the node cgroup at which its memory.available
+    /// thresholds are met as of now, as kubelet arms memcg notifications:
+    /// capacity - threshold + inactive_file (what usage has above the
+    /// working set). `None` when the node cannot be read.
+    pub fn memcg_notification_levels(&self) -> Option<Vec<u64>> {
+        let capacity = self.inventory.node().ok()?.memory.capacity_bytes;
+        let reading = self
+            .cgroupfs
+            .read_memory(self.inventory.node_cgroup())
+            .ok()?;
+        let levels = self
+            .config
+            .thresholds
+            .iter()
+            .filter(|threshold| threshold.signal == Signal::MemoryAvailable)
+            .map(|threshold| usage_at_threshold(threshold, capacity) + reading.inactive_file_bytes)
+            .collect();
+        Some(levels)
+    }
+
     /// Whether to look again before the resync timer: while a threshold is
     /// met but still inside its grace period, or a kernel-watched scope is
     /// past the usage where a threshold could be met (only the working set,
@@ -480,6 +501,13 @@ impl Evictor {
         }
         None
     }
+}
+
+/// The usage at which a memory threshold is met on `capacity` bytes, were
+/// all of it working set.
+fn usage_at_threshold(threshold: &Threshold, capacity: u64) -> u64 {
+    let value = threshold.value.resolve(capacity as i64).max(0) as u64;
+    capacity.saturating_sub(value)
 }
 
 /// The head of the ranking, one pod per line-part: where each stands and why.

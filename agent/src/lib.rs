@@ -17,6 +17,7 @@ pub mod kill;
 pub mod levels;
 pub mod metrics;
 pub mod monitor;
+pub mod notify;
 pub mod quantity;
 pub mod rank;
 pub mod signals;

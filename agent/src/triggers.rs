@@ -34,6 +34,10 @@ pub enum Trigger {
     Kernel(Hook),
     /// cgroupfs is re-read on a timer.
     Poll,
+    /// A PSI trigger wakes the engine (`--mode psi`).
+    Psi,
+    /// cgroup v1 usage thresholds on an eventfd (`--mode memcg-threshold`).
+    MemcgThreshold,
     /// Nothing reports it (kernel OOM kills without `oom:mark_victim`).
     Unobserved,
 }
@@ -44,6 +48,8 @@ impl Trigger {
         match self {
             Self::Kernel(_) => "bpf",
             Self::Poll => "poll",
+            Self::Psi => "psi",
+            Self::MemcgThreshold => "memcg-threshold",
             Self::Unobserved => "none",
         }
     }
@@ -112,6 +118,7 @@ pub fn choose(capabilities: &Capabilities, mode: Mode) -> Triggers {
         .map(|purpose| {
             let choice = match (mode, kernel_unusable(capabilities)) {
                 (Mode::Poll, _) => fallback(purpose, "--mode poll".into()),
+                (Mode::Psi | Mode::MemcgThreshold, _) => without_bpf(capabilities, mode, purpose),
                 (Mode::Event, Some(why)) => fallback(purpose, why),
                 (Mode::Event, None) => best_hook(capabilities, purpose),
             };
@@ -170,6 +177,37 @@ fn fallback(purpose: Purpose, why: String) -> Choice {
     Choice {
         trigger,
         reason: why,
+    }
+}
+
+/// The triggers of the non-eBPF modes: their mechanism for memory, polling
+/// for the rest (as kubelet and lmkd do).
+fn without_bpf(capabilities: &Capabilities, mode: Mode, purpose: Purpose) -> Choice {
+    let why = format!("--mode {mode}");
+    if purpose != Purpose::Memory {
+        return fallback(purpose, why);
+    }
+    let (trigger, reason) = match mode {
+        Mode::Psi if capabilities.psi.system || capabilities.psi.cgroup => (
+            Trigger::Psi,
+            "the kernel's PSI trigger on memory stalls".to_owned(),
+        ),
+        Mode::Psi => return fallback(purpose, format!("{why}: this kernel has no PSI")),
+        Mode::MemcgThreshold if capabilities.memcg_event_control => (
+            Trigger::MemcgThreshold,
+            "cgroup v1 memory.usage_in_bytes thresholds on an eventfd".to_owned(),
+        ),
+        Mode::MemcgThreshold => {
+            return fallback(
+                purpose,
+                format!("{why}: no cgroup.event_control (memory thresholds are cgroup v1 only)"),
+            );
+        }
+        Mode::Event | Mode::Poll => return fallback(purpose, why),
+    };
+    Choice {
+        trigger,
+        reason: format!("{why}: {reason}"),
     }
 }
 
@@ -268,7 +306,11 @@ pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duratio
                 let tracepoints = TracepointList(hook);
                 info!(resource, trigger, hook = hook.as_str(), %tracepoints, reason, "trigger");
             }
-            Trigger::Poll if mode == Mode::Event && purpose != Purpose::CgroupLifecycle => {
+            Trigger::Poll
+                if (mode == Mode::Event || purpose == Purpose::Memory)
+                    && mode != Mode::Poll
+                    && purpose != Purpose::CgroupLifecycle =>
+            {
                 warn!(
                     resource,
                     trigger,
@@ -278,6 +320,7 @@ pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duratio
                 );
             }
             Trigger::Poll => info!(resource, trigger, ?period, reason, "trigger"),
+            Trigger::Psi | Trigger::MemcgThreshold => info!(resource, trigger, reason, "trigger"),
             Trigger::Unobserved => warn!(resource, trigger, reason, "not observed"),
         }
     }

@@ -309,3 +309,28 @@ pub fn metric(exposition: &str, series: &str) -> Option<f64> {
         (name == series).then(|| value.parse().ok()).flatten()
     })
 }
+
+/// `(program, runs, nanoseconds)` from the agent's per-program gauges.
+pub fn program_stats(metrics: &str) -> Vec<(String, u64, u64)> {
+    let label = |line: &str| -> Option<(String, u64)> {
+        let rest = line.split_once("{program=\"")?.1;
+        let (program, value) = rest.split_once("\"} ")?;
+        Some((program.to_owned(), value.trim().parse().ok()?))
+    };
+    let runs: Vec<(String, u64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with("evictd_bpf_program_runs{"))
+        .filter_map(label)
+        .collect();
+    runs.into_iter()
+        .map(|(program, count)| {
+            let nanos = metrics
+                .lines()
+                .filter(|l| l.starts_with("evictd_bpf_program_run_time_nanoseconds{"))
+                .filter_map(label)
+                .find(|(p, _)| *p == program)
+                .map_or(0, |(_, n)| n);
+            (program, count, nanos)
+        })
+        .collect()
+}

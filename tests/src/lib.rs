@@ -27,7 +27,9 @@ mod sandbox;
 mod wait;
 mod workload;
 
-pub use agent::{AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric, run_evictd};
+pub use agent::{
+    AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric, program_stats, run_evictd,
+};
 pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};

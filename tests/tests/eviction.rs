@@ -7,8 +7,8 @@
 use std::fs;
 
 use evictd_integration::{
-    AGENT_DEADLINE, Controller, PodSpec, SandboxNode, http_get, memory_pods, systemd_path,
-    wait_until,
+    AGENT_DEADLINE, CgroupLayout, CgroupVersion, Controller, PodSpec, SandboxNode, http_get,
+    memory_pods, systemd_path, wait_until,
 };
 use serde_json::json;
 
@@ -90,6 +90,72 @@ fn in_poll_mode_the_same_hog_is_found_on_the_timer() {
     assert_eq!(decided["trigger"], "poll", "{decided}");
     assert!(!node.alive("hog"));
     assert!(node.alive("batch"));
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn in_memcg_threshold_mode_the_kernels_eventfd_finds_the_hog_on_v1_and_v2_polls() {
+    let v1 = CgroupLayout::discover().unwrap().memory.version == CgroupVersion::V1;
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.workload("batch").unwrap().alloc(48 * MIB).unwrap();
+    let mut agent = node
+        .start_agent(&[
+            "--mode",
+            "memcg-threshold",
+            // On v1 only the eventfd can find the hog within the test.
+            "--housekeeping-interval",
+            if v1 { "1h" } else { "200ms" },
+            "--eviction-hard",
+            "memory.available<256Mi",
+        ])
+        .unwrap();
+    let expected = if v1 { "memcg-threshold" } else { "poll" };
+    if v1 {
+        agent.log.expect(
+            "trigger",
+            &[("resource", "memory"), ("trigger", "memcg-threshold")],
+        );
+    } else {
+        agent.log.expect(
+            "no kernel trigger for this resource: POLLING cgroupfs",
+            &[("resource", "memory")],
+        );
+    }
+    agent.log.expect("protection armed", &[]);
+    let _ = node.workload("hog").unwrap().alloc(320 * MIB);
+    let decided = agent.log.expect_eviction("default/hog", "memory");
+    assert_eq!(decided["trigger"], expected, "{decided}");
+    assert!(node.alive("batch"));
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn in_psi_mode_the_kernel_accepts_the_trigger_on_the_nodes_pressure_file() {
+    let node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let layout = CgroupLayout::discover().unwrap();
+    let mut agent = node.start_agent(&["--mode", "psi"]).unwrap();
+    // v2 has the node cgroup's own pressure; v1 only the machine's.
+    let path = match layout.memory.version {
+        CgroupVersion::V1 => "/proc/pressure/memory".to_owned(),
+        CgroupVersion::V2 => node
+            .tree
+            .dir(Controller::Memory, "node")
+            .join("memory.pressure")
+            .display()
+            .to_string(),
+    };
+    agent.log.expect(
+        "PSI trigger armed",
+        &[("path", &path), ("stall", "70ms"), ("window", "2s")],
+    );
+    agent
+        .log
+        .expect("trigger", &[("resource", "memory"), ("trigger", "psi")]);
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }

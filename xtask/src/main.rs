@@ -1,5 +1,6 @@
 //! `cargo xtask`: the project's developer commands. Each one installs what it
 //! needs first (see `setup`), so a fresh clone needs nothing else.
+mod bench;
 mod fuzz;
 mod setup;
 mod vm;
@@ -49,6 +50,24 @@ enum Task {
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
+    /// evictd's event mode against polling (10s, 1s, 100ms), a PSI trigger
+    /// and cgroup v1 memcg thresholds, on a 2 GiB sandbox node with a memory
+    /// bomb at several rates and a fork bomb (needs root). Writes bench.json,
+    /// bench.md and bench.png to results/ (release build).
+    Bench {
+        /// Smoke test: one round at 1 GiB/s and the fork bomb, 2 s idle, on
+        /// the debug build, into target/bench-quick; fails unless every mode
+        /// produced results.
+        #[arg(long)]
+        quick: bool,
+        /// Where the results go.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// evictd-bench arguments, e.g. `-- --runs 20 --rates 256Mi,1Gi`
+        /// (`-- --help` lists them).
+        #[arg(last = true)]
+        bench_args: Vec<String>,
+    },
     /// Run every cargo-fuzz target in fuzz/ for a bounded time (installs
     /// cargo-fuzz when missing) and print what each did.
     Fuzz {
@@ -150,6 +169,11 @@ fn run(task: Task) -> Result<ExitCode> {
         }
         Task::Test { no_privileged, .. } => test(no_privileged)?,
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets)?,
+        Task::Bench {
+            quick,
+            out,
+            bench_args,
+        } => bench::run(quick, out, &bench_args)?,
         Task::Demo => {
             let release = build_release_tools("the demo sandboxes pods in cgroups")?;
             setup::step(
@@ -198,22 +222,27 @@ fn run(task: Task) -> Result<ExitCode> {
 /// Builds the agent and the integration crate's tools in release mode and
 /// returns their directory; `why_root` says why the task needs root.
 fn build_release_tools(why_root: &str) -> Result<PathBuf> {
+    build_tools(true, why_root)
+}
+
+/// As [`build_release_tools`], in the debug profile.
+fn build_debug_tools(why_root: &str) -> Result<PathBuf> {
+    build_tools(false, why_root)
+}
+
+fn build_tools(release: bool, why_root: &str) -> Result<PathBuf> {
     let toolchain = setup::ensure()?;
-    build(&toolchain, true)?;
-    setup::step(
-        "build the workload tools",
-        toolchain.cargo_host().args([
-            "build",
-            "--release",
-            "--package",
-            "evictd-integration",
-            "--bins",
-        ]),
-    )?;
+    build(&toolchain, release)?;
+    let mut cargo = toolchain.cargo_host();
+    cargo.args(["build", "--package", "evictd-integration", "--bins"]);
+    if release {
+        cargo.arg("--release");
+    }
+    setup::step("build the workload tools", &mut cargo)?;
     if !setup::is_root() {
         bail!("{why_root}: run as root");
     }
-    Ok(target_dir()?.join("release"))
+    Ok(target_dir()?.join(if release { "release" } else { "debug" }))
 }
 
 fn build(toolchain: &Toolchain, release: bool) -> Result<()> {

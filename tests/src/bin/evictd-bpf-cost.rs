@@ -15,7 +15,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use evictd_integration::{BpfStatsEnabled, PrivateCgroupTree, Workload};
+use evictd_integration::{BpfStatsEnabled, PrivateCgroupTree, Workload, program_stats};
 
 const MIB: u64 = 1 << 20;
 
@@ -169,29 +169,4 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
         let (key, value) = line.rsplit_once(' ')?;
         (key == name).then(|| value.parse().ok()).flatten()
     })
-}
-
-/// `(program, runs, nanoseconds)` from the agent's per-program gauges.
-fn program_stats(metrics: &str) -> Vec<(String, u64, u64)> {
-    let label = |line: &str| -> Option<(String, u64)> {
-        let rest = line.split_once("{program=\"")?.1;
-        let (program, value) = rest.split_once("\"} ")?;
-        Some((program.to_owned(), value.trim().parse().ok()?))
-    };
-    let runs: Vec<(String, u64)> = metrics
-        .lines()
-        .filter(|l| l.starts_with("evictd_bpf_program_runs{"))
-        .filter_map(label)
-        .collect();
-    runs.into_iter()
-        .map(|(program, count)| {
-            let nanos = metrics
-                .lines()
-                .filter(|l| l.starts_with("evictd_bpf_program_run_time_nanoseconds{"))
-                .filter_map(label)
-                .find(|(p, _)| *p == program)
-                .map_or(0, |(_, n)| n);
-            (program, count, nanos)
-        })
-        .collect()
 }

@@ -16,6 +16,16 @@
 //!   most; `ok <children>`.
 //! - `ignore-sigterm`: ignore SIGTERM from now on (children started later
 //!   inherit it); `ok ignoring`.
+//! - `bomb RATE LOG USAGE`: answers `ok bombing`, then allocates and
+//!   touches 1 MiB chunks at RATE bytes/s (0: as fast as it can) until
+//!   killed, appending after each 256 KiB touched a 24-byte record to the
+//!   file LOG: CLOCK_MONOTONIC ns, bytes held, and the value then in the
+//!   file USAGE (a cgroup's page counter), little-endian u64s (one write
+//!   each, so a SIGKILL loses nothing written).
+//! - `fork-bomb LOG`: answers `ok forking`, then forks sleeping children as
+//!   fast as it can until killed, appending (ns, children) records to LOG;
+//!   a fork the kernel refuses (pids.max) is recorded with the top bit of
+//!   the count set, and retried.
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
 //!
@@ -24,7 +34,9 @@
 //! fork would keep copy-on-write references that stop `free` from returning
 //! memory).
 use std::{
+    fs::{File, OpenOptions},
     io::{self, BufRead as _, Write as _},
+    os::unix::fs::FileExt as _,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -40,6 +52,8 @@ use nix::{
 
 const CHUNK: usize = 1 << 20;
 const PAGE: usize = 4096;
+/// The bomb's log resolution: one record per 256 KiB touched.
+const PAGES_PER_RECORD: usize = 64;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -67,6 +81,9 @@ fn main() {
             || done
         {
             break;
+        }
+        if let Some(bomb) = workload.bomb.take() {
+            bomb.detonate();
         }
     }
 }
@@ -142,10 +159,111 @@ fn hop(until: Instant) -> ! {
     }
 }
 
+fn open_log(path: Option<&str>) -> Result<File, String> {
+    let path = path.ok_or("a bomb needs a log file")?;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("{path}: {e}"))
+}
+
+/// A bomb armed by a command; it goes off once its answer is out.
+enum Bomb {
+    Memory { rate: usize, log: File, usage: File },
+    Tasks { log: File },
+}
+
+impl Bomb {
+    fn detonate(self) -> ! {
+        match self {
+            Self::Memory {
+                rate,
+                mut log,
+                usage,
+            } => memory_bomb(rate, &mut log, &usage),
+            Self::Tasks { mut log } => fork_bomb(&mut log),
+        }
+    }
+}
+
+/// Appends the time and `values` as one record, in one write.
+fn record(log: &mut File, values: &[u64]) {
+    let mut bytes = evictd::bpf::monotonic_now_ns().to_le_bytes().to_vec();
+    for value in values {
+        bytes.extend_from_slice(&value.to_le_bytes());
+    }
+    // Nothing to do about a failed write: the bench sees a short log.
+    let _ = log.write_all(&bytes);
+}
+
+/// The number in a cgroup file such as memory.usage_in_bytes, read afresh.
+fn read_counter(file: &File) -> u64 {
+    let mut text = [0u8; 32];
+    let read = file.read_at(&mut text, 0).unwrap_or(0);
+    std::str::from_utf8(&text[..read])
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn memory_bomb(rate: usize, log: &mut File, usage: &File) -> ! {
+    let started = Instant::now();
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    loop {
+        if rate > 0 {
+            // Paced by the clock, not by sleeps per chunk, so the rate holds
+            // however long touching a chunk takes.
+            let due = Duration::from_secs_f64((chunks.len() * CHUNK) as f64 / rate as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
+        let held = chunks.len() * CHUNK;
+        let mut chunk = vec![0u8; CHUNK];
+        for (page, byte) in chunk.iter_mut().step_by(PAGE).enumerate() {
+            *byte = 1;
+            if (page + 1) % PAGES_PER_RECORD == 0 {
+                record(
+                    log,
+                    &[(held + (page + 1) * PAGE) as u64, read_counter(usage)],
+                );
+            }
+        }
+        chunks.push(chunk);
+    }
+}
+
+fn fork_bomb(log: &mut File) -> ! {
+    const REFUSED: u64 = 1 << 63;
+    let mut children = 0u64;
+    loop {
+        // SAFETY: the workload is single-threaded, so the child may run any
+        // code; it only arms PDEATHSIG and sleeps.
+        match unsafe { fork() } {
+            Ok(ForkResult::Child) => {
+                let _ = prctl::set_pdeathsig(Signal::SIGKILL);
+                loop {
+                    pause();
+                }
+            }
+            Ok(ForkResult::Parent { .. }) => {
+                children += 1;
+                record(log, &[children]);
+            }
+            Err(_) => {
+                record(log, &[children | REFUSED]);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
 #[derive(Default)]
 struct Workload {
     chunks: Vec<Vec<u8>>,
     children: Vec<Child>,
+    bomb: Option<Bomb>,
 }
 
 impl Workload {
@@ -189,6 +307,19 @@ impl Workload {
                 unsafe { signal(Signal::SIGTERM, SigHandler::SigIgn) }
                     .map_err(|e| format!("ignore-sigterm: {e}"))?;
                 "ignoring".to_owned()
+            }
+            "bomb" => {
+                let rate = amount()?;
+                let log = open_log(words.next())?;
+                let usage = words.next().ok_or("a bomb needs a usage file")?;
+                let usage = File::open(usage).map_err(|e| format!("{usage}: {e}"))?;
+                self.bomb = Some(Bomb::Memory { rate, log, usage });
+                "bombing".to_owned()
+            }
+            "fork-bomb" => {
+                let log = open_log(words.next())?;
+                self.bomb = Some(Bomb::Tasks { log });
+                "forking".to_owned()
             }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),
