@@ -290,7 +290,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(quantity.value() as u64)
 }
 
-fn parse_period(text: &str) -> Result<Duration, String> {
+/// A positive duration (`10s`, `100ms`) (a command-line value parser).
+pub fn parse_period(text: &str) -> Result<Duration, String> {
     match duration::parse(text) {
         Ok(period) if period.is_zero() => Err(format!("{text:?} must be longer than zero")),
         Ok(period) => Ok(period),

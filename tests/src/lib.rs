@@ -34,6 +34,8 @@ pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
-pub use sandbox::{PodSpec, SandboxNode, cgroupfs_path, memory_pods, systemd_path};
+pub use sandbox::{
+    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, systemd_path,
+};
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload};

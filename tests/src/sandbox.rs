@@ -111,6 +111,17 @@ pub fn memory_pods() -> Vec<PodSpec> {
     ]
 }
 
+const MIB: u64 = 1 << 20;
+
+/// What the steady pods of [`memory_pods`] hold in `cargo xtask demo` and
+/// `cargo xtask bench` (232 MiB): all but the hog.
+pub const STEADY_POD_MEMORY: [(&str, u64); 4] = [
+    ("db", 96 * MIB),
+    ("web", 48 * MIB),
+    ("batch", 64 * MIB),
+    ("node-exporter", 24 * MIB),
+];
+
 /// The node: cgroups for every pod, a process in each, the metadata file.
 pub struct SandboxNode {
     // Declared first so the processes die before their cgroups go.

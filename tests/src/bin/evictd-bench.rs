@@ -21,23 +21,16 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use evictd::{
     cgroup::{CgroupFs, CgroupVersion},
-    config::parse_bytes,
+    config::{parse_bytes, parse_period},
     notify::MemcgThresholds,
 };
 use evictd_integration::{
-    Agent, AgentLog, BpfStatsEnabled, Controller, SandboxNode, http_get, memory_pods,
-    program_stats, wait_until,
+    Agent, AgentLog, BpfStatsEnabled, Controller, STEADY_POD_MEMORY, SandboxNode, http_get,
+    memory_pods, program_stats, wait_until,
 };
 use serde_json::{Value, json};
 
 const MIB: u64 = 1 << 20;
-/// What each steady pod holds (the demo's node, on a bigger machine).
-const RESIDENT: [(&str, u64); 4] = [
-    ("db", 96 * MIB),
-    ("web", 48 * MIB),
-    ("batch", 64 * MIB),
-    ("node-exporter", 24 * MIB),
-];
 /// The pod that explodes; kubelet's ranking puts it first (BestEffort,
 /// priority 0, largest usage over its request).
 const BOMB: &str = "hog";
@@ -84,12 +77,8 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     pid_threshold: u64,
     /// How long each mode's agent idles on the node for the overhead numbers.
-    #[arg(long, default_value = "10s", value_parser = humantime_secs)]
+    #[arg(long, default_value = "10s", value_parser = parse_period)]
     idle: Duration,
-}
-
-fn humantime_secs(text: &str) -> Result<Duration, String> {
-    evictd::duration::parse(text).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -357,7 +346,7 @@ fn sandbox(args: &Args) -> Result<SandboxNode> {
         &args.workload.display().to_string(),
     )
     .context("building the sandbox node")?;
-    node.alloc(&RESIDENT)?;
+    node.alloc(&STEADY_POD_MEMORY)?;
     Ok(node)
 }
 
@@ -484,27 +473,18 @@ fn finish(
     }
     run.agent_cpu_ms = cpu_time(agent.pid())?.as_secs_f64() * 1e3;
     run.agent_peak_rss_bytes = status_bytes(agent.pid(), "VmHWM")?;
-    if let Ok(address) = metrics_address(&mut agent)
-        && let Ok(metrics) = http_get(&address, "/metrics")
-    {
+    // Logged before `protection armed`, which start_agent awaited.
+    let address = agent.log.metrics_address();
+    if let Ok(metrics) = http_get(&address, "/metrics") {
         run.bpf = program_stats(&metrics);
     }
-    for (name, _) in RESIDENT {
+    for (name, _) in STEADY_POD_MEMORY {
         if !node.alive(name) {
             run.lost_pods.push(name.to_owned());
         }
     }
     let log = stop(agent)?;
     Ok((run, log))
-}
-
-fn metrics_address(agent: &mut Agent) -> Result<String> {
-    agent
-        .log
-        .all("serving /metrics and /healthz")
-        .first()
-        .and_then(|line| line["address"].as_str().map(str::to_owned))
-        .context("no metrics address logged")
 }
 
 /// Decision, kill and memory-back times from the agent's log.

@@ -7,18 +7,11 @@
 use std::{process::ExitCode, time::Instant};
 
 use anyhow::{Context as _, Result, bail};
-use evictd_integration::{Agent, SandboxNode, memory_pods};
+use evictd_integration::{Agent, STEADY_POD_MEMORY, SandboxNode, memory_pods};
 use serde_json::Value;
 
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
-/// What each pod holds before the hog starts.
-const RESIDENT: [(&str, u64); 4] = [
-    ("db", 96 * MIB),
-    ("web", 48 * MIB),
-    ("batch", 64 * MIB),
-    ("node-exporter", 24 * MIB),
-];
 /// The hog's allocation step: as fast as the workload can touch pages.
 const HOG_STEP: u64 = 8 * MIB;
 
@@ -53,7 +46,7 @@ fn demo() -> Result<()> {
         "pod", "QoS", "priority", "memory request", "holds"
     );
     for pod in node.pods.clone() {
-        let held = RESIDENT
+        let held = STEADY_POD_MEMORY
             .iter()
             .find(|(n, _)| *n == pod.name)
             .map_or(0, |(_, b)| *b);
@@ -148,7 +141,7 @@ fn demo() -> Result<()> {
         field(&back, "after_us"),
     );
 
-    let survivors: Vec<&str> = RESIDENT
+    let survivors: Vec<&str> = STEADY_POD_MEMORY
         .iter()
         .map(|(name, _)| *name)
         .filter(|name| node.alive(name))
@@ -159,7 +152,7 @@ fn demo() -> Result<()> {
     println!("  kernel OOM kills in the sandbox: {oom_kills}");
     let (status, _) = agent.stop()?;
     println!("  evictd stopped ({status}); removing the sandbox");
-    if oom_kills > 0 || survivors.len() != RESIDENT.len() {
+    if oom_kills > 0 || survivors.len() != STEADY_POD_MEMORY.len() {
         bail!("the demo did not go as expected");
     }
     Ok(())
