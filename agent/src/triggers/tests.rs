@@ -211,10 +211,38 @@ fn poll_mode_attaches_nothing() {
 }
 
 #[test]
+fn the_modes_without_bpf_attach_nothing_and_use_their_mechanism_where_the_kernel_has_it() {
+    for (capabilities, memcg) in [
+        (linux_6_18_v1(), Trigger::MemcgThreshold),
+        (linux_6_1_v2(), Trigger::Poll),
+    ] {
+        for (mode, memory) in [(Mode::Psi, Trigger::Psi), (Mode::MemcgThreshold, memcg)] {
+            let triggers = choose(&capabilities, mode);
+            assert!(triggers.hooks().is_empty());
+            assert_eq!(trigger(&triggers, Purpose::Memory), memory, "{mode}");
+            assert_eq!(trigger(&triggers, Purpose::Pids), Trigger::Poll);
+            assert_eq!(trigger(&triggers, Purpose::OomKills), Trigger::Unobserved);
+        }
+    }
+    let no_psi = Capabilities {
+        psi: Psi {
+            system: false,
+            cgroup: false,
+        },
+        ..linux_6_18_v1()
+    };
+    let memory = choose(&no_psi, Mode::Psi).get(Purpose::Memory).clone();
+    assert_eq!(memory.trigger, Trigger::Poll);
+    assert!(memory.reason.contains("no PSI"), "{}", memory.reason);
+}
+
+#[test]
 fn labels_are_stable() {
     // Dashboards and the README name these.
     assert_eq!(Trigger::Kernel(Hook::PageAlloc).as_str(), "bpf");
     assert_eq!(Trigger::Poll.as_str(), "poll");
+    assert_eq!(Trigger::Psi.as_str(), "psi");
+    assert_eq!(Trigger::MemcgThreshold.as_str(), "memcg-threshold");
     assert_eq!(Trigger::Unobserved.as_str(), "none");
     let hooks: Vec<&str> = Hook::ALL.iter().map(|h| h.as_str()).collect();
     assert_eq!(
