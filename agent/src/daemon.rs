@@ -2,6 +2,10 @@
 //! it cannot and polls instead), and serves until told to stop.
 use std::{
     future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -114,12 +118,17 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut server_stop = stop_rx.clone();
-    let (address, server) =
-        crate::metrics::serve(metrics.clone(), args.metrics_address, async move {
+    let ready = Arc::new(AtomicBool::new(false));
+    let (address, server) = crate::metrics::serve(
+        metrics.clone(),
+        ready.clone(),
+        args.metrics_address,
+        async move {
             // Either a stop or the sender dropping ends the server.
             let _ = server_stop.wait_for(|stop| *stop).await;
-        })
-        .await?;
+        },
+    )
+    .await?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
     evictor.thaw_abandoned_pods();
@@ -139,6 +148,7 @@ pub async fn run(
         events,
         check_interval,
         timer_source,
+        &ready,
         shutdown,
     )
     .await;
@@ -167,11 +177,15 @@ async fn serve(
     mut events: Option<crate::bpf::EventStream>,
     check_interval: Duration,
     timer_source: &'static str,
+    ready: &AtomicBool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BpfError> {
     // The first run is now, not a tick later: an agent restarted on a node
     // already under pressure acts at once.
     let first = evictor.evaluate(Trigger::now("startup"), monitor).await;
+    // Ready (/readyz) once the node has been looked at and, under pressure,
+    // relieved: a rolling update moves on only then.
+    ready.store(true, Ordering::Release);
     let mut close_watch = first.map(|after| tokio::time::Instant::now() + after);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
