@@ -121,20 +121,24 @@ impl CgroupFs {
                 "cgroup" => {
                     let options: Vec<&str> = super_options.split(',').collect();
                     if options.contains(&"memory") {
-                        v1_memory.get_or_insert(mount_point.clone());
+                        keep_first_or_topmost(&mut v1_memory, &mount_point);
                     }
                     if options.contains(&"pids") {
-                        v1_pids.get_or_insert(mount_point.clone());
+                        keep_first_or_topmost(&mut v1_pids, &mount_point);
                     }
                     if options.contains(&"freezer") {
-                        v1_freezer.get_or_insert(mount_point);
+                        keep_first_or_topmost(&mut v1_freezer, &mount_point);
                     }
                 }
                 "cgroup2" => {
                     let controllers = v2_controllers(&mount_point);
                     if controllers.split_whitespace().any(|c| c == "memory") {
                         let has_pids = controllers.split_whitespace().any(|c| c == "pids");
-                        v2.get_or_insert((mount_point, has_pids));
+                        let mut root = v2.as_ref().map(|(root, _)| PathBuf::clone(root));
+                        keep_first_or_topmost(&mut root, &mount_point);
+                        if root.as_ref() == Some(&mount_point) {
+                            v2 = Some((mount_point, has_pids));
+                        }
                     }
                 }
                 _ => {}
@@ -257,6 +261,16 @@ fn parse_proc_cgroups(text: &str) -> HierarchyIds {
     ids
 }
 
+/// The first mount of a hierarchy wins, except that a later mount on the
+/// same mount point hides the earlier one: in a container, the runtime's own
+/// (namespaced) cgroupfs comes first and the host's, mounted over it by the
+/// DaemonSet's hostPath volume, after.
+fn keep_first_or_topmost(slot: &mut Option<PathBuf>, mount_point: &Path) {
+    if slot.as_deref().is_none_or(|found| found == mount_point) {
+        *slot = Some(mount_point.to_owned());
+    }
+}
+
 fn is_root(path: &str) -> bool {
     path.trim_matches('/').is_empty()
 }
@@ -346,6 +360,32 @@ mod tests {
             Path::new("/sys/fs/cgroup/memory/kubepods")
         );
         assert_eq!(fs.memory_dir("/"), Path::new("/sys/fs/cgroup/memory"));
+    }
+
+    #[test]
+    fn in_a_container_the_hosts_cgroupfs_mounted_over_the_runtimes_wins() {
+        // The runtime's mounts (their root is the container's own cgroup),
+        // then the DaemonSet's hostPath bind of the host's /sys/fs/cgroup.
+        let container = "\
+700 690 0:31 /kubepods/besteffort/podx/ctr /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup rw,memory
+701 690 0:32 /kubepods/besteffort/podx/ctr /sys/fs/cgroup/pids ro,nosuid - cgroup cgroup rw,pids
+720 690 0:40 / /sys/fs/cgroup rw,nosuid - tmpfs tmpfs rw
+721 720 0:31 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory
+722 720 0:32 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids
+723 720 0:33 / /sys/fs/cgroup/freezer rw,nosuid - cgroup cgroup rw,freezer
+730 690 0:31 / /host/memory rw,nosuid - cgroup cgroup rw,memory";
+        let fs = CgroupFs::from_mountinfo(container, |_| String::new()).unwrap();
+        assert_eq!(fs.memory_root, Path::new("/sys/fs/cgroup/memory"));
+        assert_eq!(
+            fs.freezer_root.as_deref(),
+            Some(Path::new("/sys/fs/cgroup/freezer"))
+        );
+        let unified = "\
+800 790 0:26 / /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
+820 790 0:26 /../../.. /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw
+830 790 0:26 / /elsewhere rw,nosuid - cgroup2 cgroup2 rw";
+        let fs = CgroupFs::from_mountinfo(unified, |_| "memory pids".into()).unwrap();
+        assert_eq!(fs.memory_root, Path::new("/sys/fs/cgroup"));
     }
 
     #[test]

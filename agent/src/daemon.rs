@@ -3,6 +3,10 @@
 use std::{
     future::Future,
     path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -148,12 +152,17 @@ pub async fn run(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut server_stop = stop_rx.clone();
-    let (address, server) =
-        crate::metrics::serve(metrics.clone(), args.metrics_address, async move {
+    let ready = Arc::new(AtomicBool::new(false));
+    let (address, server) = crate::metrics::serve(
+        metrics.clone(),
+        ready.clone(),
+        args.metrics_address,
+        async move {
             // Either a stop or the sender dropping ends the server.
             let _ = server_stop.wait_for(|stop| *stop).await;
-        })
-        .await?;
+        },
+    )
+    .await?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
     evictor.thaw_abandoned_pods();
@@ -177,6 +186,7 @@ pub async fn run(
             check_interval,
             timer_source,
         },
+        &ready,
         shutdown,
     )
     .await;
@@ -214,6 +224,7 @@ async fn serve(
     monitor: &mut Monitor,
     evictor: &mut Evictor,
     sources: Sources,
+    ready: &AtomicBool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BpfError> {
     let Sources {
@@ -226,6 +237,9 @@ async fn serve(
     // already under pressure acts at once.
     let first = evictor.evaluate(Trigger::now("startup"), monitor).await;
     rearm(notifier.as_mut(), evictor);
+    // Ready (/readyz) once the node has been looked at and, under pressure,
+    // relieved: a rolling update moves on only then.
+    ready.store(true, Ordering::Release);
     let mut close_watch = first.map(|after| tokio::time::Instant::now() + after);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);

@@ -1,7 +1,19 @@
 //! Prometheus metrics and the HTTP endpoint that serves them.
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
-use axum::{Router, http::header, response::IntoResponse, routing::get};
+use axum::{
+    Router,
+    http::{StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
 use prometheus::{
     Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -240,9 +252,12 @@ impl Metrics {
 }
 
 /// Binds the endpoint; returns the bound address (useful with port 0) and
-/// the future that serves `/metrics` and `/healthz` until `shutdown`.
+/// the future that serves `/metrics`, `/healthz` (the agent runs) and
+/// `/readyz` (200 once `ready` is set: protection is armed; 503 before)
+/// until `shutdown`.
 pub async fn serve(
     metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
     address: SocketAddr,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(SocketAddr, impl Future<Output = Result<(), MetricsError>>), MetricsError> {
@@ -266,7 +281,23 @@ pub async fn serve(
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok\n" }));
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let armed = ready.load(Ordering::Acquire);
+                async move {
+                    if armed {
+                        (StatusCode::OK, "ok\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "protection not armed yet\n",
+                        )
+                    }
+                }
+            }),
+        );
     let server = async move {
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown)
@@ -301,17 +332,101 @@ mod tests {
         let metrics = Metrics::new().unwrap();
         metrics.oom_kills.inc();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (address, server) = serve(metrics, "127.0.0.1:0".parse().unwrap(), async {
-            let _ = stop_rx.await;
-        })
+        let ready = Arc::new(AtomicBool::new(false));
+        let (address, server) = serve(
+            metrics,
+            ready.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            async {
+                let _ = stop_rx.await;
+            },
+        )
         .await
         .unwrap();
         let server = tokio::spawn(server);
         let body = http_get(address, "/metrics").await;
         assert!(body.contains("evictd_kernel_oom_kills_total 1"), "{body}");
         assert!(http_get(address, "/healthz").await.ends_with("ok\n"));
+        let before = http_get(address, "/readyz").await;
+        assert!(before.starts_with("HTTP/1.1 503"), "{before}");
+        ready.store(true, Ordering::Release);
+        let after = http_get(address, "/readyz").await;
+        assert!(after.starts_with("HTTP/1.1 200"), "{after}");
         stop_tx.send(()).unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    /// Every metric name evictd exports, from the collectors themselves.
+    fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 23] = [
+            &metrics.events,
+            &metrics.decode_errors,
+            &metrics.ringbuf_drops,
+            &metrics.kernel_memory_checks,
+            &metrics.kernel_read_errors,
+            &metrics.event_latency,
+            &metrics.crossings,
+            &metrics.scope_value,
+            &metrics.scope_working_set,
+            &metrics.scope_level,
+            &metrics.oom_kills,
+            &metrics.trigger,
+            &metrics.trigger_hook,
+            &metrics.program_runs,
+            &metrics.program_run_time,
+            &metrics.evictions,
+            &metrics.eviction_failures,
+            &metrics.decision_latency,
+            &metrics.trigger_to_kill,
+            &metrics.node_condition,
+            &metrics.signal_available,
+            &metrics.engine_runs,
+            &metrics.startup,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            // The registry adds the prefix when it gathers.
+            .map(|desc| format!("evictd_{}", desc.fq_name))
+            .collect()
+    }
+
+    #[test]
+    fn the_dashboard_queries_only_metrics_evictd_exports() {
+        let dashboard: serde_json::Value = serde_json::from_str(include_str!(
+            "../../deploy/monitoring/grafana-dashboard.json"
+        ))
+        .unwrap();
+        let exported = exported_names(&Metrics::new().unwrap());
+        let mut queried = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let names = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|word| word.starts_with("evictd_"));
+                for name in names {
+                    let family = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| name.strip_suffix(suffix))
+                        .filter(|family| exported.contains(*family))
+                        .unwrap_or(name);
+                    assert!(
+                        exported.contains(family),
+                        "panel {:?} queries {name}, which evictd does not export",
+                        panel["title"]
+                    );
+                    queried += 1;
+                }
+            }
+        }
+        // Every exported metric is on the dashboard somewhere.
+        let text = serde_json::to_string(&dashboard).unwrap();
+        for name in &exported {
+            assert!(text.contains(name.as_str()), "{name} is on no panel");
+        }
+        assert!(queried >= exported.len());
     }
 
     async fn http_get(address: SocketAddr, path: &str) -> String {

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's developer commands. Each one installs what it
 //! needs first (see `setup`), so a fresh clone needs nothing else.
 mod bench;
+mod deploy;
 mod fuzz;
 mod setup;
 mod vm;
@@ -101,7 +102,12 @@ enum Task {
         #[arg(long, value_name = "VERSION", default_value = "6.1", requires = "vm")]
         kernel: String,
     },
-    /// fmt check, clippy, unit tests, then the privileged integration tests.
+    /// Render deploy/ with a pinned kubectl and validate every object against
+    /// the Kubernetes OpenAPI schemas (installs the pinned tools under
+    /// target/deploy-check on first use).
+    DeployCheck,
+    /// fmt check, clippy, unit tests, the deploy/ check, then the privileged
+    /// integration tests.
     /// With --vm: only the privileged integration tests, inside a QEMU guest
     /// on another kernel with pure cgroup v2.
     Test {
@@ -168,6 +174,10 @@ fn run(task: Task) -> Result<ExitCode> {
             vm::test(&toolchain, &target_dir()?, &kernel)?;
         }
         Task::Test { no_privileged, .. } => test(no_privileged)?,
+        Task::DeployCheck => {
+            let toolchain = setup::ensure()?;
+            deploy::check(&toolchain, &workspace_root(), &target_dir()?)?;
+        }
         Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets)?,
         Task::Bench {
             quick,
@@ -285,6 +295,7 @@ fn test(no_privileged: bool) -> Result<()> {
             .args(["--", "-D", "warnings"]),
     )?;
     setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
+    deploy::check(&toolchain, &workspace_root(), &target)?;
     if no_privileged {
         println!("xtask: skipping the privileged integration tests (--no-privileged)");
         return Ok(());
@@ -309,6 +320,12 @@ fn test(no_privileged: bool) -> Result<()> {
             "--test-threads=1",
         ]),
     )
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/ is a direct child of the workspace root.
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
 fn target_dir() -> Result<PathBuf> {
