@@ -171,6 +171,63 @@ impl Mode {
     }
 }
 
+/// The Kubernetes API: where pod metadata comes from and how evictions are
+/// made final and visible.
+#[derive(Debug, Clone, Args)]
+pub struct KubernetesArgs {
+    /// This node's name. Turns the Kubernetes API on: pods bound to NAME are
+    /// watched (priority, requests, static/mirror, matched to cgroups by
+    /// uid) and every eviction is reported. The DaemonSet sets it from the
+    /// downward API.
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        value_name = "NAME",
+        conflicts_with = "pod_metadata"
+    )]
+    pub node_name: Option<String>,
+
+    /// kubeconfig for the API server. Without it: the pod's service account
+    /// in a cluster, else $KUBECONFIG or ~/.kube/config.
+    #[arg(long, value_name = "FILE", requires = "node_name")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// What makes a kill final in the API, so that the pod is not restarted
+    /// in place: `status` (kubelet's way), `delete`, or `evict` (policy/v1
+    /// Eviction for soft evictions, honouring PodDisruptionBudgets; hard
+    /// ones as `status`).
+    #[arg(long, value_enum, default_value_t = EvictionAction::Status)]
+    pub eviction_action: EvictionAction,
+
+    /// Longest wait for one API request (each report is retried, a few
+    /// times, when the API does not answer).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_period)]
+    pub api_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EvictionAction {
+    /// Pod status phase Failed, reason Evicted, a DisruptionTarget
+    /// condition, kubelet's message (kubelet's own way).
+    Status,
+    /// Delete the pod (its controller replaces it).
+    Delete,
+    /// Soft evictions through the policy/v1 Eviction API (a
+    /// PodDisruptionBudget can refuse; no local kill then); hard evictions
+    /// are killed locally and reported as `status`.
+    Evict,
+}
+
+impl EvictionAction {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status => "status",
+            Self::Delete => "delete",
+            Self::Evict => "evict",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -260,7 +317,11 @@ pub struct RunArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
 
-    /// Decide and report every eviction, kill nothing (shadow mode).
+    #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
+
+    /// Shadow mode: decide and log every eviction, kill nothing and write
+    /// nothing to the Kubernetes API (the pod watch still reads).
     #[arg(long)]
     pub dry_run: bool,
 

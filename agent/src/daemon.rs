@@ -22,6 +22,7 @@ use crate::{
     evictor::{Evictor, EvictorOptions, Trigger},
     inventory::Inventory,
     kill::Killer,
+    kubernetes::{KubeError, Kubernetes},
     metrics::{Metrics, MetricsError},
     monitor::{Monitor, MonitorOptions, next_batch},
     notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
@@ -39,7 +40,20 @@ pub enum RunError {
     Bpf(#[from] BpfError),
     #[error(transparent)]
     Notify(#[from] NotifyError),
+    #[error(transparent)]
+    Kube(#[from] KubeError),
 }
+
+impl RunError {
+    /// Whether the user's input is at fault (exit status 2).
+    pub fn is_input_error(&self) -> bool {
+        matches!(self, Self::Kube(e) if e.is_input_error())
+    }
+}
+
+/// How long queued eviction reports may still take at shutdown; kubelet
+/// gives the pod 30 s (terminationGracePeriodSeconds in the DaemonSet).
+const REPORT_FLUSH: Duration = Duration::from_secs(10);
 
 /// The push mechanism of --mode psi or memcg-threshold, on the node cgroup.
 fn notifier(
@@ -74,11 +88,24 @@ fn notifier(
 pub async fn run(
     args: RunArgs,
     config: EvictionConfig,
-    inventory: Inventory,
+    mut inventory: Inventory,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let started = Instant::now();
     let metrics = Metrics::new()?;
+    let kubernetes = match &args.kubernetes.node_name {
+        Some(node_name) => {
+            let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())?;
+            inventory.set_metadata(Box::new(kubernetes.store().clone()));
+            info!(
+                node = node_name,
+                action = args.kubernetes.eviction_action.as_str(),
+                "Kubernetes API: watching this node's pods, reporting evictions"
+            );
+            Some(kubernetes)
+        }
+        None => None,
+    };
     let cgroupfs = inventory.cgroupfs().clone();
     info!(version = ?cgroupfs.version, memory = %cgroupfs.memory_root.display(),
         pids = ?cgroupfs.pids_root, node = inventory.node_cgroup(), "cgroup hierarchies");
@@ -144,6 +171,8 @@ pub async fn run(
             reclaim_timeout: args.reclaim_timeout,
             kernel_triggers,
         },
+        // Shadow mode writes nothing to the API.
+        kubernetes.filter(|_| !args.dry_run),
     );
     if args.dry_run {
         warn!("--dry-run: evictions are decided and reported, nothing is killed");
@@ -191,6 +220,7 @@ pub async fn run(
     )
     .await;
     info!("shutting down");
+    evictor.shutdown_kubernetes(REPORT_FLUSH);
     let _ = stop_tx.send(true);
     if let Ok(Err(e)) = server.await {
         warn!(error = %e, "metrics endpoint");

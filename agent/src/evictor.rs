@@ -9,9 +9,11 @@ use tracing::{Instrument as _, info, info_span, warn};
 use crate::{
     bpf::{Resource as KernelResource, monotonic_now_ns},
     cgroup::{CgroupError, CgroupFs},
+    config::EvictionAction,
     engine::{Assessment, Choice, Engine, Starvation, VictimPolicy, observe_signals},
     inventory::Inventory,
     kill::{KillReport, Killer},
+    kubernetes::{EvictOutcome, EvictionNotice, Kubernetes, StarvedSignal},
     metrics::Metrics,
     monitor::Monitor,
     snapshot::{NodeStats, PodSnapshot},
@@ -98,6 +100,8 @@ pub struct Evictor {
     cgroupfs: CgroupFs,
     metrics: Arc<Metrics>,
     options: EvictorOptions,
+    /// The API side (--node-name): where kills are reported.
+    kubernetes: Option<Kubernetes>,
     /// Conditions reported by the last round, to log changes once.
     conditions: Vec<NodeCondition>,
     /// A decision that killed nothing (dry run, or no pod may go): reported
@@ -113,6 +117,7 @@ impl Evictor {
         cgroupfs: CgroupFs,
         metrics: Arc<Metrics>,
         options: EvictorOptions,
+        kubernetes: Option<Kubernetes>,
     ) -> Self {
         Self {
             engine: Engine::new(config.clone()),
@@ -122,8 +127,16 @@ impl Evictor {
             cgroupfs,
             metrics,
             options,
+            kubernetes,
             conditions: Vec::new(),
             unacted: None,
+        }
+    }
+
+    /// Stops the API side, sending what reports it can within `within`.
+    pub fn shutdown_kubernetes(&mut self, within: Duration) {
+        if let Some(kubernetes) = self.kubernetes.take() {
+            kubernetes.shutdown(within);
         }
     }
 
@@ -238,7 +251,7 @@ impl Evictor {
             return Outcome::Unacted;
         }
         if self.options.dry_run {
-            self.unacted = Some(victims);
+            self.unacted = Some(victims.clone());
         }
         let mut outcome = Outcome::Unacted;
         for victim in &choice.victims {
@@ -276,9 +289,58 @@ impl Evictor {
                 return outcome;
             };
             let before = self.cgroupfs.read_memory(cgroup).ok();
+            let notice = self.kubernetes.as_ref().and_then(|kubernetes| {
+                let signal = StarvedSignal {
+                    resource: starvation.resource,
+                    threshold: starvation.threshold_quantity,
+                    available: starvation.observation.available,
+                };
+                let notice = kubernetes.notice(pod, signal, &self.cgroupfs);
+                if notice.is_none() {
+                    info!(victim = %pod.key(), "pod unknown to the Kubernetes API: its eviction is not reported there");
+                }
+                notice
+            });
+            let mut evicted_by_api = false;
+            if let (Some(kubernetes), Some(notice)) = (&self.kubernetes, &notice)
+                && kubernetes.action() == EvictionAction::Evict
+                && !starvation.threshold.hard
+            {
+                match kubernetes.evict(notice.clone()).await {
+                    EvictOutcome::Evicted => {
+                        info!(victim = %pod.key(), "evicted through the Kubernetes Eviction API");
+                        kubernetes.report(EvictionNotice {
+                            evicted_by_api: true,
+                            ..notice.clone()
+                        });
+                        evicted_by_api = true;
+                    }
+                    EvictOutcome::Refused(reason) => {
+                        // A PodDisruptionBudget (or RBAC) said no: the pod
+                        // stays, and this decision is not retried until the
+                        // ranking changes.
+                        warn!(victim = %pod.key(), %reason, "the Eviction API refused the soft eviction; the pod stays");
+                        self.unacted = Some(victims.clone());
+                        return outcome;
+                    }
+                    EvictOutcome::Unanswered => {
+                        warn!(victim = %pod.key(), "the Eviction API did not answer in --api-timeout; killing locally");
+                    }
+                }
+            }
             let kill_started_ns = monotonic_now_ns();
-            match self.killer.kill_pod(cgroup, victim.grace_period).await {
-                Ok(report) => {
+            let killed = if evicted_by_api {
+                // kubelet stops the pod, with its grace period.
+                None
+            } else {
+                Some(self.killer.kill_pod(cgroup, victim.grace_period).await)
+            };
+            match killed {
+                None => {}
+                Some(Ok(report)) => {
+                    if let (Some(kubernetes), Some(notice)) = (&self.kubernetes, notice) {
+                        kubernetes.report(notice);
+                    }
                     let to_kill = trigger_to_first_signal(trigger, kill_started_ns, &report);
                     self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
                     info!(
@@ -294,7 +356,7 @@ impl Evictor {
                         "pod killed"
                     );
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     self.metrics
                         .eviction_failures
                         .with_label_values(&[signal.as_str()])

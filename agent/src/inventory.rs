@@ -68,8 +68,8 @@ impl InventoryError {
 }
 
 /// What is known about pods beyond their cgroups (namespace, name,
-/// priority, requests...). The file is the source for now; the Kubernetes
-/// API is another implementation of this seam.
+/// priority, requests...): --pod-metadata's file, or the Kubernetes API's
+/// pod store. Lookups must not block: the engine calls them mid-decision.
 pub trait PodMetadataSource: Send {
     /// The pod with this uid, if the source knows it.
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError>;
@@ -172,6 +172,12 @@ impl Inventory {
             },
             metadata,
         })
+    }
+
+    /// Replaces the pod metadata source (the Kubernetes API's pod store,
+    /// once it is started).
+    pub fn set_metadata(&mut self, source: Box<dyn PodMetadataSource>) {
+        self.metadata = Some(source);
     }
 
     pub fn cgroupfs(&self) -> &CgroupFs {

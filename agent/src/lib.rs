@@ -14,6 +14,7 @@ pub mod evictor;
 pub mod inventory;
 pub mod kernel_layout;
 pub mod kill;
+pub mod kubernetes;
 pub mod levels;
 pub mod metrics;
 pub mod monitor;

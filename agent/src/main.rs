@@ -67,6 +67,7 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(evictd::daemon::run(args, config, inventory, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_input_error() => usage_error(e),
         Err(e) => {
             tracing::error!("{:#}", anyhow::Error::from(e));
             ExitCode::FAILURE

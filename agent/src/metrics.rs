@@ -15,8 +15,8 @@ use axum::{
     routing::get,
 };
 use prometheus::{
-    Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +89,14 @@ pub struct Metrics {
     /// Seconds from the agent's start to protection: programs attached,
     /// scopes watched, the first engine run about to begin.
     pub startup: Gauge,
+    /// Pods bound to this node that the Kubernetes API has shown evictd.
+    pub kube_pods: IntGauge,
+    /// Failed Kubernetes API requests by verb, resource and reason
+    /// (`Forbidden`, `Unreachable`, `Timeout`, the server's Status reason).
+    pub kube_api_errors: IntCounterVec,
+    /// Eviction reports by --eviction-action and result (`reported`,
+    /// `pod-gone`, `failed`, `dropped`).
+    pub eviction_reports: IntCounterVec,
 }
 
 impl Metrics {
@@ -234,6 +242,24 @@ impl Metrics {
                 "Total run time of each eBPF program since load (counted while kernel.bpf_stats_enabled=1)",
                 &["program"],
             )?,
+            kube_pods: {
+                let metric = IntGauge::new(
+                    "kube_pods",
+                    "Pods bound to this node known from the Kubernetes API",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            kube_api_errors: counter_vec(
+                "kube_api_errors_total",
+                "Failed Kubernetes API requests by verb, resource and reason",
+                &["verb", "resource", "reason"],
+            )?,
+            eviction_reports: counter_vec(
+                "eviction_reports_total",
+                "Evictions reported to the Kubernetes API by action and result",
+                &["action", "result"],
+            )?,
             registry,
         }))
     }
@@ -359,7 +385,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 23] = [
+        let collectors: [&dyn Collector; 26] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -383,6 +409,9 @@ mod tests {
             &metrics.signal_available,
             &metrics.engine_runs,
             &metrics.startup,
+            &metrics.kube_pods,
+            &metrics.kube_api_errors,
+            &metrics.eviction_reports,
         ];
         collectors
             .iter()

@@ -110,6 +110,20 @@ impl Quantity {
         Ok(Self { nanos, format })
     }
 
+    /// A whole number of units, printed as Kubernetes prints
+    /// `resource.NewQuantity(value, BinarySI)` (bytes) when `binary`, else as
+    /// `NewQuantity(value, DecimalSI)` (counts).
+    pub fn from_units(value: i64, binary: bool) -> Self {
+        Self {
+            nanos: i128::from(value) * NANOS_PER_UNIT,
+            format: if binary {
+                Format::BinarySi
+            } else {
+                Format::DecimalSi
+            },
+        }
+    }
+
     /// The value rounded up, away from zero, as Kubernetes `Value()` does:
     /// "1.5" is 2, "100m" is 1. Saturates at the i64 bounds.
     pub fn value(&self) -> i64 {

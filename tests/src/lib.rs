@@ -19,6 +19,7 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 mod agent;
+mod apiserver;
 mod bpf_objects;
 mod bpf_stats;
 mod cgroup_tree;
@@ -29,6 +30,9 @@ mod workload;
 
 pub use agent::{
     AGENT_DEADLINE, Agent, AgentLog, agent_binary, http_get, metric, program_stats, run_evictd,
+};
+pub use apiserver::{
+    ApiServer, Faults, Recorded, api_pod, closed_port, status_failure, write_kubeconfig,
 };
 pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;

@@ -2,7 +2,10 @@
 //! (its capacity), pod cgroups laid out as kubelet lays them out, one real
 //! process per pod, and the --pod-metadata file that names them. Used by the
 //! eviction scenarios and `cargo xtask demo`; everything goes on drop.
-use std::{fs, io, path::PathBuf};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use serde_json::{Value, json};
 
@@ -170,13 +173,33 @@ impl SandboxNode {
     }
 
     /// Agent arguments that make it protect this node (and nothing else:
-    /// the disk signals point nowhere).
+    /// the disk signals point nowhere), pod metadata from the file.
     pub fn agent_args(&self) -> Vec<String> {
+        let mut args = self.node_args();
+        args.extend([
+            "--pod-metadata".into(),
+            self.metadata_file.display().to_string(),
+        ]);
+        args
+    }
+
+    /// The same, with pod metadata from a Kubernetes API server instead:
+    /// this node is `node_name` there.
+    pub fn api_agent_args(&self, node_name: &str, kubeconfig: &Path) -> Vec<String> {
+        let mut args = self.node_args();
+        args.extend([
+            "--node-name".into(),
+            node_name.into(),
+            "--kubeconfig".into(),
+            kubeconfig.display().to_string(),
+        ]);
+        args
+    }
+
+    fn node_args(&self) -> Vec<String> {
         vec![
             "--node-cgroup".into(),
             self.node_cgroup(),
-            "--pod-metadata".into(),
-            self.metadata_file.display().to_string(),
             "--nodefs-path".into(),
             "/nonexistent".into(),
             "--imagefs-path".into(),

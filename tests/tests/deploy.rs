@@ -3,6 +3,10 @@
 //! its bounding set, as a container runtime does), loads and attaches its
 //! programs and evicts a memory hog from a sandbox node, freezer writes and
 //! all.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
 use std::process::Command;
 
 use evictd_integration::{Agent, SandboxNode, agent_binary, memory_pods};

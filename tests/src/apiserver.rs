@@ -1,0 +1,355 @@
+//! A stand-in for the Kubernetes API server (none can run here): serves
+//! real API JSON (PodList, an open watch stream, the pod after a status
+//! patch, created Events, Eviction answers and `Status` errors) on
+//! loopback, records every request, and fails on demand: 403 for a route,
+//! 429 for evictions (a PodDisruptionBudget), or no answer for a while.
+use std::{
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    path::PathBuf,
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    body::{Body, Bytes},
+    extract::{Request, State},
+    http::{Method, StatusCode, header},
+    response::Response,
+};
+use serde_json::{Value, json};
+
+use crate::{PodSpec, wait_until};
+
+/// One request as the stand-in received it.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub content_type: String,
+    pub authorization: String,
+    pub body: Value,
+}
+
+impl Recorded {
+    /// Whether the request changes something (everything but GET).
+    pub fn is_write(&self) -> bool {
+        self.method != "GET"
+    }
+}
+
+/// How the stand-in misbehaves.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// (method, path suffix) answered 403 Forbidden, as RBAC answers.
+    pub forbidden: Vec<(&'static str, &'static str)>,
+    /// Evictions refused with 429, as a PodDisruptionBudget refuses them.
+    pub budget_refuses_evictions: bool,
+}
+
+struct Shared {
+    pods: Vec<Value>,
+    faults: Faults,
+    requests: Mutex<Vec<Recorded>>,
+}
+
+pub struct ApiServer {
+    shared: Arc<Shared>,
+    address: SocketAddr,
+    kubeconfig: PathBuf,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The bearer token the kubeconfig carries.
+pub const TOKEN: &str = "stand-in-token";
+
+impl ApiServer {
+    /// Serves `pods` (API Pod objects) with `faults`.
+    pub fn start(pods: Vec<Value>, faults: Faults) -> io::Result<Self> {
+        let shared = Arc::new(Shared {
+            pods,
+            faults,
+            requests: Mutex::new(Vec::new()),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let address = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let thread = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                    return;
+                };
+                let _ = axum::serve(listener, app)
+                    .with_graceful_shutdown(async {
+                        let _ = stopped.await;
+                    })
+                    .await;
+            });
+        });
+        let kubeconfig = write_kubeconfig(&format!("http://{address}"))?;
+        Ok(Self {
+            shared,
+            address,
+            kubeconfig,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+
+    /// A kubeconfig naming this server (`--kubeconfig`).
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.shared
+            .requests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Waits until a request matches `matches` (described by `what`);
+    /// returns it.
+    pub fn wait_for_request(
+        &self,
+        deadline: Duration,
+        what: &str,
+        matches: impl Fn(&Recorded) -> bool,
+    ) -> io::Result<Recorded> {
+        let mut found = None;
+        wait_until(deadline, what, || {
+            found = self.requests().into_iter().find(|r| matches(r));
+            found.is_some()
+        })
+        .map_err(|e| io::Error::other(format!("{e}; requests: {:#?}", self.requests())))?;
+        found.ok_or_else(|| io::Error::other("no request"))
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        // An open watch holds graceful shutdown until its client goes; the
+        // agent is gone by now in every test, and the thread ends with it.
+        drop(self.thread.take());
+        let _ = std::fs::remove_file(&self.kubeconfig);
+    }
+}
+
+/// A kubeconfig for `server` with a bearer token.
+pub fn write_kubeconfig(server: &str) -> io::Result<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("evictd-kubeconfig-{}-{n}.yaml", std::process::id()));
+    let config = json!({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "stand-in", "cluster": {"server": server}}],
+        "users": [{"name": "evictd", "user": {"token": TOKEN}}],
+        "contexts": [{"name": "stand-in",
+                      "context": {"cluster": "stand-in", "user": "evictd", "namespace": "default"}}],
+        "current-context": "stand-in",
+    });
+    std::fs::write(&path, serde_json::to_vec(&config)?)?;
+    Ok(path)
+}
+
+/// The API Pod object of a sandbox pod bound to `node`: what the API
+/// server returns for it (spec, status with the container's runtime id,
+/// which names the sandbox's container cgroup).
+pub fn api_pod(pod: &PodSpec, node: &str) -> Value {
+    let meta = &pod.metadata;
+    let container_cgroup = pod.container.rsplit('/').next().unwrap_or_default();
+    let containers: Vec<Value> = meta["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let mut resources = json!({});
+            for key in ["requests", "limits"] {
+                if !c[key].is_null() {
+                    resources[key] = c[key].clone();
+                }
+            }
+            json!({"name": c["name"], "image": "evictd-workload", "resources": resources})
+        })
+        .collect();
+    let statuses: Vec<Value> = containers
+        .iter()
+        .map(|c| {
+            json!({"name": c["name"], "image": "evictd-workload", "imageID": "",
+                   "containerID": format!("containerd://{container_cgroup}"),
+                   "ready": true, "restartCount": 0, "started": true,
+                   "state": {"running": {"startedAt": "2026-11-23T00:00:00Z"}}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+            "resourceVersion": "100",
+            "annotations": {"kubernetes.io/config.source": "api"},
+        },
+        "spec": {
+            "nodeName": node, "priority": meta["priority"],
+            "containers": containers, "terminationGracePeriodSeconds": 30,
+        },
+        "status": {"phase": "Running", "containerStatuses": statuses},
+    })
+}
+
+/// A `Status` failure as the API server writes it.
+pub fn status_failure(code: u16, reason: &str, message: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+           "status": "Failure", "message": message, "reason": reason, "code": code})
+}
+
+async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
+    let header = |name: header::HeaderName| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let recorded = Recorded {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().unwrap_or_default().to_owned(),
+        content_type: header(header::CONTENT_TYPE),
+        authorization: header(header::AUTHORIZATION),
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    };
+    shared
+        .requests
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(recorded.clone());
+    respond(&shared, &parts.method, &recorded)
+}
+
+fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
+    let path = request.path.as_str();
+    if shared
+        .faults
+        .forbidden
+        .iter()
+        .any(|(m, suffix)| *m == method.as_str() && path.ends_with(suffix))
+    {
+        let message = format!(
+            "{path} is forbidden: User \"system:serviceaccount:evictd-system:evictd\" cannot {} this resource",
+            method.as_str().to_lowercase()
+        );
+        return json_response(403, status_failure(403, "Forbidden", &message));
+    }
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let pod_named = |namespace: &str, name: &str| {
+        shared
+            .pods
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+            .cloned()
+    };
+    match (method.as_str(), segments.as_slice()) {
+        ("GET", ["api", "v1", "pods"]) if request.query.contains("watch=true") => {
+            // An open watch with nothing to say; bookmarks are optional.
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(futures::stream::pending::<
+                    Result<Bytes, Infallible>,
+                >()))
+                .unwrap_or_default()
+        }
+        ("GET", ["api", "v1", "pods"]) => json_response(
+            200,
+            json!({"kind": "PodList", "apiVersion": "v1",
+                   "metadata": {"resourceVersion": "100"}, "items": shared.pods}),
+        ),
+        ("PATCH", ["api", "v1", "namespaces", namespace, "pods", name, "status"]) => {
+            match pod_named(namespace, name) {
+                Some(mut pod) => {
+                    pod["status"]["phase"] = request.body["status"]["phase"].clone();
+                    pod["status"]["reason"] = request.body["status"]["reason"].clone();
+                    json_response(200, pod)
+                }
+                None => not_found(name),
+            }
+        }
+        ("DELETE", ["api", "v1", "namespaces", namespace, "pods", name]) => {
+            match pod_named(namespace, name) {
+                Some(pod) => json_response(200, pod),
+                None => not_found(name),
+            }
+        }
+        ("POST", ["api", "v1", "namespaces", _, "pods", name, "eviction"]) => {
+            if shared.faults.budget_refuses_evictions {
+                return json_response(
+                    429,
+                    status_failure(
+                        429,
+                        "TooManyRequests",
+                        "Cannot evict pod as it would violate the pod's disruption budget.",
+                    ),
+                );
+            }
+            json_response(
+                201,
+                json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                       "status": "Success", "code": 201, "details": {"name": name, "kind": "pods"}}),
+            )
+        }
+        ("POST", ["api", "v1", "namespaces", _, "events"]) => {
+            let mut event = request.body.clone();
+            event["metadata"]["resourceVersion"] = json!("200");
+            json_response(201, event)
+        }
+        _ => not_found(path),
+    }
+}
+
+fn not_found(name: &str) -> Response {
+    json_response(
+        404,
+        status_failure(404, "NotFound", &format!("\"{name}\" not found")),
+    )
+}
+
+fn json_response(code: u16, body: Value) -> Response {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap_or_default()
+}
+
+/// A loopback address where nothing listens: an API server that is down.
+pub fn closed_port() -> io::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.local_addr()
+    // The listener closes here; connections are refused from now on.
+}

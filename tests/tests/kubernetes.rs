@@ -1,0 +1,361 @@
+//! evictd beside a Kubernetes API server (a stand-in serving real API JSON):
+//! pod metadata comes from the API's pod list, a real kill on the sandbox
+//! node is reported as kubelet reports it (node event, pod event, status
+//! patch, in that order, with kubelet's message), a refused permission is
+//! one clear log line and no retries, a PodDisruptionBudget stops a soft
+//! eviction, and with the API down the node is protected all the same.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+use std::time::Duration;
+
+use evictd::quantity::Quantity;
+use evictd_integration::{
+    Agent, ApiServer, Faults, Recorded, SandboxNode, api_pod, closed_port, http_get, memory_pods,
+    metric, write_kubeconfig,
+};
+use serde_json::{Value, json};
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+const NODE_NAME: &str = "node-a";
+/// Reports follow the kill on another thread; this bounds the wait.
+const REPORT_DEADLINE: Duration = Duration::from_secs(20);
+
+fn api_server(node: &SandboxNode, faults: Faults) -> ApiServer {
+    let pods = node
+        .pods
+        .iter()
+        .map(|pod| api_pod(pod, NODE_NAME))
+        .collect();
+    ApiServer::start(pods, faults).unwrap()
+}
+
+/// Starts the agent on `node` and waits until it watches the node.
+fn start_agent(node: &SandboxNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
+    let mut args = node.api_agent_args(NODE_NAME, kubeconfig);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start(&args).unwrap();
+    agent
+        .log
+        .expect("watching scope", &[("scope", &node.node_cgroup())]);
+    agent
+}
+
+/// Grows the hog 16 MiB at a time until something stops it.
+fn run_hog_until_stopped(node: &mut SandboxNode) {
+    let mut held = 0;
+    while node.workload("hog").unwrap().alloc(16 * MIB).is_ok() {
+        held += 16 * MIB;
+        assert!(held < NODE_MEMORY, "the hog was never stopped");
+    }
+}
+
+fn writes(server: &ApiServer) -> Vec<Recorded> {
+    server
+        .requests()
+        .into_iter()
+        .filter(Recorded::is_write)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[("db", 48 * MIB), ("web", 32 * MIB), ("batch", 48 * MIB)])
+        .unwrap();
+    let server = api_server(&node, Faults::default());
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &["--eviction-hard", "memory.available<96Mi"],
+    );
+    agent.log.expect(
+        "pods listed from the Kubernetes API",
+        &[("node", NODE_NAME)],
+    );
+    // The watch asks only for this node's pods, with the kubeconfig's token.
+    let requests = server.requests();
+    let list = &requests[0];
+    assert_eq!(
+        (list.method.as_str(), list.path.as_str()),
+        ("GET", "/api/v1/pods")
+    );
+    assert!(
+        list.query.contains("fieldSelector=spec.nodeName%3Dnode-a"),
+        "{list:?}"
+    );
+    assert_eq!(list.authorization, "Bearer stand-in-token");
+
+    run_hog_until_stopped(&mut node);
+    // Named as the API names it: the metadata came from the pod list.
+    let decided = agent.log.expect_eviction("default/hog", "memory");
+    let patch = server
+        .wait_for_request(REPORT_DEADLINE, "the status patch", |r| r.method == "PATCH")
+        .unwrap();
+    agent.log.expect(
+        "eviction reported to the Kubernetes API",
+        &[("pod", "default/hog"), ("action", "status")],
+    );
+
+    // kubelet's message, with the numbers the engine decided on.
+    let available = Quantity::from_units(decided["observed"].as_i64().unwrap(), true);
+    let message = patch.body["status"]["message"].as_str().unwrap().to_owned();
+    let prefix = format!(
+        "The node was low on resource: memory. Threshold quantity: 96Mi, available: {available}. Container main was using "
+    );
+    let usage = message
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix(", request is 0, has larger consumption of memory. "))
+        .unwrap_or_else(|| panic!("{message:?} is not kubelet's message"));
+    let usage = Quantity::parse(usage).unwrap().value() as u64;
+    let hog_usage = decided["victim_usage"].as_u64().unwrap();
+    assert!(
+        usage.abs_diff(hog_usage) < 16 * MIB,
+        "container usage {usage} vs the pod's {hog_usage}"
+    );
+
+    // Exactly these writes, in kubelet's order, and nothing about any
+    // other pod.
+    let writes = writes(&server);
+    let summary: Vec<(&str, &str)> = writes
+        .iter()
+        .map(|r| (r.method.as_str(), r.path.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("POST", "/api/v1/namespaces/default/events"),
+            ("POST", "/api/v1/namespaces/default/events"),
+            ("PATCH", "/api/v1/namespaces/default/pods/hog/status"),
+        ]
+    );
+    let node_event = &writes[0].body;
+    assert_eq!(node_event["involvedObject"]["kind"], "Node");
+    assert_eq!(node_event["involvedObject"]["name"], NODE_NAME);
+    assert_eq!(node_event["reason"], "EvictionThresholdMet");
+    assert_eq!(node_event["message"], "Attempting to reclaim memory");
+    assert_eq!(node_event["type"], "Warning");
+    let pod_event = &writes[1].body;
+    assert_eq!(
+        pod_event["involvedObject"],
+        json!({"apiVersion": "v1", "kind": "Pod", "namespace": "default", "name": "hog",
+               "uid": "00000000-0000-4000-8000-00000000000e"})
+    );
+    assert_eq!(pod_event["reason"], "Evicted");
+    assert_eq!(pod_event["message"], message.as_str());
+    assert_eq!(pod_event["source"]["component"], "evictd");
+    assert_eq!(
+        pod_event["metadata"]["annotations"]["offending_containers"],
+        "main"
+    );
+    assert_eq!(
+        pod_event["metadata"]["annotations"]["starved_resource"],
+        "memory"
+    );
+    assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
+    let status = &patch.body["status"];
+    assert_eq!(
+        patch.body["metadata"]["uid"],
+        "00000000-0000-4000-8000-00000000000e"
+    );
+    assert_eq!(status["phase"], "Failed");
+    assert_eq!(status["reason"], "Evicted");
+    let condition = &status["conditions"][0];
+    assert_eq!(condition["type"], "DisruptionTarget");
+    assert_eq!(condition["status"], "True");
+    assert_eq!(condition["reason"], "TerminationByKubelet");
+    assert_eq!(condition["message"], message.as_str());
+
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
+    assert_eq!(metric(&metrics, "evictd_kube_pods"), Some(5.0));
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"evictd_eviction_reports_total{action="status",result="reported"}"#
+        ),
+        Some(1.0)
+    );
+    let (status, mut log) = agent.stop().unwrap();
+    assert!(status.success());
+    assert!(log.problems().is_empty(), "{:#?}", log.problems());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_forbidden_request_is_one_clear_error_and_is_not_retried() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let server = api_server(
+        &node,
+        Faults {
+            forbidden: vec![("PATCH", "/status")],
+            ..Faults::default()
+        },
+    );
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &["--eviction-hard", "memory.available<96Mi"],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    run_hog_until_stopped(&mut node);
+    agent.log.expect_eviction("default/hog", "memory");
+    let refused = agent.log.expect(
+        "the Kubernetes API forbids evictd's service account to patch pods/status: grant it in the ClusterRole (deploy/rbac.yaml); such requests are not retried",
+        &[("verb", "patch"), ("resource", "pods/status")],
+    );
+    assert_eq!(refused["level"], "ERROR");
+    agent.log.expect(
+        "eviction not reported to the Kubernetes API",
+        &[("pod", "default/hog")],
+    );
+    let patches = writes(&server)
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .count();
+    assert_eq!(patches, 1, "a 403 was retried");
+    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"evictd_kube_api_errors_total{reason="Forbidden",resource="pods/status",verb="patch"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(node.oom_kills().unwrap(), 0);
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let kubeconfig = write_kubeconfig(&format!("http://{}", closed_port().unwrap())).unwrap();
+    let mut agent = start_agent(
+        &node,
+        &kubeconfig,
+        &[
+            "--eviction-hard",
+            "memory.available<96Mi",
+            "--api-timeout",
+            "1s",
+        ],
+    );
+    run_hog_until_stopped(&mut node);
+    // Unknown to the API: named by its cgroup, ranked on usage alone.
+    let hog = "/pod00000000-0000-4000-8000-00000000000e";
+    agent.log.expect_eviction(hog, "memory");
+    agent.log.expect("memory back", &[("victim", hog)]);
+    agent.log.expect("pod watch failed; evictd keeps the pods it knows and protects the node with cgroup metadata for new ones, retrying with backoff", &[]);
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
+    let unreachable = metric(
+        &metrics,
+        r#"evictd_kube_api_errors_total{reason="Unreachable",resource="pods",verb="watch"}"#,
+    );
+    assert!(unreachable.is_some_and(|n| n >= 1.0), "{metrics}");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+    let _ = std::fs::remove_file(kubeconfig);
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let server = api_server(
+        &node,
+        Faults {
+            budget_refuses_evictions: true,
+            ..Faults::default()
+        },
+    );
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &[
+            "--eviction-hard",
+            "",
+            "--eviction-soft",
+            "memory.available<256Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=1s",
+            "--eviction-action",
+            "evict",
+        ],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    // Past the soft threshold, far from the node's limit.
+    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    let eviction = server
+        .wait_for_request(REPORT_DEADLINE, "the Eviction request", |r| {
+            r.path.ends_with("/eviction")
+        })
+        .unwrap();
+    assert_eq!(eviction.method, "POST");
+    assert_eq!(
+        eviction.path,
+        "/api/v1/namespaces/default/pods/hog/eviction"
+    );
+    assert_eq!(eviction.body["kind"], "Eviction");
+    assert_eq!(eviction.body["apiVersion"], "policy/v1");
+    assert_eq!(
+        eviction.body["deleteOptions"]["preconditions"]["uid"],
+        "00000000-0000-4000-8000-00000000000e"
+    );
+    let refused = agent.log.expect(
+        "the Eviction API refused the soft eviction; the pod stays",
+        &[("victim", "default/hog")],
+    );
+    assert!(
+        refused["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("429 TooManyRequests")),
+        "{refused}"
+    );
+    // Not killed locally, and the refusal is not retried in a loop.
+    assert!(node.alive("hog"));
+    assert!(agent.log.all("pod killed").is_empty());
+    let evictions = server
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/eviction"))
+        .count();
+    assert_eq!(evictions, 1);
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn dry_run_reads_the_api_and_writes_nothing() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let server = api_server(&node, Faults::default());
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &["--eviction-hard", "memory.available<256Mi", "--dry-run"],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    let decided = agent
+        .log
+        .expect("eviction decided", &[("victim", "default/hog")]);
+    assert_eq!(decided["dry_run"], Value::Bool(true));
+    assert!(node.alive("hog"));
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+    assert!(writes(&server).is_empty(), "{:#?}", writes(&server));
+}
