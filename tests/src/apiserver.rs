@@ -48,6 +48,8 @@ pub struct Faults {
     pub forbidden: Vec<(&'static str, &'static str)>,
     /// Evictions refused with 429, as a PodDisruptionBudget refuses them.
     pub budget_refuses_evictions: bool,
+    /// Every answer waits this long: an overloaded API server.
+    pub delay: Duration,
 }
 
 struct Shared {
@@ -58,7 +60,6 @@ struct Shared {
 
 pub struct ApiServer {
     shared: Arc<Shared>,
-    address: SocketAddr,
     kubeconfig: PathBuf,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -101,7 +102,6 @@ impl ApiServer {
         let kubeconfig = write_kubeconfig(&format!("http://{address}"))?;
         Ok(Self {
             shared,
-            address,
             kubeconfig,
             stop: Some(stop),
             thread: Some(thread),
@@ -111,10 +111,6 @@ impl ApiServer {
     /// A kubeconfig naming this server (`--kubeconfig`).
     pub fn kubeconfig(&self) -> &std::path::Path {
         &self.kubeconfig
-    }
-
-    pub fn address(&self) -> SocketAddr {
-        self.address
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
@@ -249,6 +245,7 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(recorded.clone());
+    tokio::time::sleep(shared.faults.delay).await;
     respond(&shared, &parts.method, &recorded)
 }
 

@@ -3,7 +3,8 @@
 //! node is reported as kubelet reports it (node event, pod event, status
 //! patch, in that order, with kubelet's message), a refused permission is
 //! one clear log line and no retries, a PodDisruptionBudget stops a soft
-//! eviction, and with the API down the node is protected all the same.
+//! eviction, and with the API down or slow the node is protected all the
+//! same.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
@@ -269,6 +270,46 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
     let _ = std::fs::remove_file(kubeconfig);
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_slow_api_holds_up_no_kill() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let server = api_server(
+        &node,
+        Faults {
+            delay: Duration::from_secs(120),
+            ..Faults::default()
+        },
+    );
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &[
+            "--eviction-hard",
+            "memory.available<96Mi",
+            "--api-timeout",
+            "1s",
+        ],
+    );
+    // The pod list has not come back: the hog is known by its cgroup.
+    run_hog_until_stopped(&mut node);
+    let hog = "/pod00000000-0000-4000-8000-00000000000e";
+    agent.log.expect_eviction(hog, "memory");
+    agent.log.expect("memory back", &[("victim", hog)]);
+    assert!(
+        agent
+            .log
+            .all("pods listed from the Kubernetes API")
+            .is_empty()
+    );
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
 }
 
 #[test]

@@ -279,14 +279,7 @@ fn container_usage(cgroupfs: &CgroupFs, pod_cgroup: &str, pod: &KnownPod) -> Vec
                 .iter()
                 .find(|(name, _)| *name == container.name)
                 .map(|(_, id)| id.as_str());
-            let cgroup = id.and_then(|id| {
-                children.iter().find(|child| {
-                    *child == id
-                        || child
-                            .strip_suffix(".scope")
-                            .is_some_and(|stem| stem.ends_with(&format!("-{id}")))
-                })
-            });
+            let cgroup = id.and_then(|id| container_cgroup(&children, id));
             let working_set_bytes = cgroup.and_then(|child| {
                 match cgroupfs.read_memory(&format!("{}/{child}", pod_cgroup.trim_end_matches('/'))) {
                     Ok(memory) => Some(memory.working_set_bytes()),
@@ -304,6 +297,18 @@ fn container_usage(cgroupfs: &CgroupFs, pod_cgroup: &str, pod: &KnownPod) -> Vec
             }
         })
         .collect()
+}
+
+/// The child of a pod cgroup that holds container `id`: `<id>` (cgroupfs
+/// driver) or `<runtime>-<id>.scope` (systemd driver).
+fn container_cgroup<'a>(children: &'a [String], id: &str) -> Option<&'a String> {
+    children.iter().find(|child| {
+        *child == id
+            || child
+                .strip_suffix(".scope")
+                .and_then(|stem| stem.strip_suffix(id))
+                .is_some_and(|runtime| runtime.ends_with('-'))
+    })
 }
 
 /// How one failed request is handled.
@@ -388,5 +393,43 @@ impl ApiErrors {
             }
         }
         Failure { code, forbidden }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_is_found_under_either_cgroup_driver() {
+        let children: Vec<String> = ["abc", "cri-containerd-def.scope", "crio-xdef.scope"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            container_cgroup(&children, "abc").map(String::as_str),
+            Some("abc")
+        );
+        assert_eq!(
+            container_cgroup(&children, "def").map(String::as_str),
+            Some("cri-containerd-def.scope")
+        );
+        assert_eq!(container_cgroup(&children, "ab"), None);
+        assert_eq!(container_cgroup(&children, "ef"), None);
+    }
+
+    #[test]
+    fn only_unanswered_throttled_and_server_failures_are_retried() {
+        let failure = |code| Failure {
+            code,
+            forbidden: code == 403,
+        };
+        for code in [0, 429, 500, 503] {
+            assert!(failure(code).retryable(), "{code}");
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!failure(code).retryable(), "{code}");
+        }
+        assert!(failure(404).pod_gone() && failure(409).pod_gone());
+        assert!(!failure(403).pod_gone());
     }
 }
