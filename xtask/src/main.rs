@@ -11,7 +11,7 @@ use std::{
     process::{Command, ExitCode},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use clap::{Parser, Subcommand};
 use setup::Toolchain;
 
@@ -28,8 +28,15 @@ enum Task {
     Setup,
     /// Build the agent with its eBPF programs embedded.
     Build {
+        /// Build with cargo's release profile.
         #[arg(long)]
         release: bool,
+        /// Build one statically linked binary for x86_64-unknown-linux-musl,
+        /// the container image's (installs that Rust target, and as root
+        /// Debian's musl-tools, when missing); checks it needs no dynamic
+        /// loader and runs `--version`, and prints its path.
+        #[arg(long = "static")]
+        static_link: bool,
     },
     /// Build and run the agent (needs root). Arguments after `--` go to evictd.
     Run {
@@ -142,9 +149,17 @@ fn run(task: Task) -> Result<ExitCode> {
         Task::Setup => {
             setup::ensure()?;
         }
-        Task::Build { release } => {
+        Task::Build {
+            release,
+            static_link,
+        } => {
             let toolchain = setup::ensure()?;
-            build(&toolchain, release)?;
+            if static_link {
+                let binary = build_static(&toolchain, release)?;
+                println!("xtask: static evictd: {}", binary.display());
+            } else {
+                build(&toolchain, release)?;
+            }
         }
         Task::Run { release, args } => {
             let toolchain = setup::ensure()?;
@@ -262,6 +277,41 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
         cargo.arg("--release");
     }
     setup::step("build evictd", &mut cargo)
+}
+
+/// Builds the agent for [`setup::STATIC_TARGET`], checks that it needs no
+/// dynamic loader (the image is `FROM scratch`) and that it runs, and
+/// returns its path.
+fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
+    setup::ensure_static(toolchain)?;
+    let mut cargo = toolchain.cargo_host();
+    cargo.args([
+        "build",
+        "--package",
+        "evictd",
+        "--target",
+        setup::STATIC_TARGET,
+    ]);
+    if release {
+        cargo.arg("--release");
+    }
+    setup::step("build evictd (static)", &mut cargo)?;
+    let binary = target_dir()?
+        .join(setup::STATIC_TARGET)
+        .join(if release { "release" } else { "debug" })
+        .join("evictd");
+    ensure!(
+        setup::is_static_elf(&binary)?,
+        "{} is not statically linked (no ELF64, or it names a dynamic loader in PT_INTERP)",
+        binary.display()
+    );
+    let version = setup::output(Command::new(&binary).arg("--version"))?;
+    println!(
+        "xtask: {} is static (no PT_INTERP) and runs: {}",
+        binary.display(),
+        version.trim()
+    );
+    Ok(binary)
 }
 
 fn test(no_privileged: bool) -> Result<()> {

@@ -2,21 +2,35 @@
 //! nightly toolchain with rust-src (for `-Z build-std=core`), and bpf-linker
 //! built against that toolchain's own libLLVM (no system LLVM needed).
 //! Idempotent; takes well under a second when everything is there.
+//! [`ensure_static`] adds what the static (musl) build of the agent needs.
 use std::{
     env,
     ffi::OsString,
     fs,
     io::Read as _,
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 
 /// bpf-linker release known to work with LLVM 22 (see PLATFORM.md).
 const BPF_LINKER_VERSION: &str = "0.13.0";
+
+/// Names the toolchain that builds the eBPF crate: read here to pin one
+/// (the container image pins a dated nightly, as `nightly` moves to newer
+/// LLVMs than bpf-linker supports), set for the agent's build.rs.
+const TOOLCHAIN_VARIABLE: &str = "EVICTD_EBPF_TOOLCHAIN";
+
+/// Rust target of the static agent (the container image's): musl's libc is
+/// linked into the binary.
+pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
+
+/// Debian package with `musl-gcc`, the C compiler the cc crate uses for
+/// [`STATIC_TARGET`] (ring builds C and assembly).
+const MUSL_PACKAGE: &str = "musl-tools";
 
 /// Toolchain that builds the eBPF crate.
 pub struct Toolchain {
@@ -66,18 +80,31 @@ impl Toolchain {
             // A build that cannot embed the programs fails instead of
             // producing an agent that can only poll.
             .env("EVICTD_REQUIRE_EBPF", "1")
-            .env("EVICTD_EBPF_TOOLCHAIN", &self.name);
+            .env(TOOLCHAIN_VARIABLE, &self.name);
         if self.bootstrap {
             command.env("RUSTC_BOOTSTRAP", "1");
         }
     }
 }
 
-/// The installed nightly, or stable with RUSTC_BOOTSTRAP=1 where there is
-/// none: the toolchain for what needs unstable flags (`-Z build-std` for
-/// the eBPF crate, sanitizer coverage for fuzzing).
+/// The toolchain for what needs unstable flags (`-Z build-std` for the eBPF
+/// crate, sanitizer coverage for fuzzing): the one [`TOOLCHAIN_VARIABLE`]
+/// names, else the installed nightly, else stable with RUSTC_BOOTSTRAP=1.
 pub fn unstable_toolchain() -> Result<Toolchain> {
     let path = path_with_cargo_bin()?;
+    if let Some(name) = env::var(TOOLCHAIN_VARIABLE)
+        .ok()
+        .filter(|name| !name.is_empty())
+    {
+        // Only a nightly takes unstable flags without RUSTC_BOOTSTRAP.
+        let bootstrap = !name.starts_with("nightly");
+        println!("xtask: toolchain {name} (from {TOOLCHAIN_VARIABLE})");
+        return Ok(Toolchain {
+            name,
+            bootstrap,
+            path,
+        });
+    }
     let installed = output(Command::new("rustup").args(["toolchain", "list"]))?;
     let (name, bootstrap) = if installed.lines().any(|l| l.starts_with("nightly")) {
         ("nightly".to_owned(), false)
@@ -121,6 +148,62 @@ pub fn ensure() -> Result<Toolchain> {
         started.elapsed().as_secs_f64()
     );
     Ok(toolchain)
+}
+
+/// What the static build needs besides [`ensure`]: the [`STATIC_TARGET`]
+/// standard library for the toolchain `cargo_host` builds with, and
+/// `musl-gcc` (Debian's musl-tools, installed with apt-get as root).
+pub fn ensure_static(toolchain: &Toolchain) -> Result<()> {
+    // The `rustc` that `cargo_host`'s cargo runs: rustup's proxy on this
+    // PATH, resolving the same toolchain (RUSTUP_TOOLCHAIN is inherited).
+    let rustc = |args: &[&str]| {
+        output(
+            Command::new("rustc")
+                .env("PATH", &toolchain.path)
+                .args(args),
+        )
+    };
+    let libdir = rustc(&["--print", "target-libdir", "--target", STATIC_TARGET])?;
+    if !Path::new(libdir.trim()).is_dir() {
+        let sysroot = PathBuf::from(rustc(&["--print", "sysroot"])?.trim());
+        // rustup keeps each toolchain in a directory named after it.
+        let name = sysroot
+            .file_name()
+            .and_then(|name| name.to_str())
+            .with_context(|| format!("no toolchain name in the sysroot {}", sysroot.display()))?;
+        step(
+            &format!("install the {STATIC_TARGET} target for {name}"),
+            Command::new("rustup").args(["target", "add", STATIC_TARGET, "--toolchain", name]),
+        )?;
+    }
+    if which("musl-gcc").is_none() {
+        ensure!(
+            is_root() && which("apt-get").is_some(),
+            "the static build needs musl-gcc for the C in ring: install Debian's {MUSL_PACKAGE} \
+             (`apt-get install {MUSL_PACKAGE}`; as root on Debian, xtask installs it)"
+        );
+        step(
+            "apt-get update",
+            Command::new("apt-get").args(["update", "-qq"]),
+        )?;
+        step(
+            &format!("apt-get install {MUSL_PACKAGE}"),
+            Command::new("apt-get")
+                .args([
+                    "install",
+                    "-y",
+                    "-qq",
+                    "--no-install-recommends",
+                    MUSL_PACKAGE,
+                ])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+        ensure!(
+            which("musl-gcc").is_some(),
+            "{MUSL_PACKAGE} is installed but musl-gcc is not on PATH"
+        );
+    }
+    Ok(())
 }
 
 fn bpf_linker_works(path: &OsString) -> bool {
@@ -218,6 +301,51 @@ pub fn is_root() -> bool {
     })
 }
 
+/// An ELF64 executable without a `PT_INTERP` program header needs no
+/// dynamic loader: it runs on an empty root (`FROM scratch`, an initramfs).
+pub fn is_static_elf(path: &Path) -> Result<bool> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(elf_without_interp(&bytes))
+}
+
+/// [`is_static_elf`] on the file's bytes (little-endian ELF64).
+fn elf_without_interp(bytes: &[u8]) -> bool {
+    let u16_at = |at: usize| {
+        bytes
+            .get(at..at + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    let u64_at = |at: usize| {
+        bytes
+            .get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    if !bytes.starts_with(b"\x7fELF\x02") {
+        return false;
+    }
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        return false;
+    };
+    const PT_INTERP: u32 = 3;
+    (0..usize::from(phnum)).all(|i| {
+        let at = phoff as usize + i * usize::from(phentsize);
+        bytes
+            .get(at..at + 4)
+            .is_some_and(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != PT_INTERP)
+    })
+}
+
+/// `binary` on PATH or in the sbin directories (root's tools).
+pub fn which(binary: &str) -> Option<PathBuf> {
+    let paths = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&paths)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(binary))
+        .find(|path| path.is_file())
+}
+
 /// Runs one announced step; fails quoting the command.
 pub fn step(what: &str, command: &mut Command) -> Result<()> {
     step_bounded(what, command, Duration::MAX)
@@ -284,7 +412,8 @@ pub fn wait_bounded(child: &mut Child, limit: Duration) -> Result<ExitStatus> {
     }
 }
 
-fn output(command: &mut Command) -> Result<String> {
+/// The stdout of `command`, which must succeed.
+pub fn output(command: &mut Command) -> Result<String> {
     let out = command
         .output()
         .with_context(|| format!("starting {command:?}"))?;
@@ -308,5 +437,46 @@ mod tests {
         let path = path_with_cargo_bin().unwrap();
         let first = env::split_paths(&path).next().unwrap();
         assert!(first.ends_with(Path::new(".cargo/bin")) || env::var_os("CARGO_HOME").is_some());
+    }
+
+    #[test]
+    fn a_dynamically_linked_executable_needs_a_loader() {
+        // This test binary itself is dynamically linked.
+        let me = std::env::current_exe().unwrap();
+        assert!(!is_static_elf(&me).unwrap());
+    }
+
+    /// An ELF64 header with its program headers right after it, of these types.
+    fn elf_with_program_headers(types: &[u32]) -> Vec<u8> {
+        let mut elf = vec![0; 64];
+        elf[..5].copy_from_slice(b"\x7fELF\x02");
+        elf[0x20..0x28].copy_from_slice(&64_u64.to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56_u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&u16::try_from(types.len()).unwrap().to_le_bytes());
+        for kind in types {
+            let mut header = [0; 56];
+            header[..4].copy_from_slice(&kind.to_le_bytes());
+            elf.extend_from_slice(&header);
+        }
+        elf
+    }
+
+    #[test]
+    fn only_an_elf_without_pt_interp_is_static() {
+        const PT_LOAD: u32 = 1;
+        const PT_DYNAMIC: u32 = 2;
+        const PT_INTERP: u32 = 3;
+        // static-pie (musl's default) keeps PT_DYNAMIC for its relocations.
+        assert!(elf_without_interp(&elf_with_program_headers(&[
+            PT_LOAD, PT_DYNAMIC
+        ])));
+        assert!(!elf_without_interp(&elf_with_program_headers(&[
+            PT_LOAD, PT_INTERP
+        ])));
+        // Program headers cut off, or no ELF64 at all.
+        assert!(!elf_without_interp(
+            &elf_with_program_headers(&[PT_LOAD])[..66]
+        ));
+        assert!(!elf_without_interp(b"#!/bin/sh\n"));
     }
 }

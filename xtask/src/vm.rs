@@ -162,7 +162,7 @@ fn host_tools_ready() -> Result<bool> {
     let missing = || -> Vec<&str> {
         HOST_TOOLS
             .iter()
-            .filter(|(binary, _)| which(binary).is_none())
+            .filter(|(binary, _)| setup::which(binary).is_none())
             .map(|(_, package)| *package)
             .chain((!static_busybox()).then_some("busybox-static"))
             .collect::<BTreeSet<_>>()
@@ -173,7 +173,7 @@ fn host_tools_ready() -> Result<bool> {
     if needed.is_empty() {
         return Ok(true);
     }
-    if setup::is_root() && which("apt-get").is_some() {
+    if setup::is_root() && setup::which("apt-get").is_some() {
         println!(
             "xtask: the VM needs {}; installing with apt-get",
             needed.join(" ")
@@ -210,46 +210,7 @@ fn host_tools_ready() -> Result<bool> {
 
 /// `/bin/busybox` from busybox-static: the initramfs has no libc.
 fn static_busybox() -> bool {
-    which("busybox").is_some_and(|path| is_static_elf(&path).unwrap_or(false))
-}
-
-/// An ELF64 executable without a `PT_INTERP` program header needs no
-/// dynamic loader.
-fn is_static_elf(path: &Path) -> Result<bool> {
-    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let u16_at = |at: usize| {
-        bytes
-            .get(at..at + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    let u64_at = |at: usize| {
-        bytes
-            .get(at..at + 8)
-            .and_then(|b| b.try_into().ok())
-            .map(u64::from_le_bytes)
-    };
-    if !bytes.starts_with(b"\x7fELF\x02") {
-        return Ok(false);
-    }
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
-        return Ok(false);
-    };
-    const PT_INTERP: u32 = 3;
-    Ok((0..usize::from(phnum)).all(|i| {
-        let at = phoff as usize + i * usize::from(phentsize);
-        bytes
-            .get(at..at + 4)
-            .is_some_and(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) != PT_INTERP)
-    }))
-}
-
-fn which(binary: &str) -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&paths)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(binary))
-        .find(|path| path.is_file())
+    setup::which("busybox").is_some_and(|path| setup::is_static_elf(&path).unwrap_or(false))
 }
 
 /// Builds the agent and the integration test executables on the host (the
@@ -432,7 +393,7 @@ fn build_initramfs(kernel: &Kernel, tree: &Path, archive: &Path) -> Result<()> {
     ] {
         fs::create_dir_all(tree.join(dir))?;
     }
-    let busybox = which("busybox").context("busybox")?;
+    let busybox = setup::which("busybox").context("busybox")?;
     fs::copy(&busybox, tree.join("bin/busybox"))?;
     let init = tree.join("init");
     fs::write(&init, INIT)?;
@@ -494,12 +455,5 @@ mod tests {
             "local,path=/a,,b,mount_tag=run,security_model=none,multidevs=remap"
         );
         assert!(virtfs("/", "host", true).ends_with(",readonly=on"));
-    }
-
-    #[test]
-    fn busybox_from_busybox_static_needs_no_loader() {
-        // This test binary itself is dynamically linked.
-        let me = std::env::current_exe().unwrap();
-        assert!(!is_static_elf(&me).unwrap());
     }
 }
