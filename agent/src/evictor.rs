@@ -306,7 +306,7 @@ impl Evictor {
                 && kubernetes.action() == EvictionAction::Evict
                 && !starvation.threshold.hard
             {
-                match kubernetes.evict(notice.clone()).await {
+                match kubernetes.evict(notice.clone(), victim.grace_period).await {
                     EvictOutcome::Evicted => {
                         info!(victim = %pod.key(), "evicted through the Kubernetes Eviction API");
                         kubernetes.report(EvictionNotice {

@@ -356,6 +356,9 @@ fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
         eviction.body["deleteOptions"]["preconditions"]["uid"],
         "00000000-0000-4000-8000-00000000000e"
     );
+    // kubelet's soft-eviction grace: min(the pod's 30 s,
+    // --eviction-max-pod-grace-period, 0 by default).
+    assert_eq!(eviction.body["deleteOptions"]["gracePeriodSeconds"], 0);
     let refused = agent.log.expect(
         "the Eviction API refused the soft eviction; the pod stays",
         &[("victim", "default/hog")],

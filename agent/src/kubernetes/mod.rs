@@ -70,7 +70,7 @@ pub struct Kubernetes {
     store: PodStore,
     action: EvictionAction,
     reports: mpsc::Sender<EvictionNotice>,
-    evictions: mpsc::Sender<(EvictionNotice, oneshot::Sender<EvictOutcome>)>,
+    evictions: mpsc::Sender<report::EvictRequest>,
     api_timeout: Duration,
     metrics: Arc<Metrics>,
     finished: std_mpsc::Receiver<()>,
@@ -201,10 +201,16 @@ impl Kubernetes {
     }
 
     /// Asks the API server to evict the pod (policy/v1 Eviction, which
-    /// honours PodDisruptionBudgets), waiting at most --api-timeout.
-    pub async fn evict(&self, notice: EvictionNotice) -> EvictOutcome {
+    /// honours PodDisruptionBudgets) with `grace` as its grace period (the
+    /// soft eviction's, as kubelet gives it), waiting at most --api-timeout.
+    pub async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
         let (reply, outcome) = oneshot::channel();
-        if self.evictions.try_send((notice, reply)).is_err() {
+        let request = report::EvictRequest {
+            notice,
+            grace,
+            reply,
+        };
+        if self.evictions.try_send(request).is_err() {
             return EvictOutcome::Unanswered;
         }
         // The request itself is bounded by --api-timeout; the margin covers

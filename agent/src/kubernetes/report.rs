@@ -58,6 +58,13 @@ pub enum EvictOutcome {
     Unanswered,
 }
 
+/// A soft eviction for the Eviction API, and where its answer goes.
+pub(super) struct EvictRequest {
+    pub notice: EvictionNotice,
+    pub grace: Duration,
+    pub reply: oneshot::Sender<EvictOutcome>,
+}
+
 #[derive(Clone)]
 pub(super) struct Context {
     pub node_name: String,
@@ -102,19 +109,25 @@ pub(super) async fn serve_reports(
 pub(super) async fn serve_evictions(
     client: Client,
     context: Context,
-    mut queue: mpsc::Receiver<(EvictionNotice, oneshot::Sender<EvictOutcome>)>,
+    mut queue: mpsc::Receiver<EvictRequest>,
 ) {
-    while let Some((notice, reply)) = queue.recv().await {
+    while let Some(request) = queue.recv().await {
         let client = client.clone();
         let context = context.clone();
         // Concurrent: a soft eviction's wait must not queue behind another.
         tokio::spawn(async move {
-            let _ = reply.send(evict(&client, &context, &notice).await);
+            let outcome = evict(&client, &context, &request.notice, request.grace).await;
+            let _ = request.reply.send(outcome);
         });
     }
 }
 
-async fn evict(client: &Client, context: &Context, notice: &EvictionNotice) -> EvictOutcome {
+async fn evict(
+    client: &Client,
+    context: &Context,
+    notice: &EvictionNotice,
+    grace: Duration,
+) -> EvictOutcome {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &notice.namespace);
     // Written out rather than with kube's `Api::evict`, whose body names the
     // field `delete_options` where the API expects `deleteOptions` and so
@@ -126,6 +139,7 @@ async fn evict(client: &Client, context: &Context, notice: &EvictionNotice) -> E
             ..ObjectMeta::default()
         },
         delete_options: Some(DeleteOptions {
+            grace_period_seconds: Some(i64::try_from(grace.as_secs()).unwrap_or(i64::MAX)),
             preconditions: Some(
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::Preconditions {
                     uid: Some(notice.uid.clone()),
