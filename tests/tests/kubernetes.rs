@@ -114,10 +114,12 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
         .and_then(|rest| rest.strip_suffix(", request is 0, has larger consumption of memory. "))
         .unwrap_or_else(|| panic!("{message:?} is not kubelet's message"));
     let usage = Quantity::parse(usage).unwrap().value() as u64;
+    // Read after the decision, before the kill: the hog may have grown in
+    // between (a slow guest), never shrunk; it is within the node's limit.
     let hog_usage = decided["victim_usage"].as_u64().unwrap();
     assert!(
-        usage.abs_diff(hog_usage) < 16 * MIB,
-        "container usage {usage} vs the pod's {hog_usage}"
+        usage + 16 * MIB > hog_usage && usage <= NODE_MEMORY,
+        "container usage {usage} vs the pod's {hog_usage} at the decision"
     );
 
     // Exactly these writes, in kubelet's order, and nothing about any
