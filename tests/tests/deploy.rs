@@ -59,11 +59,7 @@ fn the_daemonsets_capabilities_are_enough_to_attach_and_evict() {
         "watching scope",
         &[("scope", &node.node_cgroup()), ("trigger", "bpf")],
     );
-    let mut held = 0;
-    while node.workload("hog").unwrap().alloc(16 * MIB).is_ok() {
-        held += 16 * MIB;
-        assert!(held < 512 * MIB, "the hog was never stopped");
-    }
+    node.grow_until_stopped("hog", 16 * MIB, 512 * MIB).unwrap();
     agent.log.expect_eviction("default/hog", "memory");
     assert!(node.alive("db"));
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");

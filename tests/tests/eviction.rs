@@ -47,11 +47,8 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
 
     // The hog grows 16 MiB at a time until something stops it; the node's
     // limit is the most it could ever reach.
-    let mut held = 0;
-    while node.workload("hog").unwrap().alloc(16 * MIB).is_ok() {
-        held += 16 * MIB;
-        assert!(held < NODE_MEMORY, "the hog was never stopped");
-    }
+    node.grow_until_stopped("hog", 16 * MIB, NODE_MEMORY)
+        .unwrap();
     let decided = agent.log.expect_eviction("default/hog", "memory");
     assert_eq!(decided["trigger"], "kernel", "{decided}");
     agent

@@ -48,11 +48,22 @@ fn start_agent(node: &SandboxNode, kubeconfig: &std::path::Path, extra: &[&str])
 
 /// Grows the hog 16 MiB at a time until something stops it.
 fn run_hog_until_stopped(node: &mut SandboxNode) {
-    let mut held = 0;
-    while node.workload("hog").unwrap().alloc(16 * MIB).is_ok() {
-        held += 16 * MIB;
-        assert!(held < NODE_MEMORY, "the hog was never stopped");
+    node.grow_until_stopped("hog", 16 * MIB, NODE_MEMORY)
+        .unwrap();
+}
+
+/// With no metadata from the API (down, or not answering), the hog is
+/// still killed: named by its cgroup, ranked on usage alone, every other
+/// pod alive and no OOM kill.
+fn hog_is_killed_from_cgroups_alone(node: &mut SandboxNode, agent: &mut Agent) {
+    run_hog_until_stopped(node);
+    let hog = "/pod00000000-0000-4000-8000-00000000000e";
+    agent.log.expect_eviction(hog, "memory");
+    agent.log.expect("memory back", &[("victim", hog)]);
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
     }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
 }
 
 fn writes(server: &ApiServer) -> Vec<Recorded> {
@@ -253,16 +264,8 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
             "1s",
         ],
     );
-    run_hog_until_stopped(&mut node);
-    // Unknown to the API: named by its cgroup, ranked on usage alone.
-    let hog = "/pod00000000-0000-4000-8000-00000000000e";
-    agent.log.expect_eviction(hog, "memory");
-    agent.log.expect("memory back", &[("victim", hog)]);
+    hog_is_killed_from_cgroups_alone(&mut node, &mut agent);
     agent.log.expect("pod watch failed; evictd keeps the pods it knows and protects the node with cgroup metadata for new ones, retrying with backoff", &[]);
-    for name in ["db", "web", "batch", "node-exporter"] {
-        assert!(node.alive(name), "{name} was killed");
-    }
-    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
     let unreachable = metric(
         &metrics,
@@ -296,20 +299,13 @@ fn a_slow_api_holds_up_no_kill() {
         ],
     );
     // The pod list has not come back: the hog is known by its cgroup.
-    run_hog_until_stopped(&mut node);
-    let hog = "/pod00000000-0000-4000-8000-00000000000e";
-    agent.log.expect_eviction(hog, "memory");
-    agent.log.expect("memory back", &[("victim", hog)]);
+    hog_is_killed_from_cgroups_alone(&mut node, &mut agent);
     assert!(
         agent
             .log
             .all("pods listed from the Kubernetes API")
             .is_empty()
     );
-    for name in ["db", "web", "batch", "node-exporter"] {
-        assert!(node.alive(name), "{name} was killed");
-    }
-    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }

@@ -278,7 +278,6 @@ fn status_patch(notice: &EvictionNotice, now: Timestamp) -> serde_json::Value {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn event(
     context: &Context,
     namespace: &str,
