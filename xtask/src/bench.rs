@@ -8,9 +8,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use clap::Args;
 use serde_json::Value;
 
-use crate::setup;
+use crate::{setup, tools};
 
 /// matplotlib for the plot, pinned, in a venv under the target directory.
 const MATPLOTLIB: &str = "matplotlib==3.9.2";
@@ -18,18 +19,31 @@ const MATPLOTLIB: &str = "matplotlib==3.9.2";
 /// `--quick`: one round of every mode at 1 GiB/s and the fork bomb.
 const QUICK_ARGS: [&str; 6] = ["--runs", "1", "--rates", "1Gi", "--idle", "2s"];
 
-pub fn run(quick: bool, out: Option<PathBuf>, bench_args: &[String]) -> Result<()> {
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Smoke test: one round at 1 GiB/s and the fork bomb, 2 s idle, on the
+    /// debug build, into target/bench-quick; fails unless every mode
+    /// produced results.
+    #[arg(long)]
+    quick: bool,
+    /// Where the results go.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// evictd-bench arguments, e.g. `-- --runs 20 --rates 256Mi,1Gi`
+    /// (`-- --help` lists them).
+    #[arg(last = true)]
+    bench_args: Vec<String>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let quick = args.quick;
     // The smoke test runs the debug build `cargo xtask test` already made;
     // published numbers come from release builds.
-    let tools = if quick {
-        crate::build_debug_tools("the bench sandboxes pods in cgroups")?
-    } else {
-        crate::build_release_tools("the bench sandboxes pods in cgroups")?
-    };
+    let tools = tools::build(!quick, "the bench sandboxes pods in cgroups")?;
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("xtask has no parent directory")?;
-    let out = match (out, quick) {
+    let out = match (args.out.clone(), quick) {
         (Some(out), _) => out,
         (None, true) => crate::target_dir()?.join("bench-quick"),
         (None, false) => workspace.join("results"),
@@ -45,7 +59,7 @@ pub fn run(quick: bool, out: Option<PathBuf>, bench_args: &[String]) -> Result<(
     if quick {
         bench.args(QUICK_ARGS);
     }
-    setup::step("bench", bench.args(bench_args))?;
+    setup::step("bench", bench.args(&args.bench_args))?;
     plot(&out, workspace)?;
     if quick {
         check_every_mode_produced_results(&out)?;

@@ -12,6 +12,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use clap::Args;
 
 use crate::setup::{self, Toolchain};
 
@@ -56,7 +57,17 @@ struct Run {
     crashed: bool,
 }
 
-pub fn run(seconds: u64, only: &[String]) -> Result<()> {
+#[derive(Args)]
+pub struct FuzzArgs {
+    /// Seconds per target.
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Targets to run; all when none is named.
+    targets: Vec<String>,
+}
+
+pub fn run(args: &FuzzArgs) -> Result<()> {
+    let (seconds, only) = (args.seconds, &args.targets);
     let targets: Vec<_> = TARGETS
         .iter()
         .filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name))

@@ -1,9 +1,13 @@
 //! `cargo xtask`: the project's developer commands. Each one installs what it
-//! needs first (see `setup`), so a fresh clone needs nothing else.
+//! needs first (see `setup`), so a fresh clone needs nothing else. Each
+//! module owns its command's options.
+mod agent;
 mod bench;
 mod deploy;
 mod fuzz;
 mod setup;
+mod test;
+mod tools;
 mod vm;
 
 use std::{
@@ -11,9 +15,8 @@ use std::{
     process::{Command, ExitCode},
 };
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use setup::Toolchain;
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "evictd developer commands")]
@@ -27,34 +30,12 @@ enum Task {
     /// Install what building the eBPF programs needs (idempotent).
     Setup,
     /// Build the agent with its eBPF programs embedded.
-    Build {
-        /// Build with cargo's release profile.
-        #[arg(long)]
-        release: bool,
-        /// Build one statically linked binary for x86_64-unknown-linux-musl,
-        /// the container image's (installs that Rust target, and as root
-        /// Debian's musl-tools, when missing); checks it needs no dynamic
-        /// loader and runs `--version`, and prints its path.
-        #[arg(long = "static")]
-        static_link: bool,
-    },
+    Build(agent::BuildArgs),
     /// Build and run the agent (needs root). Arguments after `--` go to evictd.
-    Run {
-        #[arg(long)]
-        release: bool,
-        #[arg(last = true)]
-        args: Vec<String>,
-    },
+    Run(agent::RunArgs),
     /// Measure each eBPF program's cost per invocation under memory churn
     /// (needs root; turns kernel.bpf_stats_enabled on for the run).
-    BpfCost {
-        /// Free/re-touch rounds of 128 MiB.
-        #[arg(long, default_value_t = 40)]
-        rounds: u32,
-        /// Extra agent arguments, e.g. `-- --memory-check-step 1Mi`.
-        #[arg(last = true)]
-        agent_args: Vec<String>,
-    },
+    BpfCost(tools::BpfCostArgs),
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
@@ -62,53 +43,17 @@ enum Task {
     /// and cgroup v1 memcg thresholds, on a 2 GiB sandbox node with a memory
     /// bomb at several rates and a fork bomb (needs root). Writes bench.json,
     /// bench.md and bench.png to results/ (release build).
-    Bench {
-        /// Smoke test: one round at 1 GiB/s and the fork bomb, 2 s idle, on
-        /// the debug build, into target/bench-quick; fails unless every mode
-        /// produced results.
-        #[arg(long)]
-        quick: bool,
-        /// Where the results go.
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        /// evictd-bench arguments, e.g. `-- --runs 20 --rates 256Mi,1Gi`
-        /// (`-- --help` lists them).
-        #[arg(last = true)]
-        bench_args: Vec<String>,
-    },
+    Bench(bench::BenchArgs),
     /// Run every cargo-fuzz target in fuzz/ for a bounded time (installs
     /// cargo-fuzz when missing) and print what each did.
-    Fuzz {
-        /// Seconds per target.
-        #[arg(long, default_value_t = 60)]
-        seconds: u64,
-        /// Targets to run; all when none is named.
-        targets: Vec<String>,
-    },
+    Fuzz(fuzz::FuzzArgs),
     /// Run a command as root in the Linux guest of `cargo xtask test --vm`
     /// (chrooted into this host's /, so host binaries and paths work).
-    Vm {
-        /// Kernel of the guest (as for `cargo xtask test --vm`).
-        #[arg(long, value_name = "VERSION", default_value = "6.1")]
-        kernel: String,
-        /// The command and its arguments.
-        #[arg(last = true, required = true)]
-        command: Vec<String>,
-    },
+    Vm(vm::VmArgs),
     /// Measure each memory trigger the kernel offers: how far past a
     /// threshold it reports, what its programs cost; and PSI and memory.high
     /// on cgroup v2 (needs root; --vm: in the QEMU guest).
-    MeasureTriggers {
-        /// Crossings measured per hook and scenario.
-        #[arg(long, default_value_t = 10)]
-        runs: u32,
-        /// Measure in the Linux guest of `cargo xtask test --vm`.
-        #[arg(long)]
-        vm: bool,
-        /// Kernel of the guest (as for `cargo xtask test --vm`).
-        #[arg(long, value_name = "VERSION", default_value = "6.1", requires = "vm")]
-        kernel: String,
-    },
+    MeasureTriggers(tools::MeasureTriggersArgs),
     /// Render deploy/ with a pinned kubectl and validate every object against
     /// the Kubernetes OpenAPI schemas (installs the pinned tools under
     /// target/deploy-check on first use).
@@ -117,21 +62,7 @@ enum Task {
     /// integration tests.
     /// With --vm: only the privileged integration tests, inside a QEMU guest
     /// on another kernel with pure cgroup v2.
-    Test {
-        /// Skip the integration tests that need root and a real kernel.
-        #[arg(long, conflicts_with = "vm")]
-        no_privileged: bool,
-        /// Run the privileged integration tests in a Linux guest under QEMU
-        /// (Debian kernel package, cgroup v2 only) instead of on this host.
-        /// Installs QEMU with apt-get when run as root; skips with a message
-        /// where QEMU is unavailable.
-        #[arg(long)]
-        vm: bool,
-        /// Kernel series (`6.1`) or exact Debian ABI (`6.1.0-56`) of the
-        /// guest: the newest matching linux-image-*-amd64-unsigned package.
-        #[arg(long, value_name = "VERSION", default_value = "6.1", requires = "vm")]
-        kernel: String,
-    },
+    Test(test::TestArgs),
 }
 
 fn main() -> ExitCode {
@@ -146,230 +77,22 @@ fn main() -> ExitCode {
 
 fn run(task: Task) -> Result<ExitCode> {
     match task {
-        Task::Setup => {
-            setup::ensure()?;
-        }
-        Task::Build {
-            release,
-            static_link,
-        } => {
-            let toolchain = setup::ensure()?;
-            if static_link {
-                let binary = build_static(&toolchain, release)?;
-                println!("xtask: static evictd: {}", binary.display());
-            } else {
-                build(&toolchain, release)?;
-            }
-        }
-        Task::Run { release, args } => {
-            let toolchain = setup::ensure()?;
-            build(&toolchain, release)?;
-            if !setup::is_root() {
-                bail!(
-                    "evictd loads BPF programs: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)"
-                );
-            }
-            let binary = target_dir()?
-                .join(if release { "release" } else { "debug" })
-                .join("evictd");
-            // Ctrl-C reaches the agent directly (same process group); wait
-            // for it to shut down cleanly and pass its status on.
-            let status = Command::new(&binary)
-                .args(&args)
-                .status()
-                .with_context(|| format!("starting {}", binary.display()))?;
-            return Ok(ExitCode::from(
-                status.code().unwrap_or(1).clamp(0, 255) as u8
-            ));
-        }
-        Task::Test {
-            vm: true, kernel, ..
-        } => {
-            let toolchain = setup::ensure()?;
-            vm::test(&toolchain, &target_dir()?, &kernel)?;
-        }
-        Task::Test { no_privileged, .. } => test(no_privileged)?,
+        Task::Setup => setup::ensure().map(drop)?,
+        Task::Build(args) => agent::build_command(&args)?,
+        Task::Run(args) => return agent::run_command(&args),
+        Task::Test(args) => test::run(&args)?,
         Task::DeployCheck => {
             let toolchain = setup::ensure()?;
             deploy::check(&toolchain, &workspace_root(), &target_dir()?)?;
         }
-        Task::Fuzz { seconds, targets } => fuzz::run(seconds, &targets)?,
-        Task::Bench {
-            quick,
-            out,
-            bench_args,
-        } => bench::run(quick, out, &bench_args)?,
-        Task::Demo => {
-            let release = build_release_tools("the demo sandboxes pods in cgroups")?;
-            setup::step(
-                "demo",
-                Command::new(release.join("evictd-demo"))
-                    .arg(release.join("evictd"))
-                    .arg(release.join("evictd-workload")),
-            )?;
-        }
-        Task::Vm { kernel, command } => {
-            let (program, args) = command.split_first().context("no command")?;
-            vm::run(&target_dir()?, &kernel, &[PathBuf::from(program)], args)?;
-        }
-        Task::MeasureTriggers { runs, vm, kernel } => {
-            let release = build_release_tools("measuring triggers")?;
-            let command = [
-                release.join("evictd-memory-triggers"),
-                release.join("evictd-workload"),
-            ];
-            if vm {
-                vm::run(&target_dir()?, &kernel, &command, &[runs.to_string()])?;
-            } else {
-                setup::step(
-                    "measure",
-                    Command::new(&command[0])
-                        .arg(&command[1])
-                        .arg(runs.to_string()),
-                )?;
-            }
-        }
-        Task::BpfCost { rounds, agent_args } => {
-            let release = build_release_tools("measuring BPF programs")?;
-            setup::step(
-                "measure",
-                Command::new(release.join("evictd-bpf-cost"))
-                    .arg(release.join("evictd"))
-                    .arg(release.join("evictd-workload"))
-                    .arg(rounds.to_string())
-                    .args(&agent_args),
-            )?;
-        }
+        Task::Fuzz(args) => fuzz::run(&args)?,
+        Task::Bench(args) => bench::run(&args)?,
+        Task::Demo => tools::demo()?,
+        Task::Vm(args) => vm::command(&args)?,
+        Task::MeasureTriggers(args) => tools::measure_triggers(&args)?,
+        Task::BpfCost(args) => tools::bpf_cost(&args)?,
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Builds the agent and the integration crate's tools in release mode and
-/// returns their directory; `why_root` says why the task needs root.
-fn build_release_tools(why_root: &str) -> Result<PathBuf> {
-    build_tools(true, why_root)
-}
-
-/// As [`build_release_tools`], in the debug profile.
-fn build_debug_tools(why_root: &str) -> Result<PathBuf> {
-    build_tools(false, why_root)
-}
-
-fn build_tools(release: bool, why_root: &str) -> Result<PathBuf> {
-    let toolchain = setup::ensure()?;
-    build(&toolchain, release)?;
-    let mut cargo = toolchain.cargo_host();
-    cargo.args(["build", "--package", "evictd-integration", "--bins"]);
-    if release {
-        cargo.arg("--release");
-    }
-    setup::step("build the workload tools", &mut cargo)?;
-    if !setup::is_root() {
-        bail!("{why_root}: run as root");
-    }
-    Ok(target_dir()?.join(if release { "release" } else { "debug" }))
-}
-
-fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
-    let mut cargo = toolchain.cargo_host();
-    cargo.args(["build", "--package", "evictd"]);
-    if release {
-        cargo.arg("--release");
-    }
-    setup::step("build evictd", &mut cargo)
-}
-
-/// Builds the agent for [`setup::STATIC_TARGET`], checks that it needs no
-/// dynamic loader (the image is `FROM scratch`) and that it runs, and
-/// returns its path.
-fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
-    setup::ensure_static(toolchain)?;
-    let mut cargo = toolchain.cargo_host();
-    cargo.args([
-        "build",
-        "--package",
-        "evictd",
-        "--target",
-        setup::STATIC_TARGET,
-    ]);
-    if release {
-        cargo.arg("--release");
-    }
-    setup::step("build evictd (static)", &mut cargo)?;
-    let binary = target_dir()?
-        .join(setup::STATIC_TARGET)
-        .join(if release { "release" } else { "debug" })
-        .join("evictd");
-    ensure!(
-        setup::is_static_elf(&binary)?,
-        "{} is not statically linked (no ELF64, or it names a dynamic loader in PT_INTERP)",
-        binary.display()
-    );
-    let version = setup::output(Command::new(&binary).arg("--version"))?;
-    println!(
-        "xtask: {} is static (no PT_INTERP) and runs: {}",
-        binary.display(),
-        version.trim()
-    );
-    Ok(binary)
-}
-
-fn test(no_privileged: bool) -> Result<()> {
-    let toolchain = setup::ensure()?;
-    let target = target_dir()?;
-
-    setup::step(
-        "rustfmt",
-        toolchain
-            .cargo_host()
-            .args(["fmt", "--all", "--", "--check"]),
-    )?;
-    setup::step(
-        "clippy (host crates)",
-        toolchain
-            .cargo_host()
-            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
-    )?;
-    setup::step(
-        "clippy (eBPF crate)",
-        toolchain
-            .cargo_ebpf()
-            .env(
-                "CARGO_ENCODED_RUSTFLAGS",
-                format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
-            )
-            .args(["clippy", "--package", "evictd-ebpf", "--release"])
-            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-            .arg("--target-dir")
-            .arg(target.join("ebpf-clippy"))
-            .args(["--", "-D", "warnings"]),
-    )?;
-    setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
-    deploy::check(&toolchain, &workspace_root(), &target)?;
-    if no_privileged {
-        println!("xtask: skipping the privileged integration tests (--no-privileged)");
-        return Ok(());
-    }
-    if !setup::is_root() {
-        bail!(
-            "the integration tests load BPF programs and build cgroups: run `cargo xtask test` as root \
-             (or pass --no-privileged to skip them)"
-        );
-    }
-    // The end-to-end tests run the agent binary itself.
-    build(&toolchain, false)?;
-    setup::step(
-        "privileged integration tests",
-        toolchain.cargo_host().args([
-            "test",
-            "--package",
-            "evictd-integration",
-            "--",
-            "--ignored",
-            // They share the kernel's cgroup and BPF state.
-            "--test-threads=1",
-        ]),
-    )
 }
 
 fn workspace_root() -> PathBuf {

@@ -31,6 +31,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use clap::Args;
 
 use crate::setup::{self, Toolchain};
 use kernel::Kernel;
@@ -38,6 +39,30 @@ use kernel::Kernel;
 mod kernel;
 
 /// Debian packages the harness runs (binary → package).
+/// The guest kernel series when none is named.
+pub const DEFAULT_KERNEL: &str = "6.1";
+
+#[derive(Args)]
+pub struct VmArgs {
+    /// Kernel of the guest (as for `cargo xtask test --vm`).
+    #[arg(long, value_name = "VERSION", default_value = DEFAULT_KERNEL)]
+    kernel: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+/// `cargo xtask vm -- COMMAND`.
+pub fn command(args: &VmArgs) -> Result<()> {
+    let (program, rest) = args.command.split_first().context("no command")?;
+    run(
+        &crate::target_dir()?,
+        &args.kernel,
+        &[PathBuf::from(program)],
+        rest,
+    )
+}
+
 const HOST_TOOLS: [(&str, &str); 6] = [
     ("qemu-system-x86_64", "qemu-system-x86"),
     ("busybox", "busybox-static"),

@@ -1,0 +1,84 @@
+//! `cargo xtask test`: fmt, clippy, unit tests, the deploy/ check and the
+//! privileged integration tests on this host; or, with `--vm`, the
+//! privileged tests in a QEMU guest on another kernel.
+use anyhow::{Result, bail};
+use clap::Args;
+
+use crate::{agent, deploy, setup, vm};
+
+#[derive(Args)]
+pub struct TestArgs {
+    /// Skip the integration tests that need root and a real kernel.
+    #[arg(long, conflicts_with = "vm")]
+    no_privileged: bool,
+    /// Run the privileged integration tests in a Linux guest under QEMU
+    /// (Debian kernel package, cgroup v2 only) instead of on this host.
+    /// Installs QEMU with apt-get when run as root; skips with a message
+    /// where QEMU is unavailable.
+    #[arg(long)]
+    vm: bool,
+    /// Kernel series (`6.1`) or exact Debian ABI (`6.1.0-56`) of the
+    /// guest: the newest matching linux-image-*-amd64-unsigned package.
+    #[arg(long, value_name = "VERSION", default_value = vm::DEFAULT_KERNEL, requires = "vm")]
+    kernel: String,
+}
+
+pub fn run(args: &TestArgs) -> Result<()> {
+    let toolchain = setup::ensure()?;
+    let target = crate::target_dir()?;
+    if args.vm {
+        return vm::test(&toolchain, &target, &args.kernel);
+    }
+    setup::step(
+        "rustfmt",
+        toolchain
+            .cargo_host()
+            .args(["fmt", "--all", "--", "--check"]),
+    )?;
+    setup::step(
+        "clippy (host crates)",
+        toolchain
+            .cargo_host()
+            .args(["clippy", "--all-targets", "--", "-D", "warnings"]),
+    )?;
+    setup::step(
+        "clippy (eBPF crate)",
+        toolchain
+            .cargo_ebpf()
+            .env(
+                "CARGO_ENCODED_RUSTFLAGS",
+                format!("--cfg=bpf_target_arch=\"{}\"", std::env::consts::ARCH),
+            )
+            .args(["clippy", "--package", "evictd-ebpf", "--release"])
+            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            .arg("--target-dir")
+            .arg(target.join("ebpf-clippy"))
+            .args(["--", "-D", "warnings"]),
+    )?;
+    setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
+    deploy::check(&toolchain, &crate::workspace_root(), &target)?;
+    if args.no_privileged {
+        println!("xtask: skipping the privileged integration tests (--no-privileged)");
+        return Ok(());
+    }
+    if !setup::is_root() {
+        bail!(
+            "the integration tests load BPF programs and build cgroups: run `cargo xtask test` as root \
+             (or pass --no-privileged to skip them)"
+        );
+    }
+    // The end-to-end tests run the agent binary itself.
+    agent::build(&toolchain, false)?;
+    setup::step(
+        "privileged integration tests",
+        toolchain.cargo_host().args([
+            "test",
+            "--package",
+            "evictd-integration",
+            "--",
+            "--ignored",
+            // They share the kernel's cgroup and BPF state.
+            "--test-threads=1",
+        ]),
+    )
+}
