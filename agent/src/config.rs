@@ -4,7 +4,11 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{duration, quantity::Quantity, watch::WatchSpec};
+use crate::{duration, quantity::Quantity, scopes::spec::WatchSpec};
+
+mod eviction;
+
+pub use eviction::{ConfigError, EvictionArgs};
 
 /// What `--mode event` uses on the kernels evictd is tested on
 /// (`triggers::choose`; README has the measurements behind it).
@@ -44,49 +48,6 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the live node (signals and pods) as a snapshot `simulate` reads.
     Snapshot(InventoryArgs),
-}
-
-/// kubelet's eviction flags, with kubelet's names, formats and meanings.
-/// Kept as text here: `EvictionArgs::resolve` (thresholds/parse.rs) validates them
-/// together with --config, where flags override the file as in kubelet.
-#[derive(Debug, Clone, Default, Args)]
-pub struct EvictionArgs {
-    /// Hard eviction thresholds, e.g. memory.available<100Mi,nodefs.available<10%.
-    /// Replaces kubelet's Linux defaults (memory.available<100Mi,
-    /// nodefs.available<10%, nodefs.inodesFree<5%, imagefs.available<15%,
-    /// imagefs.inodesFree<5%); an empty value clears them. Repeatable.
-    #[arg(long, value_name = "SIGNAL<VALUE,...")]
-    pub eviction_hard: Vec<String>,
-
-    /// Soft eviction thresholds, same form; each needs a grace period.
-    #[arg(long, value_name = "SIGNAL<VALUE,...")]
-    pub eviction_soft: Vec<String>,
-
-    /// How long a soft threshold must stay met before it evicts, e.g.
-    /// memory.available=1m30s.
-    #[arg(long, value_name = "SIGNAL=DURATION,...")]
-    pub eviction_soft_grace_period: Vec<String>,
-
-    /// Longest grace period, in seconds, a soft eviction gives a pod; the
-    /// pod gets min(its terminationGracePeriodSeconds, this). kubelet's
-    /// default: 0.
-    #[arg(long, value_name = "SECONDS", allow_hyphen_values = true)]
-    pub eviction_max_pod_grace_period: Option<String>,
-
-    /// How much to reclaim past a threshold once it is met, e.g.
-    /// memory.available=0Mi,nodefs.available=500Mi.
-    #[arg(long, value_name = "SIGNAL=QUANTITY,...")]
-    pub eviction_minimum_reclaim: Vec<String>,
-
-    /// How long a node condition stays after its last threshold stopped
-    /// being met. kubelet's default: 5m.
-    #[arg(long, value_name = "DURATION")]
-    pub eviction_pressure_transition_period: Option<String>,
-
-    /// A KubeletConfiguration file (YAML or JSON); its eviction fields are
-    /// read, the flags above override them.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
 }
 
 /// Where the node and its pods are found.
@@ -377,7 +338,7 @@ mod tests {
 
     #[test]
     fn the_trigger_table_names_every_hook_as_logs_and_metrics_do() {
-        for hook in crate::bpf::Hook::ALL {
+        for hook in crate::kernel::bpf::Hook::ALL {
             assert!(
                 TRIGGERS_BY_KERNEL.contains(&format!("bpf {}", hook.as_str())),
                 "{hook:?}"

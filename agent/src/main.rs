@@ -2,10 +2,10 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use evictd::{
-    cgroup::CgroupFs,
     config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
-    inventory::{Inventory, InventoryError},
-    simulate,
+    node::cgroupfs::CgroupFs,
+    node::inventory::{Inventory, InventoryError},
+    run::simulate,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         let _context = runtime.enter();
         shutdown_signal()
     };
-    match runtime.block_on(evictd::daemon::run(args, config, inventory, shutdown)) {
+    match runtime.block_on(evictd::run::daemon::run(args, config, inventory, shutdown)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_input_error() => usage_error(e),
         Err(e) => {

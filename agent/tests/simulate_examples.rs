@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use evictd::{
     config::PolicyArgs,
-    simulate,
-    thresholds::{EvictionConfig, Operator, Signal, Threshold, ThresholdValue},
+    decide::thresholds::{EvictionConfig, Operator, Signal, Threshold, ThresholdValue},
+    run::simulate,
 };
 
 const MI: i64 = 1 << 20;

@@ -10,12 +10,11 @@ use std::{
 };
 
 use evictd::{
-    config::{EvictionArgs, PolicyArgs},
-    levels::MAX_THRESHOLDS,
+    config::{ConfigError, EvictionArgs, PolicyArgs},
+    decide::thresholds::{EvictionConfig, ThresholdValue},
     quantity::Quantity,
-    simulate,
-    thresholds::{ConfigError, EvictionConfig, ThresholdValue},
-    watch::WatchSpec,
+    run::simulate,
+    scopes::{levels::MAX_THRESHOLDS, spec::WatchSpec},
 };
 
 /// `Quantity::parse`, as every quantity in flags, config files, watches and

@@ -2,7 +2,7 @@
 //! read from `/proc/self/mountinfo`.
 //!
 //! The fixtures find the hierarchies themselves rather than through the
-//! agent's `evictd::cgroup::CgroupFs`: they are the oracle the agent is
+//! agent's `evictd::node::cgroupfs::CgroupFs`: they are the oracle the agent is
 //! tested against, so they must not share its mistakes.
 use std::{
     fs, io,

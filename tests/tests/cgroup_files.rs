@@ -13,7 +13,7 @@
 
 use std::{fs, process::Command};
 
-use evictd::cgroup::CgroupFs;
+use evictd::node::cgroupfs::CgroupFs;
 use evictd_integration::{
     AGENT_DEADLINE, Agent, CgroupVersion, Controller, PodSpec, PrivateCgroupTree, SandboxNode,
     Workload, agent_binary, http_get, run_evictd, systemd_path, wait_until,
@@ -120,7 +120,7 @@ fn a_pods_usage_and_working_set_are_read_from_the_versions_own_files() {
     let cgroupfs = CgroupFs::discover().unwrap();
     assert_eq!(cgroupfs.memory_root, node.tree.layout().memory.mount_point);
     assert_eq!(
-        cgroupfs.version == evictd::cgroup::CgroupVersion::V2,
+        cgroupfs.version == evictd::node::cgroupfs::CgroupVersion::V2,
         node.tree.layout().memory.version == CgroupVersion::V2
     );
 }

@@ -11,11 +11,11 @@ use std::{
 };
 
 use evictd::{
-    bpf::{ProbeOptions, Probes},
-    capabilities::Capabilities,
-    cgroup::CgroupFs,
     config::Mode,
-    triggers,
+    kernel::bpf::{ProbeOptions, Probes},
+    kernel::capabilities::Capabilities,
+    kernel::triggers,
+    node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
     AGENT_DEADLINE, Agent, AgentLog, BpfObjects, agent_binary, program_ids, wait_until,

@@ -10,12 +10,12 @@
 use std::time::Duration;
 
 use evictd::{
-    bpf::{Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, Resource},
-    capabilities::Capabilities,
-    cgroup::CgroupFs,
     config::Mode,
-    levels::Levels,
-    triggers::{self, Trigger},
+    kernel::bpf::{Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, Resource},
+    kernel::capabilities::Capabilities,
+    kernel::triggers::{self, Trigger},
+    node::cgroupfs::CgroupFs,
+    scopes::levels::Levels,
 };
 use evictd_common::NODE_PIDS_SCOPE_ID;
 use evictd_integration::{Controller, PrivateCgroupTree, Workload, scaled, wait_until};
@@ -50,7 +50,7 @@ fn memory_hooks() -> Vec<Hook> {
 struct Kernel {
     runtime: tokio::runtime::Runtime,
     probes: Probes,
-    events: evictd::bpf::EventStream,
+    events: evictd::kernel::bpf::EventStream,
     unclaimed: Vec<Received>,
 }
 
@@ -356,7 +356,7 @@ fn node_wide_task_count_crossing() {
     tree.create("pod").unwrap();
     let mut kernel = Kernel::load();
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
-    let now = evictd::cgroup::node_tasks().unwrap();
+    let now = evictd::node::cgroupfs::node_tasks().unwrap();
     kernel.watch(Resource::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
     workload.fork(60).unwrap();
     let event = kernel.expect(

@@ -1,4 +1,4 @@
-//! The kill executor (`evictd::kill`) on the real kernel: real pod cgroups
+//! The kill executor (`evictd::act::kill`) on the real kernel: real pod cgroups
 //! in a private tree, real processes. Run as root, single-threaded (the
 //! tests share the machine's cgroup hierarchies):
 //! `cargo test -p evictd-integration --test kill -- --ignored --test-threads=1`.
@@ -11,8 +11,8 @@
 use std::{fs, os::unix::process::ExitStatusExt as _, path::PathBuf, sync::mpsc, time::Duration};
 
 use evictd::{
-    cgroup::CgroupFs,
-    kill::{KillError, KillMethod, KillReport, Killer},
+    act::kill::{KillError, KillMethod, KillReport, Killer},
+    node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
     CgroupVersion, Controller, PrivateCgroupTree, Workload, scaled, wait_until,

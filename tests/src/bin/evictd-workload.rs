@@ -189,7 +189,9 @@ impl Bomb {
 
 /// Appends the time and `values` as one record, in one write.
 fn record(log: &mut File, values: &[u64]) {
-    let mut bytes = evictd::bpf::monotonic_now_ns().to_le_bytes().to_vec();
+    let mut bytes = evictd::kernel::bpf::monotonic_now_ns()
+        .to_le_bytes()
+        .to_vec();
     for value in values {
         bytes.extend_from_slice(&value.to_le_bytes());
     }

@@ -20,9 +20,9 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use evictd::{
-    cgroup::{CgroupFs, CgroupVersion},
     config::{parse_bytes, parse_period},
-    notify::MemcgThresholds,
+    kernel::notify::MemcgThresholds,
+    node::cgroupfs::{CgroupFs, CgroupVersion},
 };
 use evictd_integration::{
     Agent, AgentLog, BpfStatsEnabled, Controller, STEADY_POD_MEMORY, SandboxNode, http_get,

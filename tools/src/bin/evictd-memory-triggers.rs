@@ -24,11 +24,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use evictd::{
-    bpf::{EventStream, Hook, KernelEvent, ProbeOptions, Probes, Purpose, Resource},
-    capabilities::{Capabilities, Support},
-    cgroup::CgroupFs,
-    kernel_layout::KernelBtf,
-    levels::Levels,
+    kernel::bpf::{EventStream, Hook, KernelEvent, ProbeOptions, Probes, Purpose, Resource},
+    kernel::btf::KernelBtf,
+    kernel::capabilities::{Capabilities, Support},
+    node::cgroupfs::CgroupFs,
+    scopes::levels::Levels,
 };
 use evictd_integration::{BpfStatsEnabled, Controller, PrivateCgroupTree, Workload};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -61,7 +61,7 @@ fn main() -> Result<()> {
         }
         measure_hook(hook, &btf, &workload, &tmpfs.dir, runs)?;
     }
-    if capabilities.cgroup_version == evictd::cgroup::CgroupVersion::V2 {
+    if capabilities.cgroup_version == evictd::node::cgroupfs::CgroupVersion::V2 {
         psi(&workload)?;
         memory_high(&workload)?;
     } else {

@@ -1,0 +1,449 @@
+//! The kill executor: ends every process of a pod's cgroup subtree, and
+//! gets their memory back at once.
+//!
+//! - cgroup v2: `cgroup.kill` SIGKILLs the whole subtree atomically (no
+//!   fork escapes it); pidfds opened just before let `process_mrelease`
+//!   reap the victims' memory without waiting for them to exit.
+//! - cgroup v1 (and v2 kernels older than 5.14, without `cgroup.kill`):
+//!   rounds of freeze (where a v1 freezer hierarchy has the pod), SIGKILL
+//!   of every listed process through its pidfd, `process_mrelease`, thaw;
+//!   until the subtree is empty or the deadline passes.
+//! - Soft evictions first SIGTERM every process and wait up to the grace
+//!   period for the pod to exit on its own.
+//!
+//! It never kills the hierarchy root, pid 1, or the agent itself: a pod
+//! that holds the agent is refused whole.
+mod pidfd;
+mod tree;
+
+use std::{collections::BTreeSet, io, path::Path, path::PathBuf, time::Duration};
+
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::node::cgroupfs::{CgroupFs, CgroupVersion, is_gone};
+use pidfd::PidFd;
+use tree::Freezer;
+
+/// How long a hard kill may take before it is reported as failed: tasks in
+/// uninterruptible sleep (a stuck NFS read, say) can hold a pod that long.
+pub const DEFAULT_KILL_DEADLINE: Duration = Duration::from_secs(10);
+/// How long to wait for a v1 freezer to report `FROZEN`; a task that will
+/// not freeze (in uninterruptible sleep) must not stop the kill, which then
+/// goes ahead on a partly frozen pod.
+const FREEZE_DEADLINE: Duration = Duration::from_secs(1);
+/// How long one SIGKILL round waits for its victims to leave before listing
+/// and signalling again (what is left then was forked meanwhile, or moved in).
+const ROUND_WAIT: Duration = Duration::from_millis(200);
+/// How often `cgroup.procs` and `freezer.state` are re-read while waiting:
+/// short against exit latencies, cheap for cgroupfs.
+const POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum KillError {
+    #[error("refusing to kill cgroup {cgroup:?}: {reason}")]
+    UnsafePath {
+        cgroup: String,
+        reason: &'static str,
+    },
+    #[error("refusing to kill cgroup {cgroup:?}: it holds evictd itself (pid {pid})")]
+    HoldsSelf { cgroup: String, pid: u32 },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: not a pid: {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("cgroup {cgroup:?}: {action} pid {pid}: {source}")]
+    Process {
+        cgroup: String,
+        pid: u32,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cgroup {cgroup:?} still holds pids {pids:?} {waited:?} after the kill began")]
+    Timeout {
+        cgroup: String,
+        pids: Vec<u32>,
+        waited: Duration,
+    },
+}
+
+impl KillError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        Self::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+/// How the hard kill was done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillMethod {
+    /// cgroup v2 `cgroup.kill`.
+    CgroupKill,
+    /// SIGKILL rounds through pidfds (cgroup v1, or v2 without cgroup.kill).
+    Signals,
+}
+
+/// What a kill did, for the decision log and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillReport {
+    pub method: KillMethod,
+    /// Processes sent SIGTERM (soft eviction).
+    pub sigterm_sent: u32,
+    /// Processes sent SIGKILL through their pidfd; with `cgroup.kill`, those
+    /// alive just before the write (the kernel signals them itself).
+    pub sigkill_sent: u32,
+    /// SIGKILL rounds (one for `cgroup.kill`); 0 if the pod emptied during
+    /// the grace period.
+    pub rounds: u32,
+    pub mrelease_ok: u32,
+    /// `process_mrelease` calls that failed, mostly benignly (the process
+    /// exited, or its memory was already gone).
+    pub mrelease_failed: u32,
+    /// The v1 freezer reported `FROZEN` before a SIGKILL round.
+    pub frozen: bool,
+    /// From the call to the first SIGKILL (or `cgroup.kill` write).
+    pub first_sigkill_after: Option<Duration>,
+    /// From the call to the moment the subtree held no process.
+    pub empty_after: Duration,
+}
+
+impl KillReport {
+    fn new(method: KillMethod) -> Self {
+        Self {
+            method,
+            sigterm_sent: 0,
+            sigkill_sent: 0,
+            rounds: 0,
+            mrelease_ok: 0,
+            mrelease_failed: 0,
+            frozen: false,
+            first_sigkill_after: None,
+            empty_after: Duration::ZERO,
+        }
+    }
+}
+
+/// Kills pods' cgroups in the hierarchies of a [`CgroupFs`].
+#[derive(Debug, Clone)]
+pub struct Killer {
+    cgroupfs: CgroupFs,
+    deadline: Duration,
+}
+
+impl Killer {
+    pub fn new(cgroupfs: CgroupFs) -> Self {
+        Self {
+            cgroupfs,
+            deadline: DEFAULT_KILL_DEADLINE,
+        }
+    }
+
+    /// How long the hard kill may take (from its first signal) before
+    /// [`KillError::Timeout`]; [`DEFAULT_KILL_DEADLINE`] unless set.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Kills every process in `cgroup` (a path from the hierarchy root, e.g.
+    /// `/kubepods/burstable/pod<uid>`) and its descendants. With `grace` >
+    /// 0 the processes first get SIGTERM and up to `grace` to exit. Returns
+    /// once the subtree holds no process.
+    pub async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
+        tree::validate(cgroup)?;
+        let started = Instant::now();
+        let pod = Pod {
+            cgroup,
+            dirs: self.listed_dirs(cgroup),
+        };
+        // Listing refuses a pod holding the agent, before anything is
+        // frozen or signalled.
+        let pids = pod.pids()?;
+        let cgroup_kill = self.cgroupfs.memory_dir(cgroup).join("cgroup.kill");
+        let method = match self.cgroupfs.version {
+            CgroupVersion::V2 if cgroup_kill.exists() => KillMethod::CgroupKill,
+            _ => KillMethod::Signals,
+        };
+        let mut report = KillReport::new(method);
+        if !grace.is_zero() && !pids.is_empty() {
+            for pidfd in pod.open(&pids)? {
+                if pod.signal(&pidfd, libc::SIGTERM)? {
+                    report.sigterm_sent += 1;
+                }
+            }
+            if pod.wait_empty(started + grace).await? {
+                report.empty_after = started.elapsed();
+                return Ok(report);
+            }
+        }
+        let deadline = Instant::now() + self.deadline;
+        match method {
+            KillMethod::CgroupKill => {
+                pod.cgroup_kill(&cgroup_kill, started, &mut report)?;
+            }
+            KillMethod::Signals => {
+                let freezer = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at);
+                pod.signal_rounds(freezer.as_ref(), started, deadline, &mut report)
+                    .await?;
+            }
+        }
+        if !pod.wait_empty(deadline).await? {
+            return Err(pod.timeout(started));
+        }
+        report.empty_after = started.elapsed();
+        Ok(report)
+    }
+
+    /// Thaws the pods among `cgroups` that are frozen at the pod's own level:
+    /// a kill a previous agent began and never finished (it was killed
+    /// itself while the pod was frozen). Only evictd freezes a whole pod —
+    /// container runtimes pause containers — and left so the pod would stay
+    /// frozen for good, its SIGKILLed tasks unable to die. Returns the pods
+    /// thawed.
+    pub fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
+        let mut thawed = Vec::new();
+        for cgroup in cgroups {
+            let Some(freezer) = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at) else {
+                continue;
+            };
+            match freezer.is_self_frozen().and_then(|frozen| {
+                if frozen {
+                    freezer.thaw()?;
+                }
+                Ok(frozen)
+            }) {
+                Ok(true) => thawed.push((*cgroup).to_owned()),
+                Ok(false) => {}
+                Err(error) => warn!(cgroup, %error, "cannot thaw a pod left frozen"),
+            }
+        }
+        thawed
+    }
+
+    /// The directories whose `cgroup.procs` make up the pod: memory, and on
+    /// v1 the pids and freezer hierarchies too where they are mounted apart
+    /// (a task moved in one v1 hierarchy stays put in the others).
+    fn listed_dirs(&self, cgroup: &str) -> Vec<PathBuf> {
+        let mut dirs = vec![self.cgroupfs.memory_dir(cgroup)];
+        if self.cgroupfs.version == CgroupVersion::V1 {
+            let others = [
+                self.cgroupfs.pids_dir(cgroup).ok(),
+                self.cgroupfs.freezer_dir(cgroup),
+            ];
+            for dir in others.into_iter().flatten() {
+                if !dirs.contains(&dir) {
+                    dirs.push(dir);
+                }
+            }
+        }
+        dirs
+    }
+}
+
+/// One kill in progress.
+struct Pod<'a> {
+    cgroup: &'a str,
+    dirs: Vec<PathBuf>,
+}
+
+impl Pod<'_> {
+    /// Every process in the subtree, in every listed hierarchy. Refuses the
+    /// whole kill if the agent is among them.
+    fn pids(&self) -> Result<BTreeSet<u32>, KillError> {
+        let mut pids = BTreeSet::new();
+        for dir in &self.dirs {
+            tree::subtree_pids(dir, &mut pids)?;
+        }
+        let me = std::process::id();
+        if pids.contains(&me) {
+            return Err(KillError::HoldsSelf {
+                cgroup: self.cgroup.to_owned(),
+                pid: me,
+            });
+        }
+        Ok(pids)
+    }
+
+    /// pidfds for the processes that still exist, never for pid 1 or the
+    /// agent.
+    fn open(&self, pids: &BTreeSet<u32>) -> Result<Vec<PidFd>, KillError> {
+        let me = std::process::id();
+        let mut pidfds = Vec::with_capacity(pids.len());
+        for &pid in pids.iter().filter(|&&pid| pid > 1 && pid != me) {
+            if let Some(pidfd) =
+                PidFd::open(pid).map_err(|e| self.process_error(pid, "opening", e))?
+            {
+                pidfds.push(pidfd);
+            }
+        }
+        Ok(pidfds)
+    }
+
+    /// `Ok(false)` if the process was already gone.
+    fn signal(&self, pidfd: &PidFd, signal: libc::c_int) -> Result<bool, KillError> {
+        pidfd
+            .signal(signal)
+            .map_err(|e| self.process_error(pidfd.pid, "signalling", e))
+    }
+
+    /// Reaps the memory of SIGKILLed processes now; failures only count.
+    fn release(&self, pidfds: &[PidFd], report: &mut KillReport) {
+        for pidfd in pidfds {
+            match pidfd.release_memory() {
+                Ok(()) => report.mrelease_ok += 1,
+                Err(error) => {
+                    report.mrelease_failed += 1;
+                    debug!(cgroup = self.cgroup, pid = pidfd.pid, %error, "process_mrelease failed");
+                }
+            }
+        }
+    }
+
+    fn cgroup_kill(
+        &self,
+        file: &Path,
+        started: Instant,
+        report: &mut KillReport,
+    ) -> Result<(), KillError> {
+        // Opened before the write, so process_mrelease can reach the victims
+        // after it; the kernel kills whatever forked in between too.
+        let pidfds = self.open(&self.pids()?)?;
+        match tree::write_existing(file, "1") {
+            Err(e) if is_gone(&e) && !file.parent().is_some_and(Path::is_dir) => {}
+            other => other.map_err(|e| KillError::io(file, e))?,
+        }
+        report.first_sigkill_after = Some(started.elapsed());
+        report.rounds = 1;
+        report.sigkill_sent = u32::try_from(pidfds.len()).unwrap_or(u32::MAX);
+        self.release(&pidfds, report);
+        Ok(())
+    }
+
+    /// Freeze, SIGKILL all, release memory, thaw; again until the subtree
+    /// is empty or `deadline`.
+    async fn signal_rounds(
+        &self,
+        freezer: Option<&Freezer>,
+        started: Instant,
+        deadline: Instant,
+        report: &mut KillReport,
+    ) -> Result<(), KillError> {
+        loop {
+            let thaw = match freezer {
+                Some(freezer) => {
+                    let guard = ThawOnDrop(freezer);
+                    if freezer.freeze()? {
+                        report.frozen |= self.wait_frozen(freezer, deadline).await?;
+                    } else {
+                        debug!(
+                            cgroup = self.cgroup,
+                            "pod's freezer cgroup is gone: its tasks exited"
+                        );
+                    }
+                    Some(guard)
+                }
+                None => None,
+            };
+            let pids = self.pids()?;
+            if pids.is_empty() {
+                return Ok(());
+            }
+            report.rounds += 1;
+            let pidfds = self.open(&pids)?;
+            for pidfd in &pidfds {
+                if self.signal(pidfd, libc::SIGKILL)? {
+                    report.sigkill_sent += 1;
+                    report.first_sigkill_after.get_or_insert(started.elapsed());
+                }
+            }
+            self.release(&pidfds, report);
+            // Frozen tasks die only once thawed.
+            drop(thaw);
+            let round_end = deadline.min(Instant::now() + ROUND_WAIT);
+            if self.wait_empty(round_end).await? || Instant::now() >= deadline {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Whether the freezer reported `FROZEN` in time (not if the cgroup went
+    /// away meanwhile).
+    async fn wait_frozen(&self, freezer: &Freezer, deadline: Instant) -> Result<bool, KillError> {
+        let until = deadline.min(Instant::now() + FREEZE_DEADLINE);
+        loop {
+            match freezer.is_frozen()? {
+                Some(true) => return Ok(true),
+                Some(false) => {}
+                None => {
+                    debug!(
+                        cgroup = self.cgroup,
+                        "pod's freezer cgroup removed while freezing: its tasks exited"
+                    );
+                    return Ok(false);
+                }
+            }
+            if Instant::now() >= until {
+                warn!(cgroup = self.cgroup, freezer = %freezer.dir().display(),
+                    "not frozen within {FREEZE_DEADLINE:?}; killing it unfrozen");
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Polls until the subtree holds no process (`true`) or `until` passes
+    /// (`false`); checks at least once.
+    async fn wait_empty(&self, until: Instant) -> Result<bool, KillError> {
+        loop {
+            if self.pids()?.is_empty() {
+                return Ok(true);
+            }
+            if Instant::now() >= until {
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL_INTERVAL.min(until - Instant::now())).await;
+        }
+    }
+
+    fn timeout(&self, started: Instant) -> KillError {
+        KillError::Timeout {
+            cgroup: self.cgroup.to_owned(),
+            pids: match self.pids() {
+                Ok(pids) => pids.into_iter().collect(),
+                Err(e) => return e,
+            },
+            waited: started.elapsed(),
+        }
+    }
+
+    fn process_error(&self, pid: u32, action: &'static str, source: io::Error) -> KillError {
+        KillError::Process {
+            cgroup: self.cgroup.to_owned(),
+            pid,
+            action,
+            source,
+        }
+    }
+}
+
+/// Thaws the pod when a round ends, however it ends (an error included):
+/// a pod must never be left frozen.
+struct ThawOnDrop<'a>(&'a Freezer);
+
+impl Drop for ThawOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Err(error) = self.0.thaw_subtree() {
+            warn!(%error, "thawing a killed pod failed");
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

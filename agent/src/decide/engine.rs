@@ -1,0 +1,319 @@
+//! The eviction decision, as kubelet's eviction manager makes it
+//! (`synchronize` in pkg/kubelet/eviction/eviction_manager.go), split in
+//! two so the agent decides whether anything is starved before it reads a
+//! single pod: [`Engine::observe`] turns node statistics into thresholds
+//! met, node conditions and the starved resource; [`Engine::choose`] ranks
+//! pods and picks victims.
+//!
+//! Time is injected: every call takes `now`, a duration since an arbitrary
+//! epoch that never goes backwards, so grace and transition periods are
+//! tested without sleeping.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use crate::{
+    decide::rank::{self, Ranked},
+    decide::thresholds::{EvictionConfig, NodeCondition, Resource, Signal, Threshold},
+    node::snapshot::{NodeStats, PodSnapshot},
+};
+
+mod victims;
+
+pub use victims::{Choice, Victim, VictimPolicy};
+
+/// Kubernetes' default `terminationGracePeriodSeconds`.
+pub const DEFAULT_TERMINATION_GRACE_PERIOD: Duration = Duration::from_secs(30);
+
+/// A signal's value at one instant, with the capacity its percentages are
+/// taken of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    pub available: i64,
+    pub capacity: i64,
+}
+
+/// Every observed signal. A signal whose input is absent is missing, and
+/// its thresholds are never met (kubelet's `makeSignalObservations`).
+pub fn observe_signals(node: &NodeStats) -> BTreeMap<Signal, Observation> {
+    let int = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    // kubelet computes capacity - working set in unsigned arithmetic and
+    // reads it back as signed, so a working set above capacity is a
+    // negative availability, not a clamp to zero.
+    let memory = |stats: &crate::node::snapshot::MemoryStats| Observation {
+        available: int(stats.capacity_bytes).wrapping_sub(int(stats.working_set_bytes)),
+        capacity: int(stats.capacity_bytes),
+    };
+    let mut observations = BTreeMap::new();
+    observations.insert(Signal::MemoryAvailable, memory(&node.memory));
+    if let Some(allocatable) = &node.allocatable {
+        observations.insert(Signal::AllocatableMemoryAvailable, memory(allocatable));
+    }
+    if let Some(pid) = &node.pid {
+        observations.insert(
+            Signal::PidAvailable,
+            Observation {
+                available: int(pid.max).wrapping_sub(int(pid.in_use)),
+                capacity: int(pid.max),
+            },
+        );
+    }
+    let filesystems = [
+        (
+            &node.nodefs,
+            Signal::NodeFsAvailable,
+            Signal::NodeFsInodesFree,
+        ),
+        (
+            &node.imagefs,
+            Signal::ImageFsAvailable,
+            Signal::ImageFsInodesFree,
+        ),
+        (
+            &node.containerfs,
+            Signal::ContainerFsAvailable,
+            Signal::ContainerFsInodesFree,
+        ),
+    ];
+    for (fs, bytes, inodes) in filesystems {
+        if let Some(fs) = fs {
+            observations.insert(
+                bytes,
+                Observation {
+                    available: int(fs.available_bytes),
+                    capacity: int(fs.capacity_bytes),
+                },
+            );
+            observations.insert(
+                inodes,
+                Observation {
+                    available: int(fs.inodes_free),
+                    capacity: int(fs.inodes),
+                },
+            );
+        }
+    }
+    observations
+}
+
+/// What one observation of the node means, before any pod is looked at.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Assessment {
+    pub now: Duration,
+    pub observations: BTreeMap<Signal, Observation>,
+    /// Thresholds met now, or met before and not yet back past their
+    /// minimum reclaim, regardless of grace periods; in configuration order.
+    pub thresholds_met: Vec<Threshold>,
+    /// Conditions reported now, transition period included.
+    pub node_conditions: Vec<NodeCondition>,
+    /// What to reclaim now; `None` while nothing is past its grace period.
+    pub starvation: Option<Starvation>,
+    /// Whether imagefs is a filesystem of its own, which decides what disk
+    /// usage ranks pods.
+    pub dedicated_imagefs: bool,
+}
+
+impl Assessment {
+    /// The signals of [`Assessment::thresholds_met`], each once.
+    pub fn signals_met(&self) -> BTreeSet<Signal> {
+        self.thresholds_met.iter().map(|t| t.signal).collect()
+    }
+}
+
+/// The threshold an eviction reclaims for and how far the node is from
+/// safe.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Starvation {
+    pub threshold: Threshold,
+    pub resource: Resource,
+    pub observation: Observation,
+    /// The threshold's value against the signal's capacity.
+    pub threshold_quantity: i64,
+    pub min_reclaim_quantity: i64,
+}
+
+impl Starvation {
+    /// How much must come back for the signal to reach threshold + minimum
+    /// reclaim.
+    pub fn deficit(&self) -> i64 {
+        self.threshold_quantity
+            .saturating_add(self.min_reclaim_quantity)
+            .saturating_sub(self.observation.available)
+    }
+}
+
+/// kubelet's eviction manager state between two observations.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: EvictionConfig,
+    /// Indices into `config.thresholds` met last time and past their grace
+    /// period: these stay met until minimum reclaim is recovered.
+    met_past_grace: BTreeSet<usize>,
+    first_observed: BTreeMap<usize, Duration>,
+    condition_last_observed: BTreeMap<NodeCondition, Duration>,
+}
+
+impl Engine {
+    pub fn new(config: EvictionConfig) -> Self {
+        Self {
+            config,
+            met_past_grace: BTreeSet::new(),
+            first_observed: BTreeMap::new(),
+            condition_last_observed: BTreeMap::new(),
+        }
+    }
+
+    /// One round of kubelet's `synchronize`, up to the starved resource.
+    /// kubelet also skips thresholds whose statistics did not change since
+    /// the last round (`thresholdsUpdatedStats`); evictd reads fresh
+    /// statistics for every round, so there is nothing to skip.
+    pub fn observe(&mut self, now: Duration, node: &NodeStats) -> Assessment {
+        let observations = observe_signals(node);
+        let thresholds = &self.config.thresholds;
+        let met = |index: &usize, with_min_reclaim: bool| {
+            is_met(&thresholds[*index], &observations, with_min_reclaim)
+        };
+        // Met now, plus met last round (past grace) and still short of
+        // threshold + minimum reclaim (`thresholdsNotYetResolved`).
+        let mut active: BTreeSet<usize> = (0..thresholds.len())
+            .filter(|index| met(index, false))
+            .collect();
+        active.extend(self.met_past_grace.iter().filter(|index| met(index, true)));
+
+        self.first_observed = active
+            .iter()
+            .map(|&index| (index, *self.first_observed.get(&index).unwrap_or(&now)))
+            .collect();
+
+        // Conditions follow thresholds met regardless of grace, and stay
+        // while last seen less than the transition period ago.
+        for &index in &active {
+            let condition = thresholds[index].signal.node_condition();
+            self.condition_last_observed.insert(condition, now);
+        }
+        let period = self.config.pressure_transition_period;
+        let node_conditions = self
+            .condition_last_observed
+            .iter()
+            .filter(|&(_, &last)| now.saturating_sub(last) < period)
+            .map(|(&condition, _)| condition)
+            .collect();
+
+        self.met_past_grace = self
+            .first_observed
+            .iter()
+            .filter(|&(&index, &first)| now.saturating_sub(first) >= thresholds[index].grace_period)
+            .map(|(&index, _)| index)
+            .collect();
+
+        let starvation = self.reclaim_first().and_then(|index| {
+            let threshold = &thresholds[index];
+            let observation = observations.get(&threshold.signal)?;
+            Some(Starvation {
+                threshold: threshold.clone(),
+                resource: threshold.signal.resource(),
+                observation: *observation,
+                threshold_quantity: threshold.value.resolve(observation.capacity),
+                min_reclaim_quantity: threshold.min_reclaim.resolve(observation.capacity),
+            })
+        });
+        Assessment {
+            now,
+            thresholds_met: active.iter().map(|&i| thresholds[i].clone()).collect(),
+            node_conditions,
+            starvation,
+            dedicated_imagefs: node.imagefs.is_some() && node.imagefs != node.nodefs,
+            observations,
+        }
+    }
+
+    /// The threshold past its grace period to reclaim for first, as
+    /// kubelet's `byEvictionPriority` then `getReclaimableThreshold`:
+    /// memory signals before the rest. kubelet's order among the rest comes
+    /// from map iteration, so it is arbitrary; evictd takes hard thresholds
+    /// before soft ones (the node is further gone), then configuration
+    /// order.
+    fn reclaim_first(&self) -> Option<usize> {
+        self.met_past_grace.iter().copied().min_by_key(|&index| {
+            let threshold = &self.config.thresholds[index];
+            (
+                threshold.signal.resource() != Resource::Memory,
+                !threshold.hard,
+                index,
+            )
+        })
+    }
+
+    /// Ranks `pods` for the starved resource and picks the victims.
+    /// Nothing starved: an empty ranking and no victim.
+    pub fn choose(
+        &self,
+        assessment: &Assessment,
+        pods: &[PodSnapshot],
+        policy: VictimPolicy,
+    ) -> Choice {
+        let Some(starvation) = &assessment.starvation else {
+            return Choice::default();
+        };
+        let ranking: Vec<Ranked> = rank::rank(
+            pods,
+            starvation.threshold.signal,
+            assessment.dedicated_imagefs,
+        );
+        let deficit = starvation.deficit();
+        let chosen = victims::select(&ranking, deficit, policy);
+        let victims = chosen
+            .into_iter()
+            .map(|position| {
+                let ranked = &ranking[position];
+                Victim {
+                    pod: ranked.pod.clone(),
+                    index: ranked.index,
+                    usage: ranked.usage,
+                    grace_period: self.grace_period(&starvation.threshold, &pods[ranked.index]),
+                }
+            })
+            .collect();
+        Choice {
+            ranking,
+            victims,
+            deficit: Some(deficit),
+        }
+    }
+
+    /// Hard thresholds kill at once; soft ones give the pod its own grace
+    /// period, at most --eviction-max-pod-grace-period.
+    fn grace_period(&self, threshold: &Threshold, pod: &PodSnapshot) -> Duration {
+        if threshold.hard {
+            return Duration::ZERO;
+        }
+        let own = pod
+            .termination_grace_period_seconds
+            .map_or(DEFAULT_TERMINATION_GRACE_PERIOD, |seconds| {
+                Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+            });
+        own.min(self.config.max_pod_grace_period)
+    }
+}
+
+/// kubelet's `thresholdsMet`: available below the threshold, or below
+/// threshold + minimum reclaim when `with_min_reclaim`. An unobserved
+/// signal meets nothing.
+fn is_met(
+    threshold: &Threshold,
+    observations: &BTreeMap<Signal, Observation>,
+    with_min_reclaim: bool,
+) -> bool {
+    let Some(observed) = observations.get(&threshold.signal) else {
+        return false;
+    };
+    let mut quantity = threshold.value.resolve(observed.capacity);
+    if with_min_reclaim {
+        quantity = quantity.saturating_add(threshold.min_reclaim.resolve(observed.capacity));
+    }
+    observed.available < quantity
+}
+
+#[cfg(test)]
+mod tests;

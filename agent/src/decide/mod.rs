@@ -1,0 +1,6 @@
+//! kubelet's eviction policy, pure: thresholds, the engine (thresholds
+//! met, grace periods, node conditions, the starved resource), the ranking
+//! of pods and the choice of victims.
+pub mod engine;
+pub mod rank;
+pub mod thresholds;

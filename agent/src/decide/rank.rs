@@ -1,0 +1,262 @@
+//! Which pod goes first: kubelet's eviction ranking (`rankMemoryPressure`,
+//! `rankPIDPressure`, `rankDiskPressureFunc` in
+//! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
+//! reason for every pod's place so a decision can be explained.
+use std::{cmp::Ordering, collections::BTreeMap};
+
+use serde::Serialize;
+
+use crate::{
+    decide::thresholds::{Resource, Signal},
+    node::snapshot::{PodSnapshot, QosClass},
+    quantity::Quantity,
+};
+
+/// Resource names as pod specs spell them.
+const MEMORY: &str = "memory";
+const CPU: &str = "cpu";
+const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+
+impl PodSnapshot {
+    /// The QoS class as Kubernetes' `GetPodQOS` derives it: only cpu and
+    /// memory count and zero quantities are ignored; no request or limit at
+    /// all is BestEffort; Guaranteed needs every container to limit both cpu
+    /// and memory and the pod's summed requests to equal its summed limits;
+    /// anything else is Burstable. Requests are first defaulted to limits,
+    /// as the API server does before kubelet ever sees the pod.
+    /// A pod whose containers are unknown (found in cgroups only) takes the
+    /// class its cgroup path shows.
+    pub fn qos_class(&self) -> QosClass {
+        if self.containers.is_empty()
+            && let Some(qos) = self.cgroup_qos
+        {
+            return qos;
+        }
+        // Sums in thousandths: exact for memory bytes and for cpu, whose
+        // API validation rejects precision finer than 1m.
+        let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut every_container_limits_both = true;
+        for container in &self.containers {
+            let requests_of = defaulted_requests(container);
+            for name in [CPU, MEMORY] {
+                if let Some(request) = requests_of.get(name).filter(|q| is_positive(q)) {
+                    *requests.entry(name).or_default() += i128::from(request.milli_value());
+                }
+                match container.limits.get(name).filter(|q| is_positive(q)) {
+                    Some(limit) => {
+                        *limits.entry(name).or_default() += i128::from(limit.milli_value());
+                    }
+                    None => every_container_limits_both = false,
+                }
+            }
+        }
+        if requests.is_empty() && limits.is_empty() {
+            QosClass::BestEffort
+        } else if every_container_limits_both && requests == limits {
+            QosClass::Guaranteed
+        } else {
+            QosClass::Burstable
+        }
+    }
+
+    /// The pod's request for `resource` as kubelet's
+    /// `GetResourceRequestQuantity` sees it: the sum over containers, each
+    /// request defaulted to the container's limit.
+    pub fn request(&self, resource: &str) -> i64 {
+        self.containers
+            .iter()
+            .filter_map(|container| defaulted_requests(container).get(resource).copied())
+            .fold(0i64, |sum, quantity| sum.saturating_add(quantity.value()))
+    }
+}
+
+fn is_positive(quantity: &Quantity) -> bool {
+    !quantity.is_zero() && !quantity.is_negative()
+}
+
+/// A container's requests after API defaulting: a resource with a limit and
+/// no request is requested at its limit.
+fn defaulted_requests(
+    container: &crate::node::snapshot::ContainerSpec,
+) -> BTreeMap<&str, Quantity> {
+    let mut requests: BTreeMap<&str, Quantity> = container
+        .requests
+        .iter()
+        .map(|(name, quantity)| (name.as_str(), *quantity))
+        .collect();
+    for (name, limit) in &container.limits {
+        requests.entry(name.as_str()).or_insert(*limit);
+    }
+    requests
+}
+
+/// Which of a pod's filesystem usages count against a disk signal
+/// (kubelet's `buildSignalToRankFunc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskMeasure {
+    /// No dedicated imagefs: writable layers, logs and local volumes all
+    /// live on the one filesystem.
+    Everything,
+    /// Dedicated imagefs, nodefs signals: logs and local volumes.
+    LogsAndVolumes,
+    /// Dedicated imagefs, imagefs and containerfs signals: writable layers.
+    WritableLayers,
+}
+
+impl DiskMeasure {
+    /// evictd's snapshots do not say which filesystem a pod's files are on;
+    /// like kubelet, an imagefs counts as dedicated when it is a different
+    /// filesystem from nodefs, which evictd sees as different statistics.
+    pub fn for_signal(signal: Signal, dedicated_imagefs: bool) -> Self {
+        match (dedicated_imagefs, signal) {
+            (false, _) => DiskMeasure::Everything,
+            (true, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => {
+                DiskMeasure::LogsAndVolumes
+            }
+            (true, _) => DiskMeasure::WritableLayers,
+        }
+    }
+
+    fn bytes(self, pod: &PodSnapshot) -> u64 {
+        let usage = &pod.usage;
+        match self {
+            DiskMeasure::Everything => usage
+                .rootfs_bytes
+                .saturating_add(usage.logs_bytes)
+                .saturating_add(usage.local_volume_bytes),
+            DiskMeasure::LogsAndVolumes => {
+                usage.logs_bytes.saturating_add(usage.local_volume_bytes)
+            }
+            DiskMeasure::WritableLayers => usage.rootfs_bytes,
+        }
+    }
+}
+
+/// One pod's place in a ranking and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Ranked {
+    /// Index of the pod in the slice that was ranked.
+    #[serde(skip)]
+    pub index: usize,
+    /// `namespace/name`.
+    pub pod: String,
+    pub qos: QosClass,
+    pub priority: i32,
+    /// Usage of the starved resource, as kubelet measures it for this signal.
+    pub usage: i64,
+    /// The request usage is compared with; `None` for PIDs, which kubelet
+    /// ranks by priority and count alone.
+    pub request: Option<i64>,
+    pub exceeds_request: Option<bool>,
+    pub critical: bool,
+    pub hosts_evictd: bool,
+    pub reason: String,
+}
+
+impl Ranked {
+    pub fn is_evictable(&self) -> bool {
+        !self.critical && !self.hosts_evictd
+    }
+}
+
+/// Every pod in eviction order for a threshold on `signal`, first to evict
+/// first. Ties keep the input order.
+pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Vec<Ranked> {
+    let mut entries: Vec<(Ranked, i64)> = pods
+        .iter()
+        .enumerate()
+        .map(|(index, pod)| measure(index, pod, signal, dedicated_imagefs))
+        .collect();
+    // A stable sort keeps the input order among equals: kubelet's
+    // sort.Sort is not stable, so its tie order is arbitrary.
+    match signal.resource() {
+        Resource::Pids => entries.sort_by(|(a, a_usage), (b, b_usage)| {
+            a.priority
+                .cmp(&b.priority)
+                .then_with(|| b_usage.cmp(a_usage))
+        }),
+        Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
+            entries.sort_by(|(a, a_excess), (b, b_excess)| {
+                exceeds_first(a, b)
+                    .then_with(|| a.priority.cmp(&b.priority))
+                    .then_with(|| b_excess.cmp(a_excess))
+            });
+        }
+    }
+    entries.into_iter().map(|(ranked, _)| ranked).collect()
+}
+
+/// Pods above their request before pods within it.
+fn exceeds_first(a: &Ranked, b: &Ranked) -> Ordering {
+    b.exceeds_request.cmp(&a.exceeds_request)
+}
+
+/// The pod's explanation and its sort key after "exceeds" and priority:
+/// usage over request (memory, disk) or the PID count.
+fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> (Ranked, i64) {
+    let saturate = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+    let resource = signal.resource();
+    let (usage, request, key) = match resource {
+        Resource::Memory => {
+            let usage = saturate(pod.usage.memory_working_set_bytes);
+            let request = pod.request(MEMORY);
+            (usage, Some(request), usage.saturating_sub(request))
+        }
+        Resource::Pids => {
+            let usage = saturate(pod.usage.pids);
+            (usage, None, usage)
+        }
+        Resource::EphemeralStorage => {
+            let usage = saturate(DiskMeasure::for_signal(signal, dedicated).bytes(pod));
+            let request = pod.request(EPHEMERAL_STORAGE);
+            (usage, Some(request), usage.saturating_sub(request))
+        }
+        // Nothing requests inodes, so any use exceeds the (zero) request;
+        // kubelet still subtracts the ephemeral-storage request from the
+        // inode count for the last key, and so does evictd. Snapshots carry
+        // one inode total per pod, used whichever filesystem is starved.
+        Resource::Inodes => {
+            let usage = saturate(pod.usage.inodes);
+            let key = usage.saturating_sub(pod.request(EPHEMERAL_STORAGE));
+            (usage, Some(0), key)
+        }
+    };
+    let exceeds_request = request.map(|request| usage > request);
+    let ranked = Ranked {
+        index,
+        pod: pod.key(),
+        qos: pod.qos_class(),
+        priority: pod.priority,
+        usage,
+        request,
+        exceeds_request,
+        critical: pod.is_critical(),
+        hosts_evictd: pod.hosts_evictd,
+        reason: reason(pod, resource, usage, request),
+    };
+    (ranked, key)
+}
+
+fn reason(pod: &PodSnapshot, resource: Resource, usage: i64, request: Option<i64>) -> String {
+    let standing = match request {
+        Some(request) if usage > request => {
+            format!("{resource} {usage} exceeds request {request}")
+        }
+        Some(request) => format!("{resource} {usage} within request {request}"),
+        None => format!("{resource} {usage}"),
+    };
+    let mut text = format!("{standing}, priority {}", pod.priority);
+    if pod.is_static || pod.mirror {
+        text.push_str("; static pod, never evicted");
+    } else if pod.is_critical() {
+        text.push_str("; system-critical priority, never evicted");
+    }
+    if pod.hosts_evictd {
+        text.push_str("; runs evictd, never evicted");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests;

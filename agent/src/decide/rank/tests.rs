@@ -1,0 +1,317 @@
+use proptest::prelude::*;
+use rstest::rstest;
+use serde_json::json;
+
+use super::*;
+use crate::node::snapshot::PodUsage;
+
+const MI: u64 = 1 << 20;
+
+/// A pod from its containers' JSON, as a snapshot file spells them.
+fn pod_with(
+    name: &str,
+    priority: i32,
+    containers: serde_json::Value,
+    usage: PodUsage,
+) -> PodSnapshot {
+    serde_json::from_value(json!({
+        "namespace": "default",
+        "name": name,
+        "priority": priority,
+        "containers": containers,
+    }))
+    .map(|pod: PodSnapshot| PodSnapshot { usage, ..pod })
+    .unwrap()
+}
+
+/// One container requesting `request` memory, using `working_set` bytes.
+fn memory_pod(name: &str, priority: i32, request: Option<&str>, working_set: u64) -> PodSnapshot {
+    let requests = request.map_or(json!({}), |r| json!({ "memory": r }));
+    let usage = PodUsage {
+        memory_working_set_bytes: working_set,
+        ..PodUsage::default()
+    };
+    pod_with(
+        name,
+        priority,
+        json!([{"name": "app", "requests": requests}]),
+        usage,
+    )
+}
+
+fn names(ranking: &[Ranked]) -> Vec<&str> {
+    ranking
+        .iter()
+        .map(|r| r.pod.strip_prefix("default/").unwrap())
+        .collect()
+}
+
+#[rstest]
+#[case::nothing(json!([{"name": "a"}]), QosClass::BestEffort)]
+#[case::zero_quantities_are_ignored(
+    json!([{"name": "a", "requests": {"cpu": "0", "memory": "0"}}]),
+    QosClass::BestEffort
+)]
+#[case::only_other_resources(
+    json!([{"name": "a", "requests": {"ephemeral-storage": "1Gi"}, "limits": {"nvidia.com/gpu": "1"}}]),
+    QosClass::BestEffort
+)]
+#[case::a_cpu_request(json!([{"name": "a", "requests": {"cpu": "100m"}}]), QosClass::Burstable)]
+#[case::requests_equal_limits(
+    json!([{"name": "a", "requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1000m", "memory": "1024Mi"}}]),
+    QosClass::Guaranteed
+)]
+#[case::limits_alone_default_the_requests(
+    json!([{"name": "a", "limits": {"cpu": "1", "memory": "1Gi"}}]),
+    QosClass::Guaranteed
+)]
+#[case::requests_below_limits(
+    json!([{"name": "a", "requests": {"cpu": "1", "memory": "512Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}]),
+    QosClass::Burstable
+)]
+#[case::memory_limit_only(json!([{"name": "a", "limits": {"memory": "1Gi"}}]), QosClass::Burstable)]
+#[case::explicit_zero_request_is_not_defaulted(
+    json!([{"name": "a", "requests": {"memory": "0"}, "limits": {"cpu": "1", "memory": "1Gi"}}]),
+    QosClass::Burstable
+)]
+#[case::one_container_without_limits(
+    json!([
+        {"name": "a", "limits": {"cpu": "1", "memory": "1Gi"}},
+        {"name": "b"}
+    ]),
+    QosClass::Burstable
+)]
+#[case::every_container_guaranteed(
+    json!([
+        {"name": "a", "limits": {"cpu": "1", "memory": "1Gi"}},
+        {"name": "b", "requests": {"cpu": "250m", "memory": "64Mi"}, "limits": {"cpu": "250m", "memory": "64Mi"}}
+    ]),
+    QosClass::Guaranteed
+)]
+fn qos_class_as_kubernetes_derives_it(
+    #[case] containers: serde_json::Value,
+    #[case] qos: QosClass,
+) {
+    let pod = pod_with("p", 0, containers, PodUsage::default());
+    assert_eq!(pod.qos_class(), qos);
+}
+
+#[test]
+fn memory_request_sums_containers_and_defaults_to_limits() {
+    let pod = pod_with(
+        "p",
+        0,
+        json!([
+            {"name": "a", "requests": {"memory": "100Mi"}},
+            {"name": "b", "limits": {"memory": "50Mi"}},
+            {"name": "c"}
+        ]),
+        PodUsage::default(),
+    );
+    assert_eq!(pod.request("memory"), 150 * MI as i64);
+}
+
+#[test]
+fn memory_pods_above_their_request_go_before_higher_priority_ones_within() {
+    let pods = [
+        memory_pod("within", 0, Some("200Mi"), 100 * MI),
+        memory_pod("above", 1000, Some("100Mi"), 101 * MI),
+    ];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    assert_eq!(names(&ranking), ["above", "within"]);
+    assert_eq!(ranking[0].exceeds_request, Some(true));
+    assert_eq!(ranking[1].exceeds_request, Some(false));
+}
+
+#[test]
+fn memory_pods_above_their_request_go_by_priority_then_excess() {
+    let pods = [
+        memory_pod("high", 10, Some("100Mi"), 900 * MI),
+        memory_pod("small-excess", 0, Some("100Mi"), 150 * MI),
+        memory_pod("big-excess", 0, Some("400Mi"), 600 * MI),
+        memory_pod("best-effort", 0, None, 180 * MI),
+    ];
+    let ranking = rank(&pods, Signal::AllocatableMemoryAvailable, false);
+    assert_eq!(
+        names(&ranking),
+        ["big-excess", "best-effort", "small-excess", "high"]
+    );
+}
+
+#[test]
+fn memory_pods_within_their_request_go_by_priority_then_usage_over_request() {
+    let pods = [
+        memory_pod("far-below", 0, Some("1Gi"), 100 * MI),
+        memory_pod("near", 0, Some("200Mi"), 190 * MI),
+        memory_pod("important", 5, Some("200Mi"), 199 * MI),
+        memory_pod("low", -5, Some("1Gi"), 0),
+    ];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    assert_eq!(names(&ranking), ["low", "near", "far-below", "important"]);
+}
+
+#[test]
+fn a_memory_limit_without_request_is_the_request() {
+    let limited = pod_with(
+        "limited",
+        0,
+        json!([{"name": "app", "limits": {"memory": "200Mi"}}]),
+        PodUsage {
+            memory_working_set_bytes: 150 * MI,
+            ..PodUsage::default()
+        },
+    );
+    let pods = [limited, memory_pod("greedy", 0, Some("100Mi"), 110 * MI)];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    assert_eq!(names(&ranking), ["greedy", "limited"]);
+    assert_eq!(ranking[1].request, Some(200 * MI as i64));
+}
+
+#[test]
+fn ties_keep_the_input_order() {
+    let pods = [
+        memory_pod("first", 0, Some("100Mi"), 150 * MI),
+        memory_pod("second", 0, Some("100Mi"), 150 * MI),
+        memory_pod("third", 0, Some("200Mi"), 250 * MI),
+    ];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    assert_eq!(names(&ranking), ["first", "second", "third"]);
+}
+
+fn pids_pod(name: &str, priority: i32, pids: u64) -> PodSnapshot {
+    let usage = PodUsage {
+        pids,
+        ..PodUsage::default()
+    };
+    pod_with(name, priority, json!([{"name": "app"}]), usage)
+}
+
+#[test]
+fn pid_pressure_ranks_by_priority_then_pid_count() {
+    let pods = [
+        pids_pod("important-forker", 100, 5000),
+        pids_pod("few", 0, 10),
+        pids_pod("many", 0, 300),
+    ];
+    let ranking = rank(&pods, Signal::PidAvailable, false);
+    assert_eq!(names(&ranking), ["many", "few", "important-forker"]);
+    assert_eq!(ranking[0].request, None);
+    assert_eq!(ranking[0].usage, 300);
+}
+
+fn disk_pod(name: &str, priority: i32, request: Option<&str>, usage: PodUsage) -> PodSnapshot {
+    let requests = request.map_or(json!({}), |r| json!({ "ephemeral-storage": r }));
+    pod_with(
+        name,
+        priority,
+        json!([{"name": "app", "requests": requests}]),
+        usage,
+    )
+}
+
+fn disk_usage(rootfs: u64, logs: u64, volumes: u64) -> PodUsage {
+    PodUsage {
+        rootfs_bytes: rootfs * MI,
+        logs_bytes: logs * MI,
+        local_volume_bytes: volumes * MI,
+        ..PodUsage::default()
+    }
+}
+
+#[rstest]
+#[case::shared_fs_counts_everything(Signal::NodeFsAvailable, false, ["layers", "logs"], 300)]
+#[case::shared_imagefs_counts_everything(Signal::ImageFsAvailable, false, ["layers", "logs"], 300)]
+#[case::dedicated_nodefs_counts_logs_and_volumes(Signal::NodeFsAvailable, true, ["logs", "layers"], 200)]
+#[case::dedicated_imagefs_counts_writable_layers(Signal::ImageFsAvailable, true, ["layers", "logs"], 250)]
+#[case::containerfs_follows_imagefs(Signal::ContainerFsAvailable, true, ["layers", "logs"], 250)]
+fn disk_usage_measured_depends_on_the_filesystem(
+    #[case] signal: Signal,
+    #[case] dedicated_imagefs: bool,
+    #[case] order: [&str; 2],
+    #[case] first_usage_mi: i64,
+) {
+    let pods = [
+        disk_pod("logs", 0, None, disk_usage(0, 100, 100)),
+        disk_pod("layers", 0, None, disk_usage(250, 30, 20)),
+    ];
+    let ranking = rank(&pods, signal, dedicated_imagefs);
+    assert_eq!(names(&ranking), order);
+    assert_eq!(ranking[0].usage, first_usage_mi * MI as i64);
+}
+
+#[test]
+fn disk_ranks_above_request_then_priority_then_excess() {
+    let pods = [
+        disk_pod("within", -10, Some("1Gi"), disk_usage(500, 0, 0)),
+        disk_pod("above-important", 10, Some("100Mi"), disk_usage(900, 0, 0)),
+        disk_pod("above-small", 0, Some("100Mi"), disk_usage(150, 0, 0)),
+        disk_pod("above-big", 0, None, disk_usage(300, 0, 0)),
+    ];
+    let ranking = rank(&pods, Signal::NodeFsAvailable, false);
+    assert_eq!(
+        names(&ranking),
+        ["above-big", "above-small", "above-important", "within"]
+    );
+}
+
+#[test]
+fn any_inode_use_exceeds_the_zero_request_and_the_storage_request_is_subtracted() {
+    let inodes = |count| PodUsage {
+        inodes: count,
+        ..PodUsage::default()
+    };
+    let pods = [
+        disk_pod("none", -1, None, inodes(0)),
+        disk_pod("requested", 0, Some("1000"), inodes(1500)),
+        disk_pod("unrequested", 0, None, inodes(1000)),
+    ];
+    let ranking = rank(&pods, Signal::NodeFsInodesFree, false);
+    // 1500 - 1000 < 1000 - 0: the storage request counts against inodes,
+    // as in kubelet.
+    assert_eq!(names(&ranking), ["unrequested", "requested", "none"]);
+    assert_eq!(ranking[2].exceeds_request, Some(false));
+}
+
+#[test]
+fn explanations_say_why() {
+    let mut critical = memory_pod("critical", SYSTEM_CRITICAL, Some("100Mi"), 200 * MI);
+    critical.hosts_evictd = true;
+    let pods = [critical, memory_pod("web", 0, Some("100Mi"), 50 * MI)];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    assert_eq!(
+        ranking[0].reason,
+        "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
+    );
+    assert!(!ranking[0].is_evictable());
+    assert_eq!(
+        ranking[1].reason,
+        "memory 52428800 within request 104857600, priority 0"
+    );
+    assert_eq!(ranking[1].qos, QosClass::Burstable);
+}
+
+const SYSTEM_CRITICAL: i32 = crate::node::snapshot::SYSTEM_CRITICAL_PRIORITY;
+
+proptest! {
+    /// With equal priority, a pod above its memory request is ranked
+    /// before any pod within its request, whatever the amounts.
+    #[test]
+    fn above_request_precedes_within_request_at_equal_priority(
+        pods in prop::collection::vec((0u64..2048, 0u64..2048), 1..12),
+        priority in -5i32..5,
+    ) {
+        let pods: Vec<PodSnapshot> = pods
+            .iter()
+            .enumerate()
+            .map(|(i, &(request, usage))| {
+                memory_pod(&format!("p{i}"), priority, Some(&format!("{request}Mi")), usage * MI)
+            })
+            .collect();
+        let ranking = rank(&pods, Signal::MemoryAvailable, false);
+        prop_assert_eq!(ranking.len(), pods.len());
+        let first_within = ranking.iter().position(|r| r.exceeds_request == Some(false));
+        if let Some(first_within) = first_within {
+            prop_assert!(ranking[first_within..].iter().all(|r| r.exceeds_request == Some(false)));
+        }
+    }
+}

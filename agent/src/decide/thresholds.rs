@@ -1,0 +1,234 @@
+//! Eviction signals and thresholds with kubelet's names and meanings
+//! (`pkg/kubelet/eviction/api`), and their parsing from kubelet's flags and
+//! KubeletConfiguration fields.
+use std::{fmt, str::FromStr, time::Duration};
+
+use serde::Serialize;
+
+/// An eviction signal, named as kubelet names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Signal {
+    MemoryAvailable,
+    AllocatableMemoryAvailable,
+    NodeFsAvailable,
+    NodeFsInodesFree,
+    ImageFsAvailable,
+    ImageFsInodesFree,
+    ContainerFsAvailable,
+    ContainerFsInodesFree,
+    PidAvailable,
+}
+
+impl Signal {
+    pub const ALL: [Signal; 9] = [
+        Signal::MemoryAvailable,
+        Signal::AllocatableMemoryAvailable,
+        Signal::NodeFsAvailable,
+        Signal::NodeFsInodesFree,
+        Signal::ImageFsAvailable,
+        Signal::ImageFsInodesFree,
+        Signal::ContainerFsAvailable,
+        Signal::ContainerFsInodesFree,
+        Signal::PidAvailable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Signal::MemoryAvailable => "memory.available",
+            Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
+            Signal::NodeFsAvailable => "nodefs.available",
+            Signal::NodeFsInodesFree => "nodefs.inodesFree",
+            Signal::ImageFsAvailable => "imagefs.available",
+            Signal::ImageFsInodesFree => "imagefs.inodesFree",
+            Signal::ContainerFsAvailable => "containerfs.available",
+            Signal::ContainerFsInodesFree => "containerfs.inodesFree",
+            Signal::PidAvailable => "pid.available",
+        }
+    }
+
+    /// The resource reclaimed when this signal's threshold is met
+    /// (kubelet's `signalToResource`).
+    pub fn resource(self) -> Resource {
+        match self {
+            Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
+            Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
+                Resource::EphemeralStorage
+            }
+            Signal::NodeFsInodesFree
+            | Signal::ImageFsInodesFree
+            | Signal::ContainerFsInodesFree => Resource::Inodes,
+            Signal::PidAvailable => Resource::Pids,
+        }
+    }
+
+    /// The node condition reported while this signal's threshold is met
+    /// (kubelet's `signalToNodeCondition`).
+    pub fn node_condition(self) -> NodeCondition {
+        match self.resource() {
+            Resource::Memory => NodeCondition::MemoryPressure,
+            Resource::EphemeralStorage | Resource::Inodes => NodeCondition::DiskPressure,
+            Resource::Pids => NodeCondition::PidPressure,
+        }
+    }
+}
+
+impl fmt::Display for Signal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unsupported eviction signal {0:?}; expected one of memory.available, allocatableMemory.available, nodefs.available, nodefs.inodesFree, imagefs.available, imagefs.inodesFree, containerfs.available, containerfs.inodesFree, pid.available"
+)]
+pub struct UnknownSignal(pub String);
+
+impl FromStr for Signal {
+    type Err = UnknownSignal;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Signal::ALL
+            .into_iter()
+            .find(|signal| signal.as_str() == text)
+            .ok_or_else(|| UnknownSignal(text.to_owned()))
+    }
+}
+
+impl Serialize for Signal {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// What a pod is ranked by and what an eviction reclaims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Resource {
+    Memory,
+    Pids,
+    EphemeralStorage,
+    Inodes,
+}
+
+impl Resource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resource::Memory => "memory",
+            Resource::Pids => "pids",
+            Resource::EphemeralStorage => "ephemeral-storage",
+            Resource::Inodes => "inodes",
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Resource {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeCondition {
+    MemoryPressure,
+    DiskPressure,
+    PidPressure,
+}
+
+impl NodeCondition {
+    pub const ALL: [NodeCondition; 3] = [
+        NodeCondition::MemoryPressure,
+        NodeCondition::DiskPressure,
+        NodeCondition::PidPressure,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeCondition::MemoryPressure => "MemoryPressure",
+            NodeCondition::DiskPressure => "DiskPressure",
+            NodeCondition::PidPressure => "PIDPressure",
+        }
+    }
+}
+
+impl fmt::Display for NodeCondition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for NodeCondition {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+/// A threshold's value: an absolute quantity or a share of the signal's
+/// capacity. The percentage is an `f32` fraction, as in kubelet, so
+/// thresholds resolve to the same byte as kubelet's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ThresholdValue {
+    /// Exact integer value: bytes for memory and disk, a count for inodes
+    /// and PIDs.
+    Quantity(i64),
+    /// "10%" is 0.1.
+    Percentage(f32),
+}
+
+impl ThresholdValue {
+    /// The value against a capacity, as kubelet's `GetThresholdQuantity`:
+    /// `int64(float64(capacity) * float64(percentage))`.
+    pub fn resolve(self, capacity: i64) -> i64 {
+        match self {
+            ThresholdValue::Quantity(value) => value,
+            ThresholdValue::Percentage(fraction) => (capacity as f64 * f64::from(fraction)) as i64,
+        }
+    }
+}
+
+/// kubelet supports one operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Operator {
+    LessThan,
+}
+
+/// One eviction threshold. A hard threshold has a zero grace period.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Threshold {
+    pub signal: Signal,
+    pub operator: Operator,
+    pub value: ThresholdValue,
+    #[serde(rename = "grace_period_seconds", serialize_with = "whole_seconds")]
+    pub grace_period: Duration,
+    /// `{"quantity": 0}` when not configured, as the contract prints it.
+    pub min_reclaim: ThresholdValue,
+    /// kubelet's `isHardEvictionThreshold`: no grace period. A soft
+    /// threshold given 0s is hard too: it evicts with no pod grace period.
+    #[serde(skip)]
+    pub hard: bool,
+}
+
+fn whole_seconds<S: serde::Serializer>(
+    period: &Duration,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(period.as_secs())
+}
+
+/// Everything the engine needs from configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvictionConfig {
+    pub thresholds: Vec<Threshold>,
+    /// `--eviction-max-pod-grace-period`: a soft eviction gives a pod
+    /// min(its own termination grace period, this). kubelet's default is 0.
+    pub max_pod_grace_period: Duration,
+    /// `--eviction-pressure-transition-period`: how long a node condition
+    /// stays after its last threshold stopped being met.
+    pub pressure_transition_period: Duration,
+}

@@ -1,0 +1,251 @@
+//! Memory pressure the kernel pushes without BPF, as the two non-eBPF modes
+//! evictd's event mode is compared with (`cargo xtask bench`):
+//!
+//! - `--mode psi`: a PSI trigger, Android lmkd's mechanism: the kernel wakes
+//!   a poller once tasks have stalled on memory for `stall` within `window`.
+//! - `--mode memcg-threshold`: cgroup v1 usage thresholds on an eventfd,
+//!   what kubelet's `--kernel-memcg-notification` arms: the kernel signals
+//!   the eventfd when the node cgroup's usage crosses a level.
+//!
+//! Both only wake the engine; it reads cgroupfs and decides as in every mode.
+use std::{
+    fs::{self, File, OpenOptions},
+    io::{self, Write as _},
+    os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use tokio::io::{Interest, unix::AsyncFd};
+
+use crate::kernel::bpf::monotonic_now_ns;
+
+/// The shortest and longest PSI window the kernel accepts.
+const PSI_WINDOW_RANGE: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(10));
+
+/// Without CAP_SYS_RESOURCE the kernel takes only windows that are
+/// multiples of this (it rate-limits unprivileged triggers).
+const UNPRIVILEGED_PSI_WINDOW: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NotifyError {
+    #[error("PSI trigger on {path}")]
+    Psi { path: PathBuf, source: io::Error },
+    #[error(
+        "PSI trigger: the stall ({stall:?}) must be at most the window ({window:?}), \
+         and the window between 500ms and 10s"
+    )]
+    PsiRange { stall: Duration, window: Duration },
+    #[error(
+        "PSI trigger on {path}: a {window:?} window needs CAP_SYS_RESOURCE; \
+         without it the kernel takes only multiples of 2s"
+    )]
+    PsiWindowNeedsPrivilege { path: PathBuf, window: Duration },
+    #[error("memory threshold on {path}")]
+    Threshold { path: PathBuf, source: io::Error },
+}
+
+/// A PSI trigger: `some <stall> <window>` written to a pressure file, then
+/// POLLPRI each time the kernel sees that much stall.
+pub struct PsiTrigger {
+    file: AsyncFd<File>,
+    path: PathBuf,
+}
+
+impl PsiTrigger {
+    /// `path` is a cgroup v2 `memory.pressure` or `/proc/pressure/memory`.
+    pub fn open(path: &Path, stall: Duration, window: Duration) -> Result<Self, NotifyError> {
+        if stall > window || window < PSI_WINDOW_RANGE.0 || window > PSI_WINDOW_RANGE.1 {
+            return Err(NotifyError::PsiRange { stall, window });
+        }
+        let error = |source| NotifyError::Psi {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path)
+            .map_err(error)?;
+        // The kernel takes the trigger from a single write and overwrites
+        // its last byte with a NUL: send the NUL.
+        let line = format!("{}\0", psi_trigger_line(stall, window));
+        match file.write(line.as_bytes()) {
+            Ok(_) => {}
+            Err(e)
+                if e.raw_os_error() == Some(libc::EINVAL)
+                    && !window
+                        .as_micros()
+                        .is_multiple_of(UNPRIVILEGED_PSI_WINDOW.as_micros()) =>
+            {
+                return Err(NotifyError::PsiWindowNeedsPrivilege {
+                    path: path.to_owned(),
+                    window,
+                });
+            }
+            Err(e) => return Err(error(e)),
+        }
+        // SAFETY: the AsyncFd owns the file, so the fd stays open and
+        // unchanged while registered.
+        let file = unsafe { AsyncFd::register_with_interest(file, Interest::PRIORITY) }
+            .map_err(|e| error(e.into()))?;
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits for the next trigger; returns CLOCK_MONOTONIC ns at wake-up.
+    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+        let mut ready = self
+            .file
+            .ready(Interest::PRIORITY)
+            .await
+            .map_err(|source| NotifyError::Psi {
+                path: self.path.clone(),
+                source,
+            })?;
+        let at_ns = monotonic_now_ns();
+        // Polling the file consumed the event; wait for the next wake-up.
+        ready.clear_ready();
+        Ok(at_ns)
+    }
+}
+
+/// The line that arms a PSI trigger: `some` stall and window in µs.
+pub fn psi_trigger_line(stall: Duration, window: Duration) -> String {
+    format!("some {} {}", stall.as_micros(), window.as_micros())
+}
+
+/// cgroup v1 memory thresholds of one cgroup on one eventfd, re-armed at
+/// new levels as the engine asks (as kubelet re-arms on each sync).
+pub struct MemcgThresholds {
+    /// `cgroup.event_control` of the cgroup.
+    control: PathBuf,
+    /// `memory.usage_in_bytes`, kept open: registrations name its fd.
+    usage: File,
+    /// The eventfd of the current levels; closing it unregisters them.
+    armed: Option<AsyncFd<EventFd>>,
+    levels: Vec<u64>,
+}
+
+impl MemcgThresholds {
+    /// `memory_dir` is the cgroup's directory in the v1 memory hierarchy.
+    pub fn open(memory_dir: &Path) -> Result<Self, NotifyError> {
+        let usage_path = memory_dir.join("memory.usage_in_bytes");
+        let usage = File::open(&usage_path).map_err(|source| NotifyError::Threshold {
+            path: usage_path,
+            source,
+        })?;
+        Ok(Self {
+            control: memory_dir.join("cgroup.event_control"),
+            usage,
+            armed: None,
+            levels: Vec::new(),
+        })
+    }
+
+    /// Replaces the armed levels (usage in bytes) with `levels`; nothing is
+    /// re-registered when they are unchanged.
+    pub fn arm(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
+        if self.armed.is_some() && self.levels == levels {
+            return Ok(());
+        }
+        let error = |source| NotifyError::Threshold {
+            path: self.control.clone(),
+            source,
+        };
+        let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| error(e.into()))?;
+        for level in levels {
+            let line = format!("{} {} {level}", eventfd.as_raw_fd(), self.usage.as_raw_fd());
+            fs::write(&self.control, line).map_err(error)?;
+        }
+        // Dropping the previous eventfd unregisters the previous levels.
+        // SAFETY: the AsyncFd owns the eventfd, so the fd stays open and
+        // unchanged while registered.
+        let armed = unsafe { AsyncFd::register_with_interest(eventfd, Interest::READABLE) }
+            .map_err(|e| error(e.into()))?;
+        self.armed = Some(armed);
+        self.levels = levels.to_vec();
+        Ok(())
+    }
+
+    /// Waits until usage crosses an armed level, either way; returns
+    /// CLOCK_MONOTONIC ns at wake-up. Pending while nothing is armed.
+    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+        let Some(armed) = self.armed.as_mut() else {
+            return std::future::pending().await;
+        };
+        let mut ready = armed
+            .readable()
+            .await
+            .map_err(|source| NotifyError::Threshold {
+                path: self.control.clone(),
+                source,
+            })?;
+        let at_ns = monotonic_now_ns();
+        // Reading resets the counter; EAGAIN means another wake-up took it.
+        let _ = ready.get_inner().read();
+        ready.clear_ready();
+        Ok(at_ns)
+    }
+}
+
+/// The push mechanism of a non-eBPF mode.
+pub enum Notifier {
+    Psi(PsiTrigger),
+    MemcgThresholds(MemcgThresholds),
+}
+
+impl Notifier {
+    /// The engine trigger's `source`: `psi` or `memcg-threshold`.
+    pub fn source(&self) -> &'static str {
+        match self {
+            Self::Psi(_) => "psi",
+            Self::MemcgThresholds(_) => "memcg-threshold",
+        }
+    }
+
+    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+        match self {
+            Self::Psi(trigger) => trigger.wait().await,
+            Self::MemcgThresholds(thresholds) => thresholds.wait().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_trigger_line_is_in_microseconds() {
+        assert_eq!(
+            psi_trigger_line(Duration::from_millis(70), Duration::from_secs(1)),
+            "some 70000 1000000"
+        );
+    }
+
+    #[test]
+    fn a_stall_longer_than_its_window_is_refused_before_the_kernel_sees_it() {
+        for (stall, window) in [
+            (Duration::from_secs(2), Duration::from_secs(1)),
+            (Duration::from_millis(10), Duration::from_millis(100)),
+            (Duration::from_millis(10), Duration::from_secs(11)),
+        ] {
+            let refused = PsiTrigger::open(Path::new("/nonexistent"), stall, window);
+            assert!(
+                matches!(refused, Err(NotifyError::PsiRange { .. })),
+                "{stall:?} in {window:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,250 @@
+use super::*;
+use crate::node::cgroupfs::CgroupVersion;
+
+fn write(path: &Path, text: &str) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    fs::write(path, text).unwrap();
+}
+
+/// A v1 pod cgroup with `bytes` charged, no page cache, `tasks` tasks.
+fn v1_pod(root: &Path, path: &str, bytes: u64, tasks: u64) {
+    let memory = root.join("memory").join(path);
+    write(&memory.join("memory.usage_in_bytes"), &format!("{bytes}\n"));
+    write(&memory.join("memory.stat"), "total_inactive_file 0\n");
+    write(
+        &root.join("pids").join(path).join("pids.current"),
+        &format!("{tasks}\n"),
+    );
+}
+
+fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
+    let write_node = |file: &str, text: &str| write(&root.join("memory/sandbox").join(file), text);
+    write_node("memory.limit_in_bytes", "1073741824\n");
+    write_node("memory.usage_in_bytes", "0\n");
+    write_node("memory.stat", "total_inactive_file 0\n");
+    let cgroupfs = CgroupFs {
+        version: CgroupVersion::V1,
+        memory_root: root.join("memory"),
+        pids_root: Some(root.join("pids")),
+        freezer_root: None,
+    };
+    let args = InventoryArgs {
+        node_cgroup: node.into(),
+        pod_metadata: metadata.map(Path::to_owned),
+        nodefs_path: root.join("missing"),
+        imagefs_path: root.join("missing"),
+    };
+    Inventory::new(cgroupfs, &args).unwrap()
+}
+
+#[test]
+fn pod_names_of_both_drivers_give_the_uid() {
+    let uid = "8f6e1c2a-1b2c-4d5e-8f90-123456789abc";
+    assert_eq!(pod_uid(&format!("pod{uid}")).as_deref(), Some(uid));
+    let underscored = uid.replace('-', "_");
+    for name in [
+        format!("kubepods-pod{underscored}.slice"),
+        format!("kubepods-burstable-pod{underscored}.slice"),
+        format!("kubepods-besteffort-pod{underscored}.slice"),
+    ] {
+        assert_eq!(pod_uid(&name).as_deref(), Some(uid), "{name}");
+    }
+    for not_a_pod in [
+        "burstable",
+        "kubepods-burstable.slice",
+        "pod",
+        "cri-containerd-1.scope",
+    ] {
+        assert_eq!(pod_uid(not_a_pod), None, "{not_a_pod}");
+    }
+}
+
+#[test]
+fn cgroupfs_driver_pods_with_qos_from_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/podg1", 100, 1);
+    v1_pod(root, "sandbox/kubepods/podg1/ctr", 100, 1);
+    v1_pod(root, "sandbox/kubepods/burstable/podb1", 200, 2);
+    v1_pod(root, "sandbox/kubepods/besteffort/pode1", 300, 3);
+    let mut inventory = inventory(root, "/sandbox", None);
+    let pods = inventory.pods().unwrap();
+    let found: Vec<_> = pods
+        .iter()
+        .map(|p| (p.uid.as_str(), p.qos_class(), p.cgroup.as_deref().unwrap()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            (
+                "e1",
+                QosClass::BestEffort,
+                "/sandbox/kubepods/besteffort/pode1"
+            ),
+            (
+                "b1",
+                QosClass::Burstable,
+                "/sandbox/kubepods/burstable/podb1"
+            ),
+            ("g1", QosClass::Guaranteed, "/sandbox/kubepods/podg1"),
+        ]
+    );
+    assert_eq!(pods[0].usage.memory_working_set_bytes, 300);
+    assert_eq!(pods[0].usage.pids, 3);
+}
+
+#[test]
+fn systemd_driver_pods() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let slice = "sandbox/kubepods.slice";
+    v1_pod(root, &format!("{slice}/kubepods-poda_1.slice"), 1, 1);
+    v1_pod(
+        root,
+        &format!("{slice}/kubepods-burstable.slice/kubepods-burstable-podb_2.slice"),
+        2,
+        1,
+    );
+    let besteffort = format!("{slice}/kubepods-besteffort.slice/kubepods-besteffort-podc_3.slice");
+    v1_pod(root, &besteffort, 3, 1);
+    v1_pod(root, &format!("{besteffort}/cri-containerd-9.scope"), 3, 1);
+    let mut inventory = inventory(root, "/sandbox/", None);
+    assert_eq!(
+        inventory.kubepods_cgroup().as_deref(),
+        Some("/sandbox/kubepods.slice")
+    );
+    let pods = inventory.pods().unwrap();
+    let found: Vec<_> = pods
+        .iter()
+        .map(|p| (p.uid.as_str(), p.qos_class()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("c-3", QosClass::BestEffort),
+            ("b-2", QosClass::Burstable),
+            ("a-1", QosClass::Guaranteed),
+        ]
+    );
+}
+
+#[test]
+fn metadata_names_pods_and_what_is_missing_is_stated() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/burstable/podknown", 10, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podstranger", 20, 1);
+    let metadata = root.join("pods.json");
+    write(
+        &metadata,
+        r#"[{"namespace": "shop", "name": "web", "uid": "known", "priority": 7,
+             "containers": [{"name": "app", "requests": {"memory": "1Mi"}}]},
+            {"namespace": "gone", "name": "old", "uid": "elsewhere", "containers": []}]"#,
+    );
+    let mut inventory = inventory(root, "/sandbox", Some(&metadata));
+    let pods = inventory.pods().unwrap();
+    let web = pods.iter().find(|p| p.uid == "known").unwrap();
+    assert_eq!((web.key().as_str(), web.priority), ("shop/web", 7));
+    assert_eq!(web.request("memory"), 1 << 20);
+    assert!(web.unknown.is_empty());
+    assert_eq!(
+        web.usage.memory_working_set_bytes, 10,
+        "usage comes from cgroups"
+    );
+    let stranger = pods.iter().find(|p| p.uid == "stranger").unwrap();
+    assert_eq!(stranger.key(), "/podstranger");
+    assert_eq!(stranger.qos_class(), QosClass::BestEffort);
+    assert!(stranger.unknown.contains(&"priority".to_owned()));
+    assert_eq!(
+        pods.len(),
+        2,
+        "metadata for a pod not on the node adds nothing"
+    );
+}
+
+#[test]
+fn a_malformed_metadata_file_is_an_input_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let metadata = dir.path().join("pods.json");
+    write(&metadata, "{not json");
+    let err = match MetadataFile::open(&metadata) {
+        Err(e) => e,
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(err.is_input_error());
+    assert!(err.to_string().contains("pods.json"), "{err}");
+}
+
+#[test]
+fn a_missing_node_cgroup_is_an_input_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cgroupfs = CgroupFs {
+        version: CgroupVersion::V1,
+        memory_root: dir.path().to_owned(),
+        pids_root: None,
+        freezer_root: None,
+    };
+    let args = InventoryArgs {
+        node_cgroup: "/nowhere".into(),
+        pod_metadata: None,
+        nodefs_path: "/".into(),
+        imagefs_path: "/".into(),
+    };
+    let err = match Inventory::new(cgroupfs, &args) {
+        Err(e) => e,
+        Ok(_) => panic!("accepted"),
+    };
+    assert!(err.is_input_error());
+    assert!(err.to_string().contains("\"/nowhere\""), "{err}");
+}
+
+#[test]
+fn a_pod_removed_while_read_is_left_out_and_the_agents_pod_is_marked() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/podagent", 10, 1);
+    // A cgroup directory whose files are gone: removed mid-read.
+    fs::create_dir_all(root.join("memory/sandbox/kubepods/besteffort/podvanished")).unwrap();
+    let mut inventory = inventory(root, "/sandbox", None);
+    inventory.own_cgroup = Some("/sandbox/kubepods/besteffort/podagent/ctr".into());
+    let pods = inventory.pods().unwrap();
+    assert_eq!(pods.len(), 1);
+    assert!(pods[0].hosts_evictd);
+    assert!(!pods[0].is_evictable());
+}
+
+#[test]
+fn a_pod_without_metadata_named_like_a_static_pod_is_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(
+        root,
+        "sandbox/kubepods/besteffort/pod6f1d0c3b9a7e45d2b8c1f0e2d3a4b5c6",
+        10,
+        1,
+    );
+    v1_pod(
+        root,
+        "sandbox/kubepods/besteffort/pod6f1d0c3b-9a7e-45d2-b8c1-f0e2d3a4b5c6",
+        10,
+        1,
+    );
+    let mut inventory = inventory(root, "/sandbox", None);
+    let pods = inventory.pods().unwrap();
+    let (hashed, api): (Vec<_>, Vec<_>) = pods.iter().partition(|p| !p.uid.contains('-'));
+    assert!(hashed[0].is_static && !hashed[0].is_evictable());
+    assert!(!hashed[0].unknown.contains(&"static".to_owned()));
+    assert!(!api[0].is_static);
+    assert!(api[0].unknown.contains(&"static".to_owned()));
+}
+
+#[test]
+fn own_cgroup_from_proc_self_cgroup() {
+    let v1 = "9:name=systemd:/\n4:memory:/kubepods/podx/c\n0::/\n";
+    assert_eq!(parse_own_cgroup(v1).as_deref(), Some("/kubepods/podx/c"));
+    let v2 = "0::/kubepods.slice/kubepods-podx.slice/cri-containerd-1.scope\n";
+    assert_eq!(
+        parse_own_cgroup(v2).as_deref(),
+        Some("/kubepods.slice/kubepods-podx.slice/cri-containerd-1.scope")
+    );
+}

@@ -1,0 +1,7 @@
+//! The node as cgroupfs and the filesystems show it: controller mounts,
+//! the node's signals, the pods found in kubelet's cgroup layout, and the
+//! snapshot types the engine decides on.
+pub mod cgroupfs;
+pub mod inventory;
+pub mod snapshot;
+pub mod stats;

@@ -1,0 +1,400 @@
+//! The node's eviction signals, read fresh on every call (never a cached
+//! poll, cf. kubernetes#51745): memory and allocatable memory from cgroups,
+//! PIDs from the node cgroup or the kernel's limits, filesystems by statvfs.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    node::cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion},
+    node::snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SignalsError {
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path}: cannot parse {text:?}")]
+    Parse { path: PathBuf, text: String },
+    #[error("statvfs {path}: {source}")]
+    Statvfs {
+        path: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+/// Where the node's signals come from.
+#[derive(Debug, Clone)]
+pub struct NodeSignals {
+    pub cgroupfs: CgroupFs,
+    /// The cgroup standing for the node, relative to the hierarchy root;
+    /// `/` is the machine.
+    pub node: String,
+    pub nodefs: PathBuf,
+    pub imagefs: PathBuf,
+}
+
+impl NodeSignals {
+    /// Every signal's input. A filesystem path that does not exist leaves
+    /// that filesystem out (its signals are not observed).
+    pub fn read(&self) -> Result<NodeStats, SignalsError> {
+        Ok(NodeStats {
+            nodefs: statvfs(&self.nodefs)?,
+            imagefs: statvfs(&self.imagefs)?,
+            ..self.read_fast()?
+        })
+    }
+
+    /// Memory, allocatable memory and PIDs only: what a kernel event is
+    /// about, a few small files.
+    pub fn read_fast(&self) -> Result<NodeStats, SignalsError> {
+        let memory = self.memory()?;
+        let allocatable = match self.kubepods() {
+            Some(kubepods) => Some(self.allocatable(&kubepods, memory.capacity_bytes)?),
+            None => None,
+        };
+        Ok(NodeStats {
+            memory,
+            allocatable,
+            pid: Some(self.pids()?),
+            nodefs: None,
+            imagefs: None,
+            containerfs: None,
+        })
+    }
+
+    /// The pods' cgroup under the node, by the cgroupfs or the systemd
+    /// driver's name, if kubelet (or a test) created it.
+    pub fn kubepods(&self) -> Option<String> {
+        ["kubepods", "kubepods.slice"]
+            .into_iter()
+            .map(|name| child_path(&self.node, name))
+            .find(|path| self.cgroupfs.memory_dir(path).is_dir())
+    }
+
+    fn memory(&self) -> Result<MemoryStats, SignalsError> {
+        let total = mem_total()?;
+        let capacity = lowest_memory_limit(&self.cgroupfs, &self.node)?
+            .map_or(total, |limit| limit.min(total));
+        let reading = self.cgroupfs.read_memory(&self.node)?;
+        Ok(MemoryStats {
+            capacity_bytes: capacity,
+            working_set_bytes: reading.working_set_bytes(),
+        })
+    }
+
+    /// kubelet's allocatable memory signal: the pods' cgroup against node
+    /// allocatable, which kubelet enforces as that cgroup's limit.
+    fn allocatable(&self, kubepods: &str, node_capacity: u64) -> Result<MemoryStats, SignalsError> {
+        let capacity = memory_limit(&self.cgroupfs, kubepods)?
+            .map_or(node_capacity, |limit| limit.min(node_capacity));
+        // The node's own limit already bounds it from above (node_capacity).
+        let reading = self.cgroupfs.read_memory(kubepods)?;
+        Ok(MemoryStats {
+            capacity_bytes: capacity,
+            working_set_bytes: reading.working_set_bytes(),
+        })
+    }
+
+    /// The node cgroup's pids.max and pids.current where it has a limit;
+    /// otherwise the kernel's limit and every task on the machine, as
+    /// kubelet's rlimit statistics count them.
+    fn pids(&self) -> Result<PidStats, SignalsError> {
+        let node_pids = self
+            .cgroupfs
+            .pids_dir(&self.node)
+            .is_ok_and(|dir| dir.is_dir());
+        if !is_root(&self.node)
+            && node_pids
+            && let Some(max) = lowest_pids_limit(&self.cgroupfs, &self.node)?
+        {
+            return Ok(PidStats {
+                max,
+                in_use: self.cgroupfs.read_pids(&self.node)?,
+            });
+        }
+        let pid_max = read_number(Path::new("/proc/sys/kernel/pid_max"))?;
+        let threads_max = read_number(Path::new("/proc/sys/kernel/threads-max"))?;
+        Ok(PidStats {
+            max: pid_max.min(threads_max),
+            in_use: cgroupfs::node_tasks()?,
+        })
+    }
+}
+
+/// `parent/name` as a cgroup path relative to the hierarchy root.
+pub fn child_path(parent: &str, name: &str) -> String {
+    format!("{}/{name}", parent.trim_end_matches('/'))
+}
+
+fn is_root(path: &str) -> bool {
+    path.trim_matches('/').is_empty()
+}
+
+/// The cgroup and its ancestors, deepest first, without the root (which
+/// has no limit files).
+fn lineage(path: &str) -> impl Iterator<Item = String> + '_ {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    (1..=parts.len())
+        .rev()
+        .map(move |depth| format!("/{}", parts[..depth].join("/")))
+}
+
+/// The tightest memory limit on `path` or an ancestor: an ancestor's limit
+/// binds the whole subtree.
+fn lowest_memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    let mut lowest: Option<u64> = None;
+    for cgroup in lineage(path) {
+        if let Some(limit) = memory_limit(cgroupfs, &cgroup)? {
+            lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+    }
+    Ok(lowest)
+}
+
+fn lowest_pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    let mut lowest: Option<u64> = None;
+    for cgroup in lineage(path) {
+        if let Some(limit) = pids_limit(cgroupfs, &cgroup)? {
+            lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
+        }
+    }
+    Ok(lowest)
+}
+
+/// The cgroup's hard memory limit; `None` when unlimited.
+fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    let file = match cgroupfs.version {
+        CgroupVersion::V1 => "memory.limit_in_bytes",
+        CgroupVersion::V2 => "memory.max",
+    };
+    let limit = read_limit(&cgroupfs.memory_dir(path).join(file))?;
+    // v1 writes "unlimited" as the largest page-aligned i64.
+    Ok(limit.filter(|bytes| *bytes < (i64::MAX as u64) & !0xfff))
+}
+
+fn pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    read_limit(&cgroupfs.pids_dir(path)?.join("pids.max"))
+}
+
+/// A limit file: a number, or "max" for none.
+fn read_limit(path: &Path) -> Result<Option<u64>, SignalsError> {
+    let text = read(path)?;
+    match text.trim() {
+        "max" => Ok(None),
+        number => number.parse().map(Some).map_err(|_| SignalsError::Parse {
+            path: path.to_owned(),
+            text: number.to_owned(),
+        }),
+    }
+}
+
+fn read_number(path: &Path) -> Result<u64, SignalsError> {
+    read_limit(path)?.ok_or_else(|| SignalsError::Parse {
+        path: path.to_owned(),
+        text: "max".into(),
+    })
+}
+
+fn read(path: &Path) -> Result<String, SignalsError> {
+    fs::read_to_string(path).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => SignalsError::Cgroup(CgroupError::Gone(path.to_owned())),
+        _ => SignalsError::Read {
+            path: path.to_owned(),
+            source,
+        },
+    })
+}
+
+fn mem_total() -> Result<u64, SignalsError> {
+    let path = Path::new("/proc/meminfo");
+    let text = read(path)?;
+    text.lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix("MemTotal:")?;
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| SignalsError::Parse {
+            path: path.to_owned(),
+            text: "no MemTotal line".into(),
+        })
+}
+
+/// A filesystem's size and free space as kubelet's summary reports them:
+/// available bytes are what unprivileged users may still write.
+fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
+    match nix::sys::statvfs::statvfs(path) {
+        Ok(stats) => {
+            let fragment = stats.fragment_size();
+            Ok(Some(FsStats {
+                capacity_bytes: stats.blocks() * fragment,
+                available_bytes: stats.blocks_available() * fragment,
+                inodes: stats.files(),
+                inodes_free: stats.files_free(),
+            }))
+        }
+        Err(nix::Error::ENOENT) => Ok(None),
+        Err(source) => Err(SignalsError::Statvfs {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture_fs(root: &Path, version: CgroupVersion) -> CgroupFs {
+        CgroupFs {
+            version,
+            memory_root: root.join("memory"),
+            pids_root: Some(root.join("pids")),
+            freezer_root: None,
+        }
+    }
+
+    fn write(path: &Path, text: &str) {
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, text).unwrap();
+    }
+
+    #[test]
+    fn a_node_cgroup_gives_capacity_working_set_allocatable_and_pids() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroupfs = fixture_fs(dir.path(), CgroupVersion::V1);
+        let memory = dir.path().join("memory/sandbox");
+        write(&memory.join("memory.limit_in_bytes"), "536870912\n");
+        write(&memory.join("memory.usage_in_bytes"), "300000000\n");
+        write(&memory.join("memory.stat"), "total_inactive_file 1000000\n");
+        write(
+            &memory.join("kubepods/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        );
+        write(
+            &memory.join("kubepods/memory.usage_in_bytes"),
+            "200000000\n",
+        );
+        write(
+            &memory.join("kubepods/memory.stat"),
+            "total_inactive_file 0\n",
+        );
+        let pids = dir.path().join("pids/sandbox");
+        write(&pids.join("pids.max"), "200\n");
+        write(&pids.join("pids.current"), "42\n");
+        let signals = NodeSignals {
+            cgroupfs,
+            node: "/sandbox".into(),
+            nodefs: dir.path().join("missing"),
+            imagefs: dir.path().to_owned(),
+        };
+        let node = signals.read().unwrap();
+        assert_eq!(node.memory.capacity_bytes, 536870912);
+        assert_eq!(node.memory.working_set_bytes, 299000000);
+        let allocatable = node.allocatable.unwrap();
+        assert_eq!(
+            allocatable.capacity_bytes, 536870912,
+            "unlimited: the node's"
+        );
+        assert_eq!(allocatable.working_set_bytes, 200000000);
+        assert_eq!(
+            node.pid,
+            Some(PidStats {
+                max: 200,
+                in_use: 42
+            })
+        );
+        assert_eq!(node.nodefs, None, "a missing path is not observed");
+        let imagefs = node.imagefs.unwrap();
+        assert!(imagefs.capacity_bytes >= imagefs.available_bytes);
+        assert!(imagefs.inodes >= imagefs.inodes_free);
+        assert_eq!(signals.kubepods().as_deref(), Some("/sandbox/kubepods"));
+    }
+
+    #[test]
+    fn cgroup_v2_limits_and_the_systemd_pods_slice() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cgroupfs = fixture_fs(dir.path(), CgroupVersion::V2);
+        cgroupfs.pids_root = Some(dir.path().join("memory"));
+        let node = dir.path().join("memory/sandbox");
+        write(&node.join("memory.max"), "max\n");
+        write(&node.join("memory.current"), "4096\n");
+        write(&node.join("memory.stat"), "inactive_file 1024\n");
+        write(&node.join("pids.max"), "max\n");
+        write(&node.join("pids.current"), "3\n");
+        let slice = node.join("kubepods.slice");
+        write(&slice.join("memory.max"), "1048576\n");
+        write(&slice.join("memory.current"), "2048\n");
+        write(&slice.join("memory.stat"), "inactive_file 0\n");
+        let signals = NodeSignals {
+            cgroupfs,
+            node: "/sandbox".into(),
+            nodefs: dir.path().join("missing"),
+            imagefs: dir.path().join("missing"),
+        };
+        let stats = signals.read().unwrap();
+        assert_eq!(
+            stats.memory.capacity_bytes,
+            mem_total().unwrap(),
+            "unlimited: MemTotal"
+        );
+        assert_eq!(stats.memory.working_set_bytes, 3072);
+        assert_eq!(stats.allocatable.unwrap().capacity_bytes, 1048576);
+        let pid = stats.pid.unwrap();
+        assert!(pid.max > 3, "no pids.max: the kernel's limit");
+    }
+
+    #[test]
+    fn an_ancestors_tighter_limit_is_the_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroupfs = fixture_fs(dir.path(), CgroupVersion::V1);
+        let parent = dir.path().join("memory/parent");
+        write(&parent.join("memory.limit_in_bytes"), "1048576\n");
+        write(
+            &parent.join("node/memory.limit_in_bytes"),
+            "9223372036854771712\n",
+        );
+        write(&parent.join("node/memory.usage_in_bytes"), "4096\n");
+        write(&parent.join("node/memory.stat"), "total_inactive_file 0\n");
+        let pids = dir.path().join("pids/parent");
+        write(&pids.join("pids.max"), "50\n");
+        write(&pids.join("node/pids.max"), "max\n");
+        write(&pids.join("node/pids.current"), "7\n");
+        let signals = NodeSignals {
+            cgroupfs,
+            node: "/parent/node".into(),
+            nodefs: dir.path().join("missing"),
+            imagefs: dir.path().join("missing"),
+        };
+        let node = signals.read_fast().unwrap();
+        assert_eq!(node.memory.capacity_bytes, 1048576);
+        assert_eq!(node.pid, Some(PidStats { max: 50, in_use: 7 }));
+        assert_eq!(
+            lineage("/a/b/c").collect::<Vec<_>>(),
+            ["/a/b/c", "/a/b", "/a"]
+        );
+        assert_eq!(lineage("/").count(), 0);
+    }
+
+    #[test]
+    fn a_malformed_limit_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pids.max");
+        write(&path, "lots\n");
+        let err = read_limit(&path).unwrap_err().to_string();
+        assert!(err.contains("pids.max") && err.contains("lots"), "{err}");
+    }
+}

@@ -1,0 +1,441 @@
+//! The Kubernetes API side, on its own thread and runtime so that nothing
+//! the API does (a slow list, a large watch event, a server that is down)
+//! can delay the engine: the engine reads the in-memory [`PodStore`] and
+//! hands finished kills to a queue ([`Kubernetes::report`]); only a soft
+//! eviction with `--eviction-action evict` waits for the API, bounded by
+//! `--api-timeout`, and falls back to the local kill when it cannot get an
+//! answer.
+mod message;
+mod pods;
+mod report;
+
+use std::{
+    collections::HashSet,
+    path::Path,
+    sync::{Arc, Mutex, PoisonError, mpsc as std_mpsc},
+    time::Duration,
+};
+
+use kube::{Client, Config, config::KubeConfigOptions};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, warn};
+
+pub use message::{ContainerUsage, EvictionMessage, StarvedSignal, eviction_message};
+pub use pods::{KnownPod, PodStore};
+pub use report::{EvictOutcome, EvictionNotice};
+
+use crate::{
+    config::{EvictionAction, KubernetesArgs},
+    decide::thresholds::Resource,
+    node::cgroupfs::{CgroupError, CgroupFs},
+    node::snapshot::PodSnapshot,
+    report::metrics::Metrics,
+};
+
+/// Eviction reports waiting for the API. A node evicts a few pods a minute
+/// at most; 256 outlasts an API outage of hours. Past it, reports are
+/// dropped (counted and logged), never the kills.
+const REPORT_QUEUE: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "--node-name is set but no Kubernetes API configuration was found (not in a pod, no $KUBECONFIG or ~/.kube/config): {0}; give --kubeconfig, or run without --node-name"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    #[error("starting the Kubernetes API thread: {0}")]
+    Thread(#[source] std::io::Error),
+    #[error("the Kubernetes API thread ended while starting")]
+    ThreadEnded,
+}
+
+impl KubeError {
+    /// Whether the user's input is at fault (exit status 2).
+    pub fn is_input_error(&self) -> bool {
+        matches!(self, Self::Kubeconfig { .. } | Self::Infer(_))
+    }
+}
+
+/// The running API side: the pod store, the report queue and the
+/// eviction-API requests of soft evictions.
+pub struct Kubernetes {
+    store: PodStore,
+    action: EvictionAction,
+    reports: mpsc::Sender<EvictionNotice>,
+    evictions: mpsc::Sender<report::EvictRequest>,
+    api_timeout: Duration,
+    metrics: Arc<Metrics>,
+    finished: std_mpsc::Receiver<()>,
+}
+
+impl Kubernetes {
+    /// Loads the client configuration (in-cluster service account, or
+    /// --kubeconfig), then starts the pod watch and the reporter on a
+    /// thread of their own. Never waits for the API server itself.
+    pub fn start(
+        args: &KubernetesArgs,
+        node_name: &str,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, KubeError> {
+        let (reports, report_queue) = mpsc::channel(REPORT_QUEUE);
+        let (evictions, eviction_queue) = mpsc::channel(REPORT_QUEUE);
+        let (started_tx, started_rx) = std_mpsc::channel();
+        let (finished_tx, finished) = std_mpsc::channel();
+        let store = PodStore::default();
+        let context = report::Context {
+            node_name: node_name.to_owned(),
+            action: args.eviction_action,
+            api_timeout: args.api_timeout,
+            metrics: metrics.clone(),
+            errors: ApiErrors::new(metrics.clone()),
+        };
+        let kubeconfig = args.kubeconfig.clone();
+        let api_timeout = args.api_timeout;
+        let thread_store = store.clone();
+        std::thread::Builder::new()
+            .name("evictd-kube".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(KubeError::Thread(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let client = match client(kubeconfig.as_deref(), api_timeout).await {
+                        Ok(client) => client,
+                        Err(e) => {
+                            let _ = started_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = started_tx.send(Ok(()));
+                    tokio::spawn(pods::watch(
+                        client.clone(),
+                        context.node_name.clone(),
+                        thread_store,
+                        context.metrics.clone(),
+                        context.errors.clone(),
+                    ));
+                    tokio::spawn(report::serve_evictions(
+                        client.clone(),
+                        context.clone(),
+                        eviction_queue,
+                    ));
+                    report::serve_reports(client, context, report_queue).await;
+                });
+                let _ = finished_tx.send(());
+            })
+            .map_err(KubeError::Thread)?;
+        started_rx.recv().map_err(|_| KubeError::ThreadEnded)??;
+        Ok(Self {
+            store,
+            action: args.eviction_action,
+            reports,
+            evictions,
+            api_timeout: args.api_timeout,
+            metrics,
+            finished,
+        })
+    }
+
+    /// The pod store, the inventory's metadata source.
+    pub fn store(&self) -> &PodStore {
+        &self.store
+    }
+
+    pub fn action(&self) -> EvictionAction {
+        self.action
+    }
+
+    /// What the API is to be told about the eviction of `pod`, with each
+    /// container's usage read now, before the kill takes it away. `None`
+    /// for a pod the API has not shown evictd (nothing to name).
+    pub fn notice(
+        &self,
+        pod: &PodSnapshot,
+        signal: StarvedSignal,
+        cgroupfs: &CgroupFs,
+    ) -> Option<EvictionNotice> {
+        let known = self.store.get(&pod.uid)?;
+        let containers = match (signal.resource, pod.cgroup.as_deref()) {
+            (Resource::Memory, Some(cgroup)) => container_usage(cgroupfs, cgroup, &known),
+            _ => Vec::new(),
+        };
+        Some(EvictionNotice {
+            namespace: known.snapshot.namespace,
+            name: known.snapshot.name,
+            uid: known.snapshot.uid,
+            message: eviction_message(signal, &containers),
+            signal,
+            evicted_by_api: false,
+        })
+    }
+
+    /// Queues the report of a finished eviction; never waits.
+    pub fn report(&self, notice: EvictionNotice) {
+        if let Err(e) = self.reports.try_send(notice) {
+            let notice = match e {
+                mpsc::error::TrySendError::Full(notice)
+                | mpsc::error::TrySendError::Closed(notice) => notice,
+            };
+            self.metrics
+                .eviction_reports
+                .with_label_values(&[self.action.as_str(), "dropped"])
+                .inc();
+            warn!(pod = %format!("{}/{}", notice.namespace, notice.name),
+                queued = REPORT_QUEUE, "eviction report dropped: the Kubernetes API has not kept up");
+        }
+    }
+
+    /// Asks the API server to evict the pod (policy/v1 Eviction, which
+    /// honours PodDisruptionBudgets) with `grace` as its grace period (the
+    /// soft eviction's, as kubelet gives it), waiting at most --api-timeout.
+    pub async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
+        let (reply, outcome) = oneshot::channel();
+        let request = report::EvictRequest {
+            notice,
+            grace,
+            reply,
+        };
+        if self.evictions.try_send(request).is_err() {
+            return EvictOutcome::Unanswered;
+        }
+        // The request itself is bounded by --api-timeout; the margin covers
+        // the hop between threads.
+        match tokio::time::timeout(self.api_timeout * 2, outcome).await {
+            Ok(Ok(outcome)) => outcome,
+            _ => EvictOutcome::Unanswered,
+        }
+    }
+
+    /// Stops the watch; waits up to `within` for queued reports to be sent.
+    pub fn shutdown(self, within: Duration) {
+        let Self {
+            reports,
+            evictions,
+            finished,
+            ..
+        } = self;
+        drop((reports, evictions));
+        if finished.recv_timeout(within).is_err() {
+            warn!(
+                ?within,
+                "eviction reports still unsent at shutdown are abandoned"
+            );
+        }
+    }
+}
+
+async fn client(kubeconfig: Option<&Path>, api_timeout: Duration) -> Result<Client, KubeError> {
+    let mut config = match kubeconfig {
+        Some(path) => {
+            let file = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+                KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?;
+            Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    source,
+                })?
+        }
+        None => Config::infer().await.map_err(KubeError::Infer)?,
+    };
+    config.connect_timeout = Some(api_timeout);
+    // evictd retries on its own terms: a 429 on an eviction is a
+    // PodDisruptionBudget's answer, not a reason to wait past --api-timeout.
+    config.default_retry = false;
+    Client::try_from(config).map_err(KubeError::Client)
+}
+
+/// Each container's working set from its own cgroup, found below the pod's
+/// by the runtime id in `status.containerStatuses` (`<id>` with the cgroupfs
+/// driver, `<runtime>-<id>.scope` with systemd's).
+fn container_usage(cgroupfs: &CgroupFs, pod_cgroup: &str, pod: &KnownPod) -> Vec<ContainerUsage> {
+    let children: Vec<String> = std::fs::read_dir(cgroupfs.memory_dir(pod_cgroup))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|entry| entry.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    pod.snapshot
+        .containers
+        .iter()
+        .map(|container| {
+            let id = pod
+                .container_ids
+                .iter()
+                .find(|(name, _)| *name == container.name)
+                .map(|(_, id)| id.as_str());
+            let cgroup = id.and_then(|id| container_cgroup(&children, id));
+            let working_set_bytes = cgroup.and_then(|child| {
+                match cgroupfs.read_memory(&format!("{}/{child}", pod_cgroup.trim_end_matches('/'))) {
+                    Ok(memory) => Some(memory.working_set_bytes()),
+                    Err(CgroupError::Gone(_)) => None,
+                    Err(e) => {
+                        warn!(container = container.name, error = %e, "cannot read a container's memory for the eviction message");
+                        None
+                    }
+                }
+            });
+            ContainerUsage {
+                name: container.name.clone(),
+                working_set_bytes,
+                request: container.requests.get(Resource::Memory.as_str()).copied(),
+            }
+        })
+        .collect()
+}
+
+/// The child of a pod cgroup that holds container `id`: `<id>` (cgroupfs
+/// driver) or `<runtime>-<id>.scope` (systemd driver).
+fn container_cgroup<'a>(children: &'a [String], id: &str) -> Option<&'a String> {
+    children.iter().find(|child| {
+        *child == id
+            || child
+                .strip_suffix(".scope")
+                .and_then(|stem| stem.strip_suffix(id))
+                .is_some_and(|runtime| runtime.ends_with('-'))
+    })
+}
+
+/// How one failed request is handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// HTTP status; 0 when no answer came.
+    pub code: u16,
+    pub forbidden: bool,
+}
+
+impl Failure {
+    /// Worth another try: no answer, throttled, or the server's own fault.
+    /// A 403 is not: RBAC does not change by retrying.
+    pub fn retryable(self) -> bool {
+        self.code == 0 || self.code == 429 || self.code >= 500
+    }
+
+    /// The pod is gone or replaced (404, or 409 on the uid precondition):
+    /// there is nothing left to report on.
+    pub fn pod_gone(self) -> bool {
+        self.code == 404 || self.code == 409
+    }
+}
+
+/// Counts failed API requests and logs a refused permission once per verb
+/// and resource, so a missing RBAC rule is one clear line, not a stream.
+#[derive(Clone)]
+pub struct ApiErrors {
+    metrics: Arc<Metrics>,
+    forbidden_logged: Arc<Mutex<HashSet<(&'static str, &'static str)>>>,
+}
+
+impl ApiErrors {
+    fn new(metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics,
+            forbidden_logged: Arc::default(),
+        }
+    }
+
+    pub fn failed(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+        error: &kube::Error,
+    ) -> Failure {
+        match error {
+            kube::Error::Api(status) => self.status(verb, resource, status.code, &status.reason),
+            _ => self.status(verb, resource, 0, "Unreachable"),
+        }
+    }
+
+    pub fn status(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+        code: u16,
+        reason: &str,
+    ) -> Failure {
+        let reason = match (reason, code) {
+            ("", 0) => "Unreachable",
+            ("", _) => "Unknown",
+            (reason, _) => reason,
+        };
+        self.metrics
+            .kube_api_errors
+            .with_label_values(&[verb, resource, reason])
+            .inc();
+        let forbidden = code == 403;
+        if forbidden {
+            let first = self
+                .forbidden_logged
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((verb, resource));
+            if first {
+                error!(
+                    verb,
+                    resource,
+                    "the Kubernetes API forbids evictd's service account to {verb} {resource}: grant it in the ClusterRole (deploy/rbac.yaml); such requests are not retried"
+                );
+            }
+        }
+        Failure { code, forbidden }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_is_found_under_either_cgroup_driver() {
+        let children: Vec<String> = ["abc", "cri-containerd-def.scope", "crio-xdef.scope"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            container_cgroup(&children, "abc").map(String::as_str),
+            Some("abc")
+        );
+        assert_eq!(
+            container_cgroup(&children, "def").map(String::as_str),
+            Some("cri-containerd-def.scope")
+        );
+        assert_eq!(container_cgroup(&children, "ab"), None);
+        assert_eq!(container_cgroup(&children, "ef"), None);
+    }
+
+    #[test]
+    fn only_unanswered_throttled_and_server_failures_are_retried() {
+        let failure = |code| Failure {
+            code,
+            forbidden: code == 403,
+        };
+        for code in [0, 429, 500, 503] {
+            assert!(failure(code).retryable(), "{code}");
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!failure(code).retryable(), "{code}");
+        }
+        assert!(failure(404).pod_gone() && failure(409).pod_gone());
+        assert!(!failure(403).pod_gone());
+    }
+}

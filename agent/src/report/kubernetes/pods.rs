@@ -1,0 +1,331 @@
+//! The node's pods as the API server knows them, kept in memory by a watch
+//! on `spec.nodeName=<node>` and looked up by the uid in a pod's cgroup
+//! name. Lookups never touch the network: when the API is slow or down the
+//! store answers with what it last saw, and a pod it has never seen gets
+//! the cgroup-derived defaults (inventory.rs).
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, PoisonError, RwLock},
+};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use tracing::{debug, info, warn};
+
+use super::ApiErrors;
+use crate::{
+    node::inventory::{InventoryError, PodMetadataSource},
+    node::snapshot::{ContainerSpec, PodSnapshot},
+    quantity::Quantity,
+    report::metrics::Metrics,
+};
+
+/// kubelet's annotations on pods it did not get from the API server.
+const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
+/// On a mirror pod: the uid of the static pod it mirrors, which is the uid
+/// in the static pod's cgroup name.
+const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// A pod from the API: what the engine ranks by, and what the eviction
+/// report needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KnownPod {
+    pub snapshot: PodSnapshot,
+    /// (container name, runtime id) from `status.containerStatuses`, to find
+    /// each container's cgroup.
+    pub container_ids: Vec<(String, String)>,
+    /// On a mirror pod: the static pod's uid, which its cgroup carries.
+    pub mirror_of: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// By API uid.
+    pods: HashMap<String, KnownPod>,
+    /// Static pod uid (its cgroup's) -> API uid of its mirror pod.
+    mirrors: HashMap<String, String>,
+    /// Whether a full list has arrived since the agent started.
+    listed: bool,
+}
+
+impl State {
+    fn insert(&mut self, pod: KnownPod) {
+        if let Some(mirrored) = &pod.mirror_of {
+            self.mirrors
+                .insert(mirrored.clone(), pod.snapshot.uid.clone());
+        }
+        self.pods.insert(pod.snapshot.uid.clone(), pod);
+    }
+
+    fn remove(&mut self, uid: &str) {
+        if let Some(pod) = self.pods.remove(uid)
+            && let Some(mirrored) = &pod.mirror_of
+        {
+            self.mirrors.remove(mirrored);
+        }
+    }
+}
+
+/// Shared handle: the watch task writes, the engine reads.
+#[derive(Debug, Clone, Default)]
+pub struct PodStore {
+    state: Arc<RwLock<State>>,
+}
+
+impl PodStore {
+    /// The pod whose cgroup carries `uid`: an API pod, or the mirror pod of
+    /// a static pod.
+    pub fn get(&self, uid: &str) -> Option<KnownPod> {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        let api_uid = state.mirrors.get(uid).map(String::as_str).unwrap_or(uid);
+        state.pods.get(api_uid).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        state.pods.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the first full list has arrived.
+    pub fn listed(&self) -> bool {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        state.listed
+    }
+
+    fn apply(&self, pod: &Pod) {
+        let Some(known) = known_pod(pod) else {
+            return;
+        };
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        state.insert(known);
+    }
+
+    fn delete(&self, pod: &Pod) {
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        state.remove(uid);
+    }
+
+    /// A fresh list replaces everything: pods deleted while the watch was
+    /// down disappear.
+    fn replace(&self, pods: &[Pod]) {
+        let mut fresh = State {
+            listed: true,
+            ..State::default()
+        };
+        for known in pods.iter().filter_map(known_pod) {
+            fresh.insert(known);
+        }
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        *state = fresh;
+    }
+}
+
+impl PodMetadataSource for PodStore {
+    fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
+        Ok(self.get(uid).map(|pod| pod.snapshot))
+    }
+}
+
+/// Keeps `store` in step with the API server's pods bound to `node_name`
+/// until the task is dropped. The watcher resumes from its last resource
+/// version after an error, relisting when the server says it is too old,
+/// with kube-runtime's backoff between attempts (no retry storm).
+pub async fn watch(
+    client: Client,
+    node_name: String,
+    store: PodStore,
+    metrics: Arc<Metrics>,
+    errors: ApiErrors,
+) {
+    let api: Api<Pod> = Api::all(client);
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node_name}"));
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut listing: Vec<Pod> = Vec::new();
+    let mut failing = false;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Init) => listing.clear(),
+            Ok(watcher::Event::InitApply(pod)) => listing.push(pod),
+            Ok(watcher::Event::InitDone) => {
+                let first = !store.listed();
+                store.replace(&listing);
+                listing.clear();
+                if first {
+                    info!(
+                        node = node_name,
+                        pods = store.len(),
+                        "pods listed from the Kubernetes API"
+                    );
+                } else {
+                    debug!(pods = store.len(), "pods relisted");
+                }
+            }
+            Ok(watcher::Event::Apply(pod)) => store.apply(&pod),
+            Ok(watcher::Event::Delete(pod)) => store.delete(&pod),
+            Err(error) => {
+                let status = match &error {
+                    watcher::Error::InitialListFailed(e)
+                    | watcher::Error::WatchStartFailed(e)
+                    | watcher::Error::WatchFailed(e) => errors.failed("watch", "pods", e),
+                    watcher::Error::WatchError(status) => {
+                        errors.status("watch", "pods", status.code, &status.reason)
+                    }
+                    watcher::Error::NoResourceVersion => errors.status("watch", "pods", 0, ""),
+                };
+                // One warning per outage; the 403 case was already logged
+                // once, naming the missing permission.
+                if !failing && !status.forbidden {
+                    warn!(error = %error, "pod watch failed; evictd keeps the pods it knows and protects the node with cgroup metadata for new ones, retrying with backoff");
+                }
+                failing = true;
+                continue;
+            }
+        }
+        if failing {
+            info!("pod watch restored");
+            failing = false;
+        }
+        metrics.kube_pods.set(store.len() as i64);
+    }
+}
+
+/// What the engine needs of an API pod; `None` for an object without uid,
+/// which the API server never sends.
+fn known_pod(pod: &Pod) -> Option<KnownPod> {
+    let meta = &pod.metadata;
+    let uid = meta.uid.clone()?;
+    let annotations = meta.annotations.as_ref();
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let spec = pod.spec.as_ref();
+    let containers = spec
+        .map(|spec| spec.containers.iter().map(container_spec).collect())
+        .unwrap_or_default();
+    let container_ids = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.container_statuses.as_ref())
+        .map(|statuses| {
+            statuses
+                .iter()
+                .filter_map(|status| {
+                    let id = status.container_id.as_deref()?;
+                    // "containerd://<id>": the runtime's scheme, then the id.
+                    let id = id.split_once("://").map_or(id, |(_, id)| id);
+                    Some((status.name.clone(), id.to_owned()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(KnownPod {
+        snapshot: PodSnapshot {
+            namespace: meta.namespace.clone().unwrap_or_default(),
+            name: meta.name.clone().unwrap_or_default(),
+            uid,
+            priority: spec.and_then(|spec| spec.priority).unwrap_or(0),
+            is_static: annotation(CONFIG_SOURCE_ANNOTATION).is_some_and(|source| source != "api"),
+            mirror: annotation(CONFIG_MIRROR_ANNOTATION).is_some(),
+            containers,
+            termination_grace_period_seconds: spec
+                .and_then(|spec| spec.termination_grace_period_seconds),
+            usage: Default::default(),
+            cgroup: None,
+            unknown: Vec::new(),
+            cgroup_qos: None,
+            hosts_evictd: false,
+        },
+        container_ids,
+        mirror_of: annotation(CONFIG_MIRROR_ANNOTATION).map(str::to_owned),
+    })
+}
+
+fn container_spec(container: &Container) -> ContainerSpec {
+    let resources = container.resources.as_ref();
+    let quantities = |map: Option<
+        &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >| {
+        map.into_iter()
+            .flatten()
+            .filter_map(|(resource, quantity)| match Quantity::parse(&quantity.0) {
+                Ok(parsed) => Some((resource.clone(), parsed)),
+                Err(e) => {
+                    // The API server validates quantities; this is a bug
+                    // somewhere, not a reason to drop the pod.
+                    warn!(container = container.name, error = %e, "unreadable quantity ignored");
+                    None
+                }
+            })
+            .collect()
+    };
+    ContainerSpec {
+        name: container.name.clone(),
+        requests: quantities(resources.and_then(|r| r.requests.as_ref())),
+        limits: quantities(resources.and_then(|r| r.limits.as_ref())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(value: serde_json::Value) -> Pod {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn an_api_pod_carries_what_the_engine_ranks_by() {
+        let store = PodStore::default();
+        store.replace(&[pod(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1",
+                         "annotations": {"kubernetes.io/config.source": "api"}},
+            "spec": {"priority": 100, "terminationGracePeriodSeconds": 45, "containers": [
+                {"name": "app", "resources": {"requests": {"memory": "64Mi"}, "limits": {"memory": "1Gi"}}}]},
+            "status": {"containerStatuses": [{"name": "app", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "containerID": "containerd://abc123"}]}
+        }))]);
+        let known = store.get("u-1").unwrap();
+        assert_eq!(known.snapshot.key(), "shop/web");
+        assert_eq!(known.snapshot.priority, 100);
+        assert!(!known.snapshot.is_critical());
+        assert_eq!(known.snapshot.termination_grace_period_seconds, Some(45));
+        let app = &known.snapshot.containers[0];
+        assert_eq!(app.requests["memory"], Quantity::parse("64Mi").unwrap());
+        assert_eq!(app.limits["memory"], Quantity::parse("1Gi").unwrap());
+        assert_eq!(
+            known.container_ids,
+            [("app".to_owned(), "abc123".to_owned())]
+        );
+        assert!(store.listed());
+    }
+
+    #[test]
+    fn a_static_pods_cgroup_finds_its_mirror_pod_and_stays_protected() {
+        let store = PodStore::default();
+        let mirror = pod(json!({
+            "metadata": {"name": "etcd-node-a", "namespace": "kube-system", "uid": "mirror-uid",
+                         "annotations": {"kubernetes.io/config.source": "file",
+                                         "kubernetes.io/config.mirror": "0123456789abcdef0123456789abcdef"}},
+            "spec": {"containers": [{"name": "etcd"}]}
+        }));
+        store.apply(&mirror);
+        let known = store.get("0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(known.snapshot.key(), "kube-system/etcd-node-a");
+        assert!(known.snapshot.is_static && known.snapshot.mirror);
+        assert!(known.snapshot.is_critical());
+        store.delete(&mirror);
+        assert!(store.get("0123456789abcdef0123456789abcdef").is_none());
+        assert!(store.is_empty());
+    }
+}

@@ -1,0 +1,470 @@
+//! Prometheus metrics and the HTTP endpoint that serves them.
+use std::{
+    future::Future,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use axum::{
+    Router,
+    http::{StatusCode, header},
+    response::IntoResponse,
+    routing::get,
+};
+use prometheus::{
+    Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("registering metric: {0}")]
+    Register(#[from] prometheus::Error),
+    #[error("metrics endpoint on {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("metrics endpoint: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Every metric evictd exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Ring-buffer records by kind (`crossing`, `oom_victim`, ...).
+    pub events: IntCounterVec,
+    /// Records that did not decode (a kernel/agent version mismatch).
+    pub decode_errors: IntCounter,
+    /// Records the kernel could not queue because the ring buffer was full.
+    pub ringbuf_drops: IntCounter,
+    /// Page-counter reads the memory programs made.
+    pub kernel_memory_checks: IntCounter,
+    /// Kernel reads that failed (a struct layout problem if it grows).
+    pub kernel_read_errors: IntCounter,
+    /// Kernel timestamp to userspace read of each record.
+    pub event_latency: Histogram,
+    /// Threshold crossings by resource, direction and source
+    /// (`kernel`, `resync`, `poll`).
+    pub crossings: IntCounterVec,
+    /// Current value of each watched scope from cgroupfs (bytes or tasks).
+    pub scope_value: IntGaugeVec,
+    /// kubelet's working set of each memory scope.
+    pub scope_working_set: IntGaugeVec,
+    /// Thresholds each scope currently has crossed.
+    pub scope_level: IntGaugeVec,
+    /// Kernel OOM killer victims.
+    pub oom_kills: IntCounter,
+    /// 1 for the trigger in use per resource (`memory`, `pids`, `oom_kills`,
+    /// `cgroups`): `bpf`, `poll` or `none`.
+    pub trigger: IntGaugeVec,
+    /// 1 for the kernel hook behind a `bpf` trigger (`memcg-stat`,
+    /// `page-alloc`, ...), per resource.
+    pub trigger_hook: IntGaugeVec,
+    /// Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1).
+    pub program_runs: IntGaugeVec,
+    /// Total run time of each eBPF program, nanoseconds (same condition).
+    pub program_run_time: IntGaugeVec,
+    /// Pods evicted (or, with --dry-run, that would have been) by signal and
+    /// QoS class.
+    pub evictions: IntCounterVec,
+    /// Evictions that failed (the kill did not complete).
+    pub eviction_failures: IntCounterVec,
+    /// Trigger (kernel record timestamp, or the timer tick) to the decision.
+    pub decision_latency: Histogram,
+    /// Trigger to the first SIGKILL (or SIGTERM) of the victim.
+    pub trigger_to_kill: Histogram,
+    /// 1 while a node condition is reported (MemoryPressure, DiskPressure,
+    /// PIDPressure), else 0.
+    pub node_condition: IntGaugeVec,
+    /// Latest observation of every eviction signal (available amount).
+    pub signal_available: IntGaugeVec,
+    /// Engine runs by trigger (`startup`, `kernel`, `resync`, `poll`,
+    /// `close-watch`).
+    pub engine_runs: IntCounterVec,
+    /// Seconds from the agent's start to protection: programs attached,
+    /// scopes watched, the first engine run about to begin.
+    pub startup: Gauge,
+    /// Pods bound to this node that the Kubernetes API has shown evictd.
+    pub kube_pods: IntGauge,
+    /// Failed Kubernetes API requests by verb, resource and reason
+    /// (`Forbidden`, `Unreachable`, `Timeout`, the server's Status reason).
+    pub kube_api_errors: IntCounterVec,
+    /// Eviction reports by --eviction-action and result (`reported`,
+    /// `pod-gone`, `failed`, `dropped`).
+    pub eviction_reports: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Arc<Self>, MetricsError> {
+        let registry = Registry::new_custom(Some("evictd".into()), None)?;
+        let counter_vec = |name: &str, help: &str, labels: &[&str]| -> Result<_, MetricsError> {
+            let metric = IntCounterVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| -> Result<_, MetricsError> {
+            let metric = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        let counter = |name: &str, help: &str| -> Result<_, MetricsError> {
+            let metric = IntCounter::new(name, help)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        // 5 µs .. ~0.3 s: the ring buffer is read within microseconds when
+        // the agent keeps up; the tail shows when it does not.
+        let latency = Histogram::with_opts(
+            HistogramOpts::new(
+                "event_latency_seconds",
+                "Kernel timestamp to userspace read of each ring-buffer record",
+            )
+            .buckets(prometheus::exponential_buckets(5e-6, 2.0, 16)?),
+        )?;
+        registry.register(Box::new(latency.clone()))?;
+        // 10 µs .. ~0.65 s: a decision on fresh reads takes well under a
+        // millisecond; polling puts it seconds after the pressure began,
+        // which the top bucket (+Inf) shows.
+        let latency_histogram = |name: &str, help: &str| -> Result<_, MetricsError> {
+            let metric = Histogram::with_opts(
+                HistogramOpts::new(name, help)
+                    .buckets(prometheus::exponential_buckets(1e-5, 2.0, 17)?),
+            )?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok(metric)
+        };
+        Ok(Arc::new(Self {
+            evictions: counter_vec(
+                "evictions_total",
+                "Pods evicted by signal and QoS class (with --dry-run: would have been)",
+                &["signal", "qos"],
+            )?,
+            eviction_failures: counter_vec(
+                "eviction_failures_total",
+                "Evictions whose kill did not complete, by signal",
+                &["signal"],
+            )?,
+            decision_latency: latency_histogram(
+                "decision_latency_seconds",
+                "Trigger (kernel record or timer tick) to eviction decision",
+            )?,
+            trigger_to_kill: latency_histogram(
+                "trigger_to_kill_seconds",
+                "Trigger (kernel record or timer tick) to the first signal sent to the victim",
+            )?,
+            node_condition: gauge_vec(
+                "node_condition",
+                "1 while the node condition is reported",
+                &["condition"],
+            )?,
+            engine_runs: counter_vec(
+                "engine_runs_total",
+                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch)",
+                &["trigger"],
+            )?,
+            startup: {
+                let metric = Gauge::new(
+                    "startup_seconds",
+                    "Seconds from the agent's start to protection: programs attached, scopes watched, first engine run",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            signal_available: gauge_vec(
+                "signal_available",
+                "Latest observation of an eviction signal: bytes, inodes or PIDs available",
+                &["signal"],
+            )?,
+            events: counter_vec("bpf_events_total", "Ring-buffer records by kind", &["kind"])?,
+            decode_errors: counter(
+                "bpf_decode_errors_total",
+                "Ring-buffer records that did not decode",
+            )?,
+            ringbuf_drops: counter(
+                "ringbuf_drops_total",
+                "Records the kernel dropped because the ring buffer was full",
+            )?,
+            kernel_memory_checks: counter(
+                "kernel_memory_checks_total",
+                "Page-counter reads by the memory programs",
+            )?,
+            kernel_read_errors: counter(
+                "kernel_read_errors_total",
+                "Kernel memory reads by the programs that failed",
+            )?,
+            event_latency: latency,
+            crossings: counter_vec(
+                "threshold_crossings_total",
+                "Threshold crossings by resource, direction and source",
+                &["resource", "direction", "source"],
+            )?,
+            scope_value: gauge_vec(
+                "scope_value",
+                "Current value of a watched scope from cgroupfs (bytes for memory, tasks for pids)",
+                &["scope", "resource"],
+            )?,
+            scope_working_set: gauge_vec(
+                "scope_memory_working_set_bytes",
+                "kubelet's working set (usage - inactive_file) of a watched memory scope",
+                &["scope"],
+            )?,
+            scope_level: gauge_vec(
+                "scope_thresholds_crossed",
+                "Number of thresholds a watched scope is above",
+                &["scope", "resource"],
+            )?,
+            oom_kills: counter(
+                "kernel_oom_kills_total",
+                "Victims chosen by the kernel OOM killer",
+            )?,
+            trigger: gauge_vec(
+                "trigger_info",
+                "Trigger in use per resource: bpf (kernel-pushed), poll, or none",
+                &["resource", "trigger"],
+            )?,
+            trigger_hook: gauge_vec(
+                "trigger_hook_info",
+                "Kernel hook behind each bpf trigger, per resource",
+                &["resource", "hook"],
+            )?,
+            program_runs: gauge_vec(
+                "bpf_program_runs",
+                "Runs of each eBPF program since load (counted while kernel.bpf_stats_enabled=1)",
+                &["program"],
+            )?,
+            program_run_time: gauge_vec(
+                "bpf_program_run_time_nanoseconds",
+                "Total run time of each eBPF program since load (counted while kernel.bpf_stats_enabled=1)",
+                &["program"],
+            )?,
+            kube_pods: {
+                let metric = IntGauge::new(
+                    "kube_pods",
+                    "Pods bound to this node known from the Kubernetes API",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            kube_api_errors: counter_vec(
+                "kube_api_errors_total",
+                "Failed Kubernetes API requests by verb, resource and reason",
+                &["verb", "resource", "reason"],
+            )?,
+            eviction_reports: counter_vec(
+                "eviction_reports_total",
+                "Evictions reported to the Kubernetes API by action and result",
+                &["action", "result"],
+            )?,
+            registry,
+        }))
+    }
+
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed registries.
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8_lossy(&buffer).into_owned()
+    }
+}
+
+/// Binds the endpoint; returns the bound address (useful with port 0) and
+/// the future that serves `/metrics`, `/healthz` (the agent runs) and
+/// `/readyz` (200 once `ready` is set: protection is armed; 503 before)
+/// until `shutdown`.
+pub async fn serve(
+    metrics: Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    address: SocketAddr,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), MetricsError>>), MetricsError> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| MetricsError::Bind { address, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| MetricsError::Bind { address, source })?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = Arc::clone(&metrics);
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                        metrics.render(),
+                    )
+                        .into_response()
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let armed = ready.load(Ordering::Acquire);
+                async move {
+                    if armed {
+                        (StatusCode::OK, "ok\n")
+                    } else {
+                        (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "protection not armed yet\n",
+                        )
+                    }
+                }
+            }),
+        );
+    let server = async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(MetricsError::Serve)
+    };
+    Ok((bound, server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_with_the_evictd_prefix() {
+        let metrics = Metrics::new().unwrap();
+        metrics.events.with_label_values(&["crossing"]).inc();
+        metrics.event_latency.observe(12e-6);
+        let text = metrics.render();
+        assert!(
+            text.contains("evictd_bpf_events_total{kind=\"crossing\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("evictd_event_latency_seconds_bucket{le=\"0.00002\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn serves_metrics_over_http() {
+        let metrics = Metrics::new().unwrap();
+        metrics.oom_kills.inc();
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let ready = Arc::new(AtomicBool::new(false));
+        let (address, server) = serve(
+            metrics,
+            ready.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            async {
+                let _ = stop_rx.await;
+            },
+        )
+        .await
+        .unwrap();
+        let server = tokio::spawn(server);
+        let body = http_get(address, "/metrics").await;
+        assert!(body.contains("evictd_kernel_oom_kills_total 1"), "{body}");
+        assert!(http_get(address, "/healthz").await.ends_with("ok\n"));
+        let before = http_get(address, "/readyz").await;
+        assert!(before.starts_with("HTTP/1.1 503"), "{before}");
+        ready.store(true, Ordering::Release);
+        let after = http_get(address, "/readyz").await;
+        assert!(after.starts_with("HTTP/1.1 200"), "{after}");
+        stop_tx.send(()).unwrap();
+        server.await.unwrap().unwrap();
+    }
+
+    /// Every metric name evictd exports, from the collectors themselves.
+    fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
+        use prometheus::core::Collector;
+        let collectors: [&dyn Collector; 26] = [
+            &metrics.events,
+            &metrics.decode_errors,
+            &metrics.ringbuf_drops,
+            &metrics.kernel_memory_checks,
+            &metrics.kernel_read_errors,
+            &metrics.event_latency,
+            &metrics.crossings,
+            &metrics.scope_value,
+            &metrics.scope_working_set,
+            &metrics.scope_level,
+            &metrics.oom_kills,
+            &metrics.trigger,
+            &metrics.trigger_hook,
+            &metrics.program_runs,
+            &metrics.program_run_time,
+            &metrics.evictions,
+            &metrics.eviction_failures,
+            &metrics.decision_latency,
+            &metrics.trigger_to_kill,
+            &metrics.node_condition,
+            &metrics.signal_available,
+            &metrics.engine_runs,
+            &metrics.startup,
+            &metrics.kube_pods,
+            &metrics.kube_api_errors,
+            &metrics.eviction_reports,
+        ];
+        collectors
+            .iter()
+            .flat_map(|c| c.desc())
+            // The registry adds the prefix when it gathers.
+            .map(|desc| format!("evictd_{}", desc.fq_name))
+            .collect()
+    }
+
+    #[test]
+    fn the_dashboard_queries_only_metrics_evictd_exports() {
+        let dashboard: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../deploy/monitoring/grafana-dashboard.json"
+        ))
+        .unwrap();
+        let exported = exported_names(&Metrics::new().unwrap());
+        let mut queried = 0;
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().unwrap() {
+                let expr = target["expr"].as_str().unwrap();
+                let names = expr
+                    .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .filter(|word| word.starts_with("evictd_"));
+                for name in names {
+                    let family = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .find_map(|suffix| name.strip_suffix(suffix))
+                        .filter(|family| exported.contains(*family))
+                        .unwrap_or(name);
+                    assert!(
+                        exported.contains(family),
+                        "panel {:?} queries {name}, which evictd does not export",
+                        panel["title"]
+                    );
+                    queried += 1;
+                }
+            }
+        }
+        // Every exported metric is on the dashboard somewhere.
+        let text = serde_json::to_string(&dashboard).unwrap();
+        for name in &exported {
+            assert!(text.contains(name.as_str()), "{name} is on no panel");
+        }
+        assert!(queried >= exported.len());
+    }
+
+    async fn http_get(address: SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+}

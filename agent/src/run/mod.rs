@@ -1,0 +1,4 @@
+//! The agent's entry points: `evictd run` (the daemon) and `evictd
+//! simulate`.
+pub mod daemon;
+pub mod simulate;

@@ -1,0 +1,212 @@
+//! `evictd simulate`: replays recorded snapshots through the engine and
+//! prints each decision as one JSON line (shared/contracts/simulate.md).
+//! Touches nothing on the machine.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{self, Write},
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use serde::{Serialize, Serializer};
+
+use crate::{
+    config::PolicyArgs,
+    decide::engine::{Engine, VictimPolicy},
+    decide::thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
+    node::snapshot::Snapshot,
+};
+
+/// Why a simulation stopped. Input errors come before anything is printed.
+#[derive(Debug, thiserror::Error)]
+pub enum SimulateError {
+    #[error("cannot read snapshot file {path:?}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("snapshot file {path:?}: {source}")]
+    InFile { path: PathBuf, source: InputError },
+    #[error("snapshot: {0}")]
+    Input(#[from] InputError),
+    #[error("cannot write the decisions: {0}")]
+    Write(#[source] io::Error),
+}
+
+impl SimulateError {
+    /// Whether the input was at fault (a usage error, exit 2) rather than
+    /// the output.
+    pub fn is_input_error(&self) -> bool {
+        !matches!(self, SimulateError::Write(_))
+    }
+}
+
+/// What is wrong with the snapshot text.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    #[error("{source} near {excerpt:?}")]
+    Json {
+        source: serde_json::Error,
+        /// The offending line, shortened.
+        excerpt: String,
+    },
+    #[error("snapshot [{index}]: time {time} {problem}")]
+    Time {
+        index: usize,
+        time: f64,
+        problem: &'static str,
+    },
+}
+
+impl From<PolicyArgs> for VictimPolicy {
+    fn from(args: PolicyArgs) -> Self {
+        if args.evict_set {
+            VictimPolicy::CoveringSet
+        } else {
+            VictimPolicy::One
+        }
+    }
+}
+
+/// Reads `path` and runs [`run`] on it.
+pub fn run_file(
+    config: &EvictionConfig,
+    policy: PolicyArgs,
+    path: &Path,
+    out: &mut impl Write,
+) -> Result<(), SimulateError> {
+    let text = std::fs::read_to_string(path).map_err(|source| SimulateError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    run(config, policy, &text, out).map_err(|error| match error {
+        SimulateError::Input(source) => SimulateError::InFile {
+            path: path.to_owned(),
+            source,
+        },
+        other => other,
+    })
+}
+
+/// Decides on every snapshot of `snapshot_json` (one object, or an array
+/// replayed in order) and writes one JSON line per snapshot. The whole
+/// input is validated before the first line is written.
+pub fn run(
+    config: &EvictionConfig,
+    policy: PolicyArgs,
+    snapshot_json: &str,
+    out: &mut impl Write,
+) -> Result<(), SimulateError> {
+    let snapshots = parse(snapshot_json)?;
+    let clock = clock(&snapshots)?;
+    let mut engine = Engine::new(config.clone());
+    for (snapshot, now) in snapshots.iter().zip(clock) {
+        let assessment = engine.observe(now, &snapshot.node);
+        let choice = engine.choose(&assessment, &snapshot.pods, policy.into());
+        let starved = assessment.starvation.as_ref();
+        let line = Decision {
+            time: snapshot.time,
+            observations: assessment
+                .observations
+                .iter()
+                .map(|(&signal, observation)| (signal, observation.available))
+                .collect(),
+            thresholds_met: assessment.signals_met(),
+            node_conditions: &assessment.node_conditions,
+            starved_resource: starved.map(|s| s.resource),
+            ranking: choice.ranking.iter().map(|r| r.pod.as_str()).collect(),
+            victims: choice.victims.iter().map(|v| v.pod.as_str()).collect(),
+            starved_signal: starved.map(|s| s.threshold.signal),
+            deficit: choice.deficit,
+            victim_grace_period_seconds: choice
+                .victims
+                .iter()
+                .map(|v| v.grace_period.as_secs())
+                .collect(),
+        };
+        serde_json::to_writer(&mut *out, &line)
+            .map_err(|e| SimulateError::Write(io::Error::from(e)))?;
+        writeln!(out).map_err(SimulateError::Write)?;
+    }
+    out.flush().map_err(SimulateError::Write)
+}
+
+/// One line of output. The first seven fields are the contract's.
+#[derive(Serialize)]
+struct Decision<'a> {
+    #[serde(serialize_with = "seconds")]
+    time: f64,
+    observations: BTreeMap<Signal, i64>,
+    thresholds_met: BTreeSet<Signal>,
+    node_conditions: &'a [NodeCondition],
+    starved_resource: Option<Resource>,
+    ranking: Vec<&'a str>,
+    victims: Vec<&'a str>,
+    /// The threshold's signal the victims are chosen for.
+    starved_signal: Option<Signal>,
+    /// What must come back to reach threshold + minimum reclaim.
+    deficit: Option<i64>,
+    /// Per victim, in the order of `victims`.
+    victim_grace_period_seconds: Vec<u64>,
+}
+
+/// Whole seconds print as integers, as they were most likely written.
+fn seconds<S: Serializer>(time: &f64, serializer: S) -> Result<S::Ok, S::Error> {
+    const EXACT_INTEGERS: f64 = 9_007_199_254_740_992.0; // 2^53
+    if time.fract() == 0.0 && *time < EXACT_INTEGERS {
+        serializer.serialize_u64(*time as u64)
+    } else {
+        serializer.serialize_f64(*time)
+    }
+}
+
+fn parse(text: &str) -> Result<Vec<Snapshot>, InputError> {
+    let json_error = |source: serde_json::Error| {
+        // Up to 80 characters of the offending line, ending just past the
+        // column serde_json points at.
+        let line = text
+            .lines()
+            .nth(source.line().saturating_sub(1))
+            .unwrap_or("");
+        let skip = source.column().saturating_sub(60);
+        let excerpt: String = line.chars().skip(skip).take(80).collect();
+        let excerpt = excerpt.trim().to_owned();
+        InputError::Json { source, excerpt }
+    };
+    if text.trim_start().starts_with('[') {
+        serde_json::from_str(text).map_err(json_error)
+    } else {
+        serde_json::from_str(text)
+            .map(|snapshot| vec![snapshot])
+            .map_err(json_error)
+    }
+}
+
+/// The engine's clock at each snapshot: its `time`, which must be a finite,
+/// non-negative number of seconds that never decreases.
+fn clock(snapshots: &[Snapshot]) -> Result<Vec<Duration>, InputError> {
+    let mut clock = Vec::with_capacity(snapshots.len());
+    let mut previous = 0.0;
+    for (index, snapshot) in snapshots.iter().enumerate() {
+        let time = snapshot.time;
+        let problem = if !time.is_finite() {
+            "is not a finite number of seconds"
+        } else if time < 0.0 {
+            "is negative"
+        } else if time < previous {
+            "is earlier than the snapshot before it"
+        } else {
+            match Duration::try_from_secs_f64(time) {
+                Ok(now) => {
+                    clock.push(now);
+                    previous = time;
+                    continue;
+                }
+                Err(_) => "is too large",
+            }
+        };
+        return Err(InputError::Time {
+            index,
+            time,
+            problem,
+        });
+    }
+    Ok(clock)
+}
