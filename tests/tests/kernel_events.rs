@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use evictd::{
     config::Mode,
-    kernel::bpf::{Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, Resource},
+    kernel::bpf::{
+        Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, ScopeKind, ScopeMaps,
+    },
     kernel::capabilities::Capabilities,
     kernel::triggers::{self, Trigger},
     node::cgroupfs::CgroupFs,
@@ -49,7 +51,9 @@ fn memory_hooks() -> Vec<Hook> {
 /// Loaded programs and the records read from them so far.
 struct Kernel {
     runtime: tokio::runtime::Runtime,
-    probes: Probes,
+    // Detaches the programs when dropped.
+    _probes: Probes,
+    maps: ScopeMaps,
     events: evictd::kernel::bpf::EventStream,
     unclaimed: Vec<Received>,
 }
@@ -99,30 +103,32 @@ impl Kernel {
             let _guard = runtime.enter();
             probes.take_events().unwrap()
         };
+        let maps = probes.take_scope_maps().unwrap();
         Self {
             runtime,
-            probes,
+            _probes: probes,
+            maps,
             events,
             unclaimed: Vec::new(),
         }
     }
 
-    fn watch(&mut self, resource: Resource, id: u64, thresholds: &[u64], hysteresis: u64) {
+    fn watch(&mut self, resource: ScopeKind, id: u64, thresholds: &[u64], hysteresis: u64) {
         let band = Levels::new(thresholds.to_vec(), hysteresis).band(0, 0);
-        self.probes.set_band(resource, id, band).unwrap();
+        self.maps.set_band(resource, id, band).unwrap();
     }
 
     /// Re-arms a scope at `level`, as the agent does after a crossing.
     fn rearm(
         &mut self,
-        resource: Resource,
+        resource: ScopeKind,
         id: u64,
         thresholds: &[u64],
         hysteresis: u64,
         level: usize,
     ) {
         let band = Levels::new(thresholds.to_vec(), hysteresis).band(level, 0);
-        self.probes.set_band(resource, id, band).unwrap();
+        self.maps.set_band(resource, id, band).unwrap();
     }
 
     /// Reads whatever records are queued, waiting at most `deadline` for the
@@ -163,10 +169,10 @@ impl Kernel {
     }
 }
 
-fn crossing(resource: Resource, scope: u64, rising: bool) -> impl Fn(&KernelEvent) -> bool {
+fn crossing(resource: ScopeKind, scope: u64, rising: bool) -> impl Fn(&KernelEvent) -> bool {
     move |event| {
         matches!(event, KernelEvent::Crossing(c)
-            if c.resource == resource && c.raw.scope_id == scope && c.rising() == rising)
+            if c.kind == resource && c.raw.scope_id == scope && c.rising() == rising)
     }
 }
 
@@ -199,7 +205,7 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit_t
     ];
     for (rel, threshold) in scopes {
         kernel.watch(
-            Resource::Memory,
+            ScopeKind::Memory,
             tree.cgroup_id(Controller::Memory, rel).unwrap(),
             &[threshold],
             16 * MIB,
@@ -215,7 +221,7 @@ fn memory_crossing_reaches_the_leaf_and_its_watched_ancestors_before_the_limit_t
     assert!(usage < limit, "the workload stayed below its limit");
     for (rel, threshold) in scopes {
         let id = tree.cgroup_id(Controller::Memory, rel).unwrap();
-        let event = kernel.expect(rel, crossing(Resource::Memory, id, true));
+        let event = kernel.expect(rel, crossing(ScopeKind::Memory, id, true));
         let value = crossing_value(&event);
         assert!(
             value >= threshold,
@@ -261,20 +267,20 @@ fn memory_falling_below_the_band_is_reported_after_a_rearm_through(hook: Hook) {
     let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
     let mut kernel = Kernel::load_with(hook);
     let (thresholds, hysteresis) = ([64 * MIB], 16 * MIB);
-    kernel.watch(Resource::Memory, id, &thresholds, hysteresis);
+    kernel.watch(ScopeKind::Memory, id, &thresholds, hysteresis);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(100 * MIB).unwrap();
-    kernel.expect("rising crossing", crossing(Resource::Memory, id, true));
-    kernel.rearm(Resource::Memory, id, &thresholds, hysteresis, 1);
+    kernel.expect("rising crossing", crossing(ScopeKind::Memory, id, true));
+    kernel.rearm(ScopeKind::Memory, id, &thresholds, hysteresis, 1);
 
     // Inside the hysteresis band: no report.
     workload.free(40 * MIB).unwrap();
     assert_eq!(
-        kernel.count_queued(crossing(Resource::Memory, id, false)),
+        kernel.count_queued(crossing(ScopeKind::Memory, id, false)),
         0
     );
     workload.free(50 * MIB).unwrap();
-    let event = kernel.expect("falling crossing", crossing(Resource::Memory, id, false));
+    let event = kernel.expect("falling crossing", crossing(ScopeKind::Memory, id, false));
     let value = crossing_value(&event);
     assert!(value < thresholds[0] - hysteresis, "fell to {value}");
     assert!(
@@ -297,14 +303,14 @@ fn a_value_hovering_at_the_line_is_reported_once_through(hook: Hook) {
     tree.create("pod").unwrap();
     let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
     let mut kernel = Kernel::load_with(hook);
-    kernel.watch(Resource::Memory, id, &[64 * MIB], 16 * MIB);
+    kernel.watch(ScopeKind::Memory, id, &[64 * MIB], 16 * MIB);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(62 * MIB).unwrap();
     for _ in 0..20 {
         workload.alloc(4 * MIB).unwrap();
         workload.free(4 * MIB).unwrap();
     }
-    kernel.expect("the crossing", crossing(Resource::Memory, id, true));
+    kernel.expect("the crossing", crossing(ScopeKind::Memory, id, true));
     let repeats =
         kernel.count_queued(|e| matches!(e, KernelEvent::Crossing(c) if c.raw.scope_id == id));
     assert_eq!(
@@ -321,11 +327,11 @@ fn task_count_crossings_in_a_cgroup_both_ways() {
     let id = tree.cgroup_id(Controller::Pids, "pod").unwrap();
     let mut kernel = Kernel::load();
     let (thresholds, hysteresis) = ([20], 4);
-    kernel.watch(Resource::Pids, id, &thresholds, hysteresis);
+    kernel.watch(ScopeKind::Pids, id, &thresholds, hysteresis);
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
 
     workload.fork(30).unwrap();
-    let event = kernel.expect("rising task count", crossing(Resource::Pids, id, true));
+    let event = kernel.expect("rising task count", crossing(ScopeKind::Pids, id, true));
     assert_eq!(
         crossing_value(&event),
         20,
@@ -337,9 +343,9 @@ fn task_count_crossings_in_a_cgroup_both_ways() {
         "workload and its 30 children"
     );
 
-    kernel.rearm(Resource::Pids, id, &thresholds, hysteresis, 1);
+    kernel.rearm(ScopeKind::Pids, id, &thresholds, hysteresis, 1);
     workload.reap(30).unwrap();
-    let event = kernel.expect("falling task count", crossing(Resource::Pids, id, false));
+    let event = kernel.expect("falling task count", crossing(ScopeKind::Pids, id, false));
     // Tasks are released in RCU batches, so several may go before the first
     // free is traced.
     let value = crossing_value(&event);
@@ -357,11 +363,11 @@ fn node_wide_task_count_crossing() {
     let mut kernel = Kernel::load();
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     let now = evictd::node::cgroupfs::node_tasks().unwrap();
-    kernel.watch(Resource::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
+    kernel.watch(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
     workload.fork(60).unwrap();
     let event = kernel.expect(
         "node crossing",
-        crossing(Resource::Pids, NODE_PIDS_SCOPE_ID, true),
+        crossing(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, true),
     );
     // Other tasks on the machine come and go; the count is within reach.
     let value = crossing_value(&event);

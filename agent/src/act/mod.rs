@@ -1,3 +1,7 @@
-//! Acting on a decision: the evictor loop and the kill of a pod.
+//! Acting on pressure: the evictor loop (one observation per wake-up,
+//! decisions, their execution), the seams it reaches the world through,
+//! and the kill of a pod.
 pub mod evictor;
+pub mod io;
 pub mod kill;
+pub mod wake;

@@ -2,94 +2,18 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc` in
 //! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
 //! reason for every pod's place so a decision can be explained.
-use std::{cmp::Ordering, collections::BTreeMap};
+use std::cmp::Ordering;
 
 use serde::Serialize;
 
 use crate::{
     decide::thresholds::{Resource, Signal},
     node::snapshot::{PodSnapshot, QosClass},
-    quantity::Quantity,
 };
 
 /// Resource names as pod specs spell them.
 const MEMORY: &str = "memory";
-const CPU: &str = "cpu";
 const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
-
-impl PodSnapshot {
-    /// The QoS class as Kubernetes' `GetPodQOS` derives it: only cpu and
-    /// memory count and zero quantities are ignored; no request or limit at
-    /// all is BestEffort; Guaranteed needs every container to limit both cpu
-    /// and memory and the pod's summed requests to equal its summed limits;
-    /// anything else is Burstable. Requests are first defaulted to limits,
-    /// as the API server does before kubelet ever sees the pod.
-    /// A pod whose containers are unknown (found in cgroups only) takes the
-    /// class its cgroup path shows.
-    pub fn qos_class(&self) -> QosClass {
-        if self.containers.is_empty()
-            && let Some(qos) = self.cgroup_qos
-        {
-            return qos;
-        }
-        // Sums in thousandths: exact for memory bytes and for cpu, whose
-        // API validation rejects precision finer than 1m.
-        let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
-        let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
-        let mut every_container_limits_both = true;
-        for container in &self.containers {
-            let requests_of = defaulted_requests(container);
-            for name in [CPU, MEMORY] {
-                if let Some(request) = requests_of.get(name).filter(|q| is_positive(q)) {
-                    *requests.entry(name).or_default() += i128::from(request.milli_value());
-                }
-                match container.limits.get(name).filter(|q| is_positive(q)) {
-                    Some(limit) => {
-                        *limits.entry(name).or_default() += i128::from(limit.milli_value());
-                    }
-                    None => every_container_limits_both = false,
-                }
-            }
-        }
-        if requests.is_empty() && limits.is_empty() {
-            QosClass::BestEffort
-        } else if every_container_limits_both && requests == limits {
-            QosClass::Guaranteed
-        } else {
-            QosClass::Burstable
-        }
-    }
-
-    /// The pod's request for `resource` as kubelet's
-    /// `GetResourceRequestQuantity` sees it: the sum over containers, each
-    /// request defaulted to the container's limit.
-    pub fn request(&self, resource: &str) -> i64 {
-        self.containers
-            .iter()
-            .filter_map(|container| defaulted_requests(container).get(resource).copied())
-            .fold(0i64, |sum, quantity| sum.saturating_add(quantity.value()))
-    }
-}
-
-fn is_positive(quantity: &Quantity) -> bool {
-    !quantity.is_zero() && !quantity.is_negative()
-}
-
-/// A container's requests after API defaulting: a resource with a limit and
-/// no request is requested at its limit.
-fn defaulted_requests(
-    container: &crate::node::snapshot::ContainerSpec,
-) -> BTreeMap<&str, Quantity> {
-    let mut requests: BTreeMap<&str, Quantity> = container
-        .requests
-        .iter()
-        .map(|(name, quantity)| (name.as_str(), *quantity))
-        .collect();
-    for (name, limit) in &container.limits {
-        requests.entry(name.as_str()).or_insert(*limit);
-    }
-    requests
-}
 
 /// Which of a pod's filesystem usages count against a disk signal
 /// (kubelet's `buildSignalToRankFunc`).
@@ -149,15 +73,9 @@ pub struct Ranked {
     /// ranks by priority and count alone.
     pub request: Option<i64>,
     pub exceeds_request: Option<bool>,
-    pub critical: bool,
-    pub hosts_evictd: bool,
+    /// Whether any eviction may choose this pod ([`PodSnapshot::is_evictable`]).
+    pub evictable: bool,
     pub reason: String,
-}
-
-impl Ranked {
-    pub fn is_evictable(&self) -> bool {
-        !self.critical && !self.hosts_evictd
-    }
 }
 
 /// Every pod in eviction order for a threshold on `signal`, first to evict
@@ -231,8 +149,7 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
         usage,
         request,
         exceeds_request,
-        critical: pod.is_critical(),
-        hosts_evictd: pod.hosts_evictd,
+        evictable: pod.is_evictable(),
         reason: reason(pod, resource, usage, request),
     };
     (ranked, key)

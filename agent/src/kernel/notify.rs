@@ -206,14 +206,6 @@ pub enum Notifier {
 }
 
 impl Notifier {
-    /// The engine trigger's `source`: `psi` or `memcg-threshold`.
-    pub fn source(&self) -> &'static str {
-        match self {
-            Self::Psi(_) => "psi",
-            Self::MemcgThresholds(_) => "memcg-threshold",
-        }
-    }
-
     pub async fn wait(&mut self) -> Result<u64, NotifyError> {
         match self {
             Self::Psi(trigger) => trigger.wait().await,

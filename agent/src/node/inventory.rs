@@ -23,8 +23,8 @@ use tracing::{debug, warn};
 use crate::{
     config::InventoryArgs,
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
-    node::snapshot::{NodeStats, PodSnapshot, PodUsage, QosClass, Snapshot},
-    node::stats::{NodeSignals, SignalsError, child_path},
+    node::snapshot::{PodSnapshot, PodUsage, QosClass, Snapshot},
+    node::stats::{NodeObservation, NodeSignals, SignalsError, child_path},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -194,9 +194,9 @@ impl Inventory {
         self.signals.kubepods()
     }
 
-    /// Every signal's input, read now.
-    pub fn node(&self) -> Result<NodeStats, InventoryError> {
-        Ok(self.signals.read()?)
+    /// Every signal's input and the engine scopes' readings, read now.
+    pub fn observe(&self) -> Result<NodeObservation, InventoryError> {
+        Ok(self.signals.observe()?)
     }
 
     /// Every pod, with usage read now. A pod removed while it is read is
@@ -219,7 +219,7 @@ impl Inventory {
     pub fn snapshot(&mut self, time: f64) -> Result<Snapshot, InventoryError> {
         Ok(Snapshot {
             time,
-            node: self.node()?,
+            node: self.observe()?.stats,
             pods: self.pods()?,
         })
     }

@@ -2,6 +2,7 @@
 //! the node's signals, the pods found in kubelet's cgroup layout, and the
 //! snapshot types the engine decides on.
 pub mod cgroupfs;
+pub mod containers;
 pub mod inventory;
 pub mod snapshot;
 pub mod stats;

@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::quantity::Quantity;
 
+/// Resource names as pod specs spell them.
+const MEMORY: &str = "memory";
+const CPU: &str = "cpu";
+
 /// Pods whose priority is at least this are critical (kubelet's
 /// `scheduling.SystemCriticalPriority`, 2 * 10^9).
 pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
@@ -103,6 +107,17 @@ pub enum QosClass {
     Guaranteed,
 }
 
+impl QosClass {
+    /// The class as Kubernetes spells it (the `qos` label of metrics).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BestEffort => "BestEffort",
+            Self::Burstable => "Burstable",
+            Self::Guaranteed => "Guaranteed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     pub name: String,
@@ -143,4 +158,74 @@ impl PodSnapshot {
     pub fn is_evictable(&self) -> bool {
         !self.is_critical() && !self.hosts_evictd
     }
+
+    /// The QoS class as Kubernetes' `GetPodQOS` derives it: only cpu and
+    /// memory count and zero quantities are ignored; no request or limit at
+    /// all is BestEffort; Guaranteed needs every container to limit both cpu
+    /// and memory and the pod's summed requests to equal its summed limits;
+    /// anything else is Burstable. Requests are first defaulted to limits,
+    /// as the API server does before kubelet ever sees the pod.
+    /// A pod whose containers are unknown (found in cgroups only) takes the
+    /// class its cgroup path shows.
+    pub fn qos_class(&self) -> QosClass {
+        if self.containers.is_empty()
+            && let Some(qos) = self.cgroup_qos
+        {
+            return qos;
+        }
+        // Sums in thousandths: exact for memory bytes and for cpu, whose
+        // API validation rejects precision finer than 1m.
+        let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
+        let mut every_container_limits_both = true;
+        for container in &self.containers {
+            let requests_of = defaulted_requests(container);
+            for name in [CPU, MEMORY] {
+                if let Some(request) = requests_of.get(name).filter(|q| is_positive(q)) {
+                    *requests.entry(name).or_default() += i128::from(request.milli_value());
+                }
+                match container.limits.get(name).filter(|q| is_positive(q)) {
+                    Some(limit) => {
+                        *limits.entry(name).or_default() += i128::from(limit.milli_value());
+                    }
+                    None => every_container_limits_both = false,
+                }
+            }
+        }
+        if requests.is_empty() && limits.is_empty() {
+            QosClass::BestEffort
+        } else if every_container_limits_both && requests == limits {
+            QosClass::Guaranteed
+        } else {
+            QosClass::Burstable
+        }
+    }
+
+    /// The pod's request for `resource` as kubelet's
+    /// `GetResourceRequestQuantity` sees it: the sum over containers, each
+    /// request defaulted to the container's limit.
+    pub fn request(&self, resource: &str) -> i64 {
+        self.containers
+            .iter()
+            .filter_map(|container| defaulted_requests(container).get(resource).copied())
+            .fold(0i64, |sum, quantity| sum.saturating_add(quantity.value()))
+    }
+}
+
+fn is_positive(quantity: &Quantity) -> bool {
+    !quantity.is_zero() && !quantity.is_negative()
+}
+
+/// A container's requests after API defaulting: a resource with a limit and
+/// no request is requested at its limit.
+fn defaulted_requests(container: &ContainerSpec) -> BTreeMap<&str, Quantity> {
+    let mut requests: BTreeMap<&str, Quantity> = container
+        .requests
+        .iter()
+        .map(|(name, quantity)| (name.as_str(), *quantity))
+        .collect();
+    for (name, limit) in &container.limits {
+        requests.entry(name.as_str()).or_insert(*limit);
+    }
+    requests
 }

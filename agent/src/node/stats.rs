@@ -6,9 +6,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::{
-    node::cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion},
-    node::snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
+use crate::node::{
+    cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, MemoryReading},
+    snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -42,32 +42,61 @@ pub struct NodeSignals {
     pub imagefs: PathBuf,
 }
 
+/// One fresh look at the node: every signal's input, and the readings the
+/// kernel's tripwires are armed from, each file read once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeObservation {
+    /// What the engine decides on.
+    pub stats: NodeStats,
+    /// The node cgroup, relative to the hierarchy root.
+    pub node_cgroup: String,
+    /// The node cgroup's memory: its usage is what a kernel band compares,
+    /// its inactive file pages what usage has above the working set.
+    pub node_memory: MemoryReading,
+    /// The pods' cgroup and its memory, where it exists.
+    pub kubepods: Option<(String, MemoryReading)>,
+    /// What the node's PID scope counts: the node cgroup's `pids.current`,
+    /// or every task on the machine when the node is `/`; `None` without a
+    /// pids hierarchy for the node cgroup.
+    pub scope_tasks: Option<u64>,
+}
+
 impl NodeSignals {
     /// Every signal's input. A filesystem path that does not exist leaves
     /// that filesystem out (its signals are not observed).
-    pub fn read(&self) -> Result<NodeStats, SignalsError> {
-        Ok(NodeStats {
-            nodefs: statvfs(&self.nodefs)?,
-            imagefs: statvfs(&self.imagefs)?,
-            ..self.read_fast()?
-        })
-    }
-
-    /// Memory, allocatable memory and PIDs only: what a kernel event is
-    /// about, a few small files.
-    pub fn read_fast(&self) -> Result<NodeStats, SignalsError> {
-        let memory = self.memory()?;
-        let allocatable = match self.kubepods() {
-            Some(kubepods) => Some(self.allocatable(&kubepods, memory.capacity_bytes)?),
+    pub fn observe(&self) -> Result<NodeObservation, SignalsError> {
+        let total = mem_total()?;
+        let capacity = lowest_memory_limit(&self.cgroupfs, &self.node)?
+            .map_or(total, |limit| limit.min(total));
+        let node_memory = self.cgroupfs.read_memory(&self.node)?;
+        let kubepods = match self.kubepods() {
+            Some(path) => {
+                let memory = self.cgroupfs.read_memory(&path)?;
+                Some((path, memory))
+            }
             None => None,
         };
-        Ok(NodeStats {
-            memory,
-            allocatable,
-            pid: Some(self.pids()?),
-            nodefs: None,
-            imagefs: None,
-            containerfs: None,
+        let allocatable = match &kubepods {
+            Some((path, memory)) => Some(self.allocatable(path, memory, capacity)?),
+            None => None,
+        };
+        let (pid, scope_tasks) = self.pids()?;
+        Ok(NodeObservation {
+            stats: NodeStats {
+                memory: MemoryStats {
+                    capacity_bytes: capacity,
+                    working_set_bytes: node_memory.working_set_bytes(),
+                },
+                allocatable,
+                pid: Some(pid),
+                nodefs: statvfs(&self.nodefs)?,
+                imagefs: statvfs(&self.imagefs)?,
+                containerfs: None,
+            },
+            node_cgroup: self.node.clone(),
+            node_memory,
+            kubepods,
+            scope_tasks,
         })
     }
 
@@ -80,53 +109,54 @@ impl NodeSignals {
             .find(|path| self.cgroupfs.memory_dir(path).is_dir())
     }
 
-    fn memory(&self) -> Result<MemoryStats, SignalsError> {
-        let total = mem_total()?;
-        let capacity = lowest_memory_limit(&self.cgroupfs, &self.node)?
-            .map_or(total, |limit| limit.min(total));
-        let reading = self.cgroupfs.read_memory(&self.node)?;
-        Ok(MemoryStats {
-            capacity_bytes: capacity,
-            working_set_bytes: reading.working_set_bytes(),
-        })
-    }
-
     /// kubelet's allocatable memory signal: the pods' cgroup against node
     /// allocatable, which kubelet enforces as that cgroup's limit.
-    fn allocatable(&self, kubepods: &str, node_capacity: u64) -> Result<MemoryStats, SignalsError> {
+    fn allocatable(
+        &self,
+        kubepods: &str,
+        memory: &MemoryReading,
+        node_capacity: u64,
+    ) -> Result<MemoryStats, SignalsError> {
+        // The node's own limit already bounds it from above (node_capacity).
         let capacity = memory_limit(&self.cgroupfs, kubepods)?
             .map_or(node_capacity, |limit| limit.min(node_capacity));
-        // The node's own limit already bounds it from above (node_capacity).
-        let reading = self.cgroupfs.read_memory(kubepods)?;
         Ok(MemoryStats {
             capacity_bytes: capacity,
-            working_set_bytes: reading.working_set_bytes(),
+            working_set_bytes: memory.working_set_bytes(),
         })
     }
 
     /// The node cgroup's pids.max and pids.current where it has a limit;
     /// otherwise the kernel's limit and every task on the machine, as
-    /// kubelet's rlimit statistics count them.
-    fn pids(&self) -> Result<PidStats, SignalsError> {
-        let node_pids = self
-            .cgroupfs
-            .pids_dir(&self.node)
-            .is_ok_and(|dir| dir.is_dir());
-        if !is_root(&self.node)
-            && node_pids
+    /// kubelet's rlimit statistics count them. Also what the node's PID
+    /// scope counts (see [`NodeObservation::scope_tasks`]).
+    fn pids(&self) -> Result<(PidStats, Option<u64>), SignalsError> {
+        let node_pids = match self.cgroupfs.pids_dir(&self.node) {
+            Ok(dir) if !is_root(&self.node) && dir.is_dir() => {
+                Some(self.cgroupfs.read_pids(&self.node)?)
+            }
+            _ => None,
+        };
+        if let Some(in_use) = node_pids
             && let Some(max) = lowest_pids_limit(&self.cgroupfs, &self.node)?
         {
-            return Ok(PidStats {
-                max,
-                in_use: self.cgroupfs.read_pids(&self.node)?,
-            });
+            return Ok((PidStats { max, in_use }, node_pids));
         }
         let pid_max = read_number(Path::new("/proc/sys/kernel/pid_max"))?;
         let threads_max = read_number(Path::new("/proc/sys/kernel/threads-max"))?;
-        Ok(PidStats {
-            max: pid_max.min(threads_max),
-            in_use: cgroupfs::node_tasks()?,
-        })
+        let in_use = cgroupfs::node_tasks()?;
+        let scope_tasks = if is_root(&self.node) {
+            Some(in_use)
+        } else {
+            node_pids
+        };
+        Ok((
+            PidStats {
+                max: pid_max.min(threads_max),
+                in_use,
+            },
+            scope_tasks,
+        ))
     }
 }
 
@@ -301,7 +331,7 @@ mod tests {
             nodefs: dir.path().join("missing"),
             imagefs: dir.path().to_owned(),
         };
-        let node = signals.read().unwrap();
+        let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 536870912);
         assert_eq!(node.memory.working_set_bytes, 299000000);
         let allocatable = node.allocatable.unwrap();
@@ -345,7 +375,7 @@ mod tests {
             nodefs: dir.path().join("missing"),
             imagefs: dir.path().join("missing"),
         };
-        let stats = signals.read().unwrap();
+        let stats = signals.observe().unwrap().stats;
         assert_eq!(
             stats.memory.capacity_bytes,
             mem_total().unwrap(),
@@ -379,7 +409,7 @@ mod tests {
             nodefs: dir.path().join("missing"),
             imagefs: dir.path().join("missing"),
         };
-        let node = signals.read_fast().unwrap();
+        let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 1048576);
         assert_eq!(node.pid, Some(PidStats { max: 50, in_use: 7 }));
         assert_eq!(

@@ -1,7 +1,11 @@
-//! `evictd run`: discovers the node, loads the kernel programs (or says why
-//! it cannot and polls instead), and serves until told to stop.
+//! `evictd run`: starts the agent step by step (metrics, the Kubernetes
+//! API, the kernel's capabilities and programs, the scopes, the metrics
+//! endpoint), then serves: every wake-up (a kernel record, a notification,
+//! the timer, a close watch) is one pass of the [`Evictor`], until told to
+//! stop.
 use std::{
     future::Future,
+    net::SocketAddr,
     path::PathBuf,
     sync::{
         Arc,
@@ -14,74 +18,65 @@ use tokio::{sync::watch, time::MissedTickBehavior};
 use tracing::{error, info, warn};
 
 use crate::{
-    act::evictor::{Evictor, EvictorOptions, Trigger},
-    act::kill::Killer,
+    act::{
+        evictor::{Action, Evictor, EvictorOptions, Parts},
+        io::{Io, KernelRecords, KernelSide, Live},
+        kill::Killer,
+        wake::{Clock, Wake, WakeCause},
+    },
     config::RunArgs,
-    decide::engine::VictimPolicy,
     decide::thresholds::EvictionConfig,
-    kernel::bpf::{BpfError, ProbeOptions, Purpose},
-    kernel::capabilities::Capabilities,
-    kernel::notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
-    kernel::triggers,
-    node::cgroupfs::{CgroupError, CgroupFs},
-    node::inventory::Inventory,
-    report::kubernetes::{KubeError, Kubernetes},
-    report::metrics::{Metrics, MetricsError},
-    scopes::monitor::{Monitor, MonitorOptions, next_batch},
+    kernel::{
+        bpf::{BpfError, KernelEvent, ProbeOptions, Purpose},
+        capabilities::Capabilities,
+        notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
+        triggers,
+    },
+    node::{cgroupfs::CgroupFs, inventory::Inventory},
+    report::{
+        self,
+        kernel::CounterExport,
+        kubernetes::{KubeError, Kubernetes},
+        metrics::{Metrics, MetricsError},
+    },
+    scopes::monitor::{KernelCoverage, Monitor, MonitorOptions},
 };
 
+/// Why the agent stopped, naming the startup step that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error(transparent)]
-    Cgroup(#[from] CgroupError),
-    #[error(transparent)]
-    Metrics(#[from] MetricsError),
-    #[error(transparent)]
-    Bpf(#[from] BpfError),
-    #[error(transparent)]
-    Notify(#[from] NotifyError),
-    #[error(transparent)]
-    Kube(#[from] KubeError),
+    #[error("startup, registering the metrics: {0}")]
+    Metrics(#[source] MetricsError),
+    #[error("startup, connecting to the Kubernetes API for pod metadata: {0}")]
+    Metadata(#[source] KubeError),
+    #[error("startup, loading the eBPF programs: {0}")]
+    Load(#[source] BpfError),
+    #[error("startup, arming the kernel notification of --mode {mode}: {source}")]
+    Notify {
+        mode: crate::config::Mode,
+        #[source]
+        source: NotifyError,
+    },
+    #[error("startup, serving metrics on {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: MetricsError,
+    },
+    #[error("reading kernel records: {0}")]
+    Records(#[source] BpfError),
 }
 
 impl RunError {
     /// Whether the user's input is at fault (exit status 2).
     pub fn is_input_error(&self) -> bool {
-        matches!(self, Self::Kube(e) if e.is_input_error())
+        matches!(self, Self::Metadata(e) if e.is_input_error())
     }
 }
 
 /// How long queued eviction reports may still take at shutdown; kubelet
 /// gives the pod 30 s (terminationGracePeriodSeconds in the DaemonSet).
 const REPORT_FLUSH: Duration = Duration::from_secs(10);
-
-/// The push mechanism of --mode psi or memcg-threshold, on the node cgroup.
-fn notifier(
-    armed: &triggers::Armed,
-    args: &RunArgs,
-    cgroupfs: &CgroupFs,
-    node_cgroup: &str,
-) -> Result<Option<Notifier>, NotifyError> {
-    let notifier = match armed.triggers.get(Purpose::Memory).trigger {
-        triggers::Trigger::Psi => {
-            // A cgroup's own pressure on v2; the whole machine's on v1.
-            let path = if armed.capabilities.psi.cgroup && node_cgroup != "/" {
-                cgroupfs.memory_dir(node_cgroup).join("memory.pressure")
-            } else {
-                PathBuf::from("/proc/pressure/memory")
-            };
-            let trigger = PsiTrigger::open(&path, args.psi_stall, args.psi_window)?;
-            info!(path = %trigger.path().display(), stall = ?args.psi_stall,
-                window = ?args.psi_window, "PSI trigger armed");
-            Notifier::Psi(trigger)
-        }
-        triggers::Trigger::MemcgThreshold => {
-            Notifier::MemcgThresholds(MemcgThresholds::open(&cgroupfs.memory_dir(node_cgroup))?)
-        }
-        _ => return Ok(None),
-    };
-    Ok(Some(notifier))
-}
 
 /// Runs the agent until `shutdown` resolves. On return every program is
 /// detached and every map freed.
@@ -92,10 +87,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let started = Instant::now();
-    let metrics = Metrics::new()?;
+    let metrics = Metrics::new().map_err(RunError::Metrics)?;
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
-            let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())?;
+            let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())
+                .map_err(RunError::Metadata)?;
             inventory.set_metadata(Box::new(kubernetes.store().clone()));
             info!(
                 node = node_name,
@@ -131,58 +127,74 @@ pub async fn run(
     // The parsed BTF (tens of MiB) was only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
-    let notifier = notifier(&armed, &args, &cgroupfs, inventory.node_cgroup())?;
-    let mut probes = armed.probes;
+    let notifier =
+        notifier(&armed, &args, &cgroupfs, inventory.node_cgroup()).map_err(|source| {
+            RunError::Notify {
+                mode: args.mode,
+                source,
+            }
+        })?;
+    let mut kernel = None;
     let mut kernel_log = None;
-    if let Some(probes) = probes.as_mut() {
+    let mut bands = None;
+    let mut coverage = KernelCoverage::default();
+    if let Some(mut probes) = armed.probes {
         info!(programs = ?probes.program_ids(), "eBPF programs attached");
         if args.bpf_log {
-            kernel_log = Some(tokio::spawn(probes.kernel_logger()?.run()));
+            kernel_log = Some(tokio::spawn(
+                probes.kernel_logger().map_err(RunError::Load)?.run(),
+            ));
         }
+        coverage = KernelCoverage {
+            memory: probes.covers(Purpose::Memory),
+            pids: probes.covers(Purpose::Pids),
+            cgroup_lifecycle: probes.covers(Purpose::CgroupLifecycle),
+        };
+        bands = Some(probes.take_scope_maps().map_err(RunError::Load)?);
+        kernel = Some(KernelSide {
+            events: probes.take_events().map_err(RunError::Load)?,
+            probes,
+            counters: CounterExport::default(),
+        });
     }
-    let events = match probes.as_mut() {
-        Some(probes) => Some(probes.take_events()?),
-        None => None,
-    };
-    let kernel_triggers = probes.is_some();
-    let mut monitor = Monitor::new(
+    let monitor = Monitor::new(
         cgroupfs.clone(),
         args.watches(),
-        probes,
+        bands,
+        coverage,
         metrics.clone(),
         MonitorOptions {
             memory_hysteresis: args.memory_hysteresis,
             pids_hysteresis: args.pids_hysteresis,
         },
     );
-    let mut evictor = Evictor::new(
+    let mut evictor = Evictor::<Live>::new(
         config,
-        inventory,
-        Killer::new(cgroupfs.clone()),
-        cgroupfs,
+        Parts {
+            node: inventory,
+            killer: Killer::new(cgroupfs),
+            // Shadow mode writes nothing to the API.
+            api: kubernetes.filter(|_| !args.dry_run),
+            monitor,
+        },
         metrics.clone(),
+        Clock::new(),
         EvictorOptions {
-            policy: if args.policy.evict_set {
-                VictimPolicy::CoveringSet
-            } else {
-                VictimPolicy::One
-            },
+            policy: args.policy.into(),
             dry_run: args.dry_run,
             reclaim_timeout: args.reclaim_timeout,
-            kernel_triggers,
+            kernel_triggers: kernel.is_some(),
         },
-        // Shadow mode writes nothing to the API.
-        kubernetes.filter(|_| !args.dry_run),
     );
     if args.dry_run {
         warn!("--dry-run: evictions are decided and reported, nothing is killed");
     }
-    monitor.install_all();
+    evictor.monitor().install_all();
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut server_stop = stop_rx.clone();
     let ready = Arc::new(AtomicBool::new(false));
-    let (address, server) = crate::report::metrics::serve(
+    let (address, server) = report::metrics::serve(
         metrics.clone(),
         ready.clone(),
         args.metrics_address,
@@ -191,7 +203,11 @@ pub async fn run(
             let _ = server_stop.wait_for(|stop| *stop).await;
         },
     )
-    .await?;
+    .await
+    .map_err(|source| RunError::Bind {
+        address: args.metrics_address,
+        source,
+    })?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
     evictor.thaw_abandoned_pods();
@@ -201,26 +217,28 @@ pub async fn run(
     metrics.startup.set(startup.as_secs_f64());
     info!(startup_ms = startup.as_millis() as u64, "protection armed");
 
-    let timer_source = if args.mode.housekeeping() {
-        "poll"
+    let timer_cause = if args.mode.housekeeping() {
+        WakeCause::Poll
     } else {
-        "resync"
+        WakeCause::Resync
     };
     let result = serve(
-        &mut monitor,
         &mut evictor,
         Sources {
-            events,
+            kernel: kernel.as_mut(),
             notifier,
             check_interval,
-            timer_source,
+            timer_cause,
         },
         &ready,
         shutdown,
     )
     .await;
     info!("shutting down");
-    evictor.shutdown_kubernetes(REPORT_FLUSH);
+    let (api, monitor) = evictor.into_parts();
+    if let Some(kubernetes) = api {
+        kubernetes.shutdown(REPORT_FLUSH);
+    }
     let _ = stop_tx.send(true);
     if let Ok(Err(e)) = server.await {
         warn!(error = %e, "metrics endpoint");
@@ -228,86 +246,107 @@ pub async fn run(
     if let Some(task) = kernel_log {
         task.abort();
     }
-    // Dropping the probes detaches every program and frees every map.
-    if let Some(probes) = monitor.into_probes() {
-        drop(probes);
+    // Dropping the probes and the maps taken from them detaches every
+    // program and frees every map.
+    if let Some(kernel) = kernel {
+        drop((kernel, monitor.into_bands()));
         info!("all eBPF programs detached");
     }
-    result.map_err(RunError::from)
+    result.map_err(RunError::Records)
 }
 
-/// What wakes the engine besides the close-watch deadline.
-struct Sources {
+/// The push mechanism of --mode psi or memcg-threshold, on the node cgroup.
+fn notifier(
+    armed: &triggers::Armed,
+    args: &RunArgs,
+    cgroupfs: &CgroupFs,
+    node_cgroup: &str,
+) -> Result<Option<Notifier>, NotifyError> {
+    let notifier = match armed.triggers.get(Purpose::Memory).trigger {
+        triggers::Trigger::Psi => {
+            // A cgroup's own pressure on v2; the whole machine's on v1.
+            let path = if armed.capabilities.psi.cgroup && node_cgroup != "/" {
+                cgroupfs.memory_dir(node_cgroup).join("memory.pressure")
+            } else {
+                PathBuf::from("/proc/pressure/memory")
+            };
+            let trigger = PsiTrigger::open(&path, args.psi_stall, args.psi_window)?;
+            info!(path = %trigger.path().display(), stall = ?args.psi_stall,
+                window = ?args.psi_window, "PSI trigger armed");
+            Notifier::Psi(trigger)
+        }
+        triggers::Trigger::MemcgThreshold => {
+            Notifier::MemcgThresholds(MemcgThresholds::open(&cgroupfs.memory_dir(node_cgroup))?)
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(notifier))
+}
+
+/// What wakes the engine besides a close watch.
+pub struct Sources<'a, K> {
     /// Kernel records (event mode).
-    events: Option<crate::kernel::bpf::EventStream>,
+    pub kernel: Option<&'a mut K>,
     /// The push mechanism of --mode psi or memcg-threshold.
-    notifier: Option<Notifier>,
-    check_interval: Duration,
-    /// The trigger `source` of timer runs: `resync` or `poll`.
-    timer_source: &'static str,
+    pub notifier: Option<Notifier>,
+    pub check_interval: Duration,
+    /// Why a timer tick wakes the engine: `Resync` behind the kernel
+    /// programs, `Poll` where the timer is the trigger.
+    pub timer_cause: WakeCause,
 }
 
-/// Feeds kernel records to the monitor and wakes the evictor on a crossing
-/// of one of its scopes, on a notification, on the timer, and on the
-/// close-watch deadline it asks for, until `shutdown` resolves.
-async fn serve(
-    monitor: &mut Monitor,
-    evictor: &mut Evictor,
-    sources: Sources,
+/// Serves wake-ups until `shutdown` resolves: kernel records go to the
+/// scope monitor (a crossing of an engine scope wakes the engine), and a
+/// notification, a timer tick or a due close watch wakes it directly.
+/// Each wake-up is one [`Evictor::evaluate`], whose [`Action`] sets the
+/// next close watch.
+pub async fn serve<I: Io>(
+    evictor: &mut Evictor<I>,
+    sources: Sources<'_, I::Kernel>,
     ready: &AtomicBool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), BpfError> {
     let Sources {
-        mut events,
+        mut kernel,
         mut notifier,
         check_interval,
-        timer_source,
+        timer_cause,
     } = sources;
     // The first run is now, not a tick later: an agent restarted on a node
     // already under pressure acts at once.
-    let first = evictor.evaluate(Trigger::now("startup"), monitor).await;
-    rearm(notifier.as_mut(), evictor);
+    let first = evictor
+        .evaluate(evictor.clock().wake(WakeCause::Startup))
+        .await;
+    rearm(notifier.as_mut(), first.memcg_levels.as_deref());
     // Ready (/readyz) once the node has been looked at and, under pressure,
     // relieved: a rolling update moves on only then.
     ready.store(true, Ordering::Release);
-    let mut close_watch = first.map(|after| tokio::time::Instant::now() + after);
+    let mut close_watch = deadline(first.action);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut batch = Vec::new();
     tokio::pin!(shutdown);
     loop {
-        let wake_at = close_watch;
-        let next = tokio::select! {
+        let wake = tokio::select! {
             () = &mut shutdown => return Ok(()),
-            result = next_batch(events.as_mut(), &mut batch) => {
+            result = or_never(kernel.as_mut().map(|kernel| kernel.next_batch(&mut batch))) => {
                 result?;
-                let mut trigger = None;
-                for record in batch.drain(..) {
-                    match record {
-                        Ok(received) => {
-                            let at_ns = received.event.timestamp_ns();
-                            if monitor.handle(received) && trigger.is_none() {
-                                trigger = Some(Trigger { source: "kernel", at_ns });
-                            }
-                        }
-                        Err(e) => monitor.decode_error(&e),
-                    }
-                }
-                if monitor.recover_lost_records() && trigger.is_none() {
-                    trigger = Some(Trigger::now("resync"));
-                }
-                match trigger {
-                    Some(trigger) => evictor.evaluate(trigger, monitor).await,
+                let Some(kernel) = kernel.as_mut() else { continue };
+                match handle_records(evictor, *kernel, &mut batch) {
+                    Some(wake) => wake,
                     None => continue,
                 }
             }
-            notified = next_notification(notifier.as_mut()) => {
-                let source = notifier.as_ref().map_or("notifier", Notifier::source);
+            notified = or_never(notifier.as_mut().map(Notifier::wait)) => {
+                let cause = match notifier {
+                    Some(Notifier::Psi(_)) => WakeCause::Psi,
+                    _ => WakeCause::MemcgThreshold,
+                };
                 match notified {
                     Ok(at_ns) => {
-                        monitor.check_all();
-                        evictor.evaluate(Trigger { source, at_ns }, monitor).await
+                        resync(evictor, kernel.as_deref_mut());
+                        Wake { cause, at_ns }
                     }
                     Err(e) => {
                         error!(error = %e, period = ?check_interval,
@@ -318,39 +357,113 @@ async fn serve(
                 }
             }
             _ = timer.tick() => {
-                monitor.check_all();
-                evictor.evaluate(Trigger::now(timer_source), monitor).await
+                resync(evictor, kernel.as_deref_mut());
+                evictor.clock().wake(timer_cause)
             }
-            () = sleep_until(wake_at), if wake_at.is_some() => {
-                evictor.evaluate(Trigger::now("close-watch"), monitor).await
+            () = or_never(close_watch.map(tokio::time::sleep_until)) => {
+                evictor.clock().wake(WakeCause::CloseWatch)
             }
         };
-        close_watch = next.map(|after| tokio::time::Instant::now() + after);
-        rearm(notifier.as_mut(), evictor);
+        let evaluation = evictor.evaluate(wake).await;
+        close_watch = deadline(evaluation.action);
+        rearm(notifier.as_mut(), evaluation.memcg_levels.as_deref());
     }
 }
 
-async fn next_notification(notifier: Option<&mut Notifier>) -> Result<u64, NotifyError> {
-    match notifier {
-        Some(notifier) => notifier.wait().await,
-        None => std::future::pending().await,
+/// Hands a batch of kernel records to the scope monitor and the reports;
+/// returns the wake-up it calls for: the first crossing of an engine
+/// scope, or a resync when the kernel dropped records.
+fn handle_records<I: Io>(
+    evictor: &mut Evictor<I>,
+    kernel: &mut I::Kernel,
+    batch: &mut Vec<Result<crate::kernel::bpf::Received, crate::kernel::bpf::DecodeError>>,
+) -> Option<Wake> {
+    let mut wake = None;
+    for record in batch.drain(..) {
+        let received = match record {
+            Ok(received) => received,
+            Err(e) => {
+                report::kernel::decode_error(evictor.metrics(), &e);
+                continue;
+            }
+        };
+        let metrics = evictor.metrics();
+        metrics
+            .events
+            .with_label_values(&[received.event.kind()])
+            .inc();
+        metrics
+            .event_latency
+            .observe(received.latency().as_secs_f64());
+        match &received.event {
+            KernelEvent::Crossing(crossing) => {
+                let engine = evictor.monitor().on_crossing(crossing, received.latency());
+                if engine && wake.is_none() {
+                    wake = Some(Wake {
+                        cause: WakeCause::Kernel,
+                        at_ns: received.event.timestamp_ns(),
+                    });
+                }
+            }
+            KernelEvent::OomVictim(victim) => {
+                let scope = evictor
+                    .monitor()
+                    .memory_scope_label(victim.memory_cgroup_id)
+                    .map(str::to_owned);
+                report::kernel::oom_victim(
+                    evictor.metrics(),
+                    victim,
+                    scope.as_deref(),
+                    received.latency(),
+                );
+            }
+            KernelEvent::CgroupCreated(change) => evictor.monitor().on_mkdir(change),
+            KernelEvent::CgroupRemoved(change) => evictor.monitor().on_rmdir(change),
+        }
     }
+    // A lost record may be the pressure itself: resync at once rather than
+    // at the next tick.
+    if kernel.new_drops(evictor.metrics()) > 0 {
+        evictor.monitor().resync(true);
+        if wake.is_none() {
+            wake = Some(evictor.clock().wake(WakeCause::Resync));
+        }
+    }
+    wake
+}
+
+/// Brings the kernel's counters into the metrics and re-reads every flag
+/// scope (a resync behind the programs, or the poll without them).
+fn resync<I: Io>(evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) {
+    let lost = kernel.is_some_and(|kernel| kernel.refresh_counters(evictor.metrics()) > 0);
+    evictor.monitor().resync(lost);
 }
 
 /// Moves memory thresholds to where the thresholds could next be met, on
-/// fresh numbers after each engine run (kubelet re-arms on each sync).
-fn rearm(notifier: Option<&mut Notifier>, evictor: &Evictor) {
-    if let Some(Notifier::MemcgThresholds(thresholds)) = notifier
-        && let Some(levels) = evictor.memcg_notification_levels()
-        && let Err(e) = thresholds.arm(&levels)
+/// the numbers of the engine run just done (kubelet re-arms on each sync).
+fn rearm(notifier: Option<&mut Notifier>, levels: Option<&[u64]>) {
+    if let (Some(Notifier::MemcgThresholds(thresholds)), Some(levels)) = (notifier, levels)
+        && let Err(e) = thresholds.arm(levels)
     {
         warn!(error = %e, "cannot re-arm the memory thresholds; the timer still polls");
     }
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+fn deadline(action: Action) -> Option<tokio::time::Instant> {
+    match action {
+        Action::AwaitChange => None,
+        Action::Requeue(after) => Some(tokio::time::Instant::now() + after),
+    }
+}
+
+/// Resolves as `future` does, or never when there is none: a `select!`
+/// branch for a source this mode does not have.
+async fn or_never<F: Future>(future: Option<F>) -> F::Output {
+    match future {
+        Some(future) => future.await,
         None => std::future::pending().await,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,10 @@
 //! The cgroups watched against thresholds ("scopes"): what the --watch
-//! flags and the engine ask for, the level each is at, and the band the
-//! kernel compares it with.
+//! flags ask for ([`spec`]), the level each is at ([`levels`]), the pure
+//! state of them all ([`registry`]), the lines the engine has the kernel
+//! watch ([`tripwires`]), and the shell that reads, arms and reports them
+//! ([`monitor`]).
 pub mod levels;
 pub mod monitor;
+pub mod registry;
 pub mod spec;
+pub mod tripwires;

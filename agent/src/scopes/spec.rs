@@ -5,7 +5,7 @@
 use std::{fs, path::Path};
 
 use crate::{
-    kernel::bpf::Resource,
+    kernel::bpf::ScopeKind,
     quantity::Quantity,
     scopes::levels::{Levels, MAX_THRESHOLDS},
 };
@@ -105,13 +105,11 @@ pub enum Target {
     Cgroups(CgroupPattern),
     /// Every task on the node (`pid.available`'s count).
     NodeTasks,
-    /// One cgroup the eviction engine names when it installs the watch.
-    Exact,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WatchSpec {
-    pub resource: Resource,
+    pub kind: ScopeKind,
     pub target: Target,
     /// Ascending, without duplicates.
     pub thresholds: Vec<u64>,
@@ -120,20 +118,20 @@ pub struct WatchSpec {
 impl WatchSpec {
     /// `PATH=Q[,Q...]`, Q a Kubernetes quantity of bytes ("512Mi").
     pub fn memory(spec: &str) -> Result<Self, WatchError> {
-        Self::cgroup(Resource::Memory, spec)
+        Self::cgroup(ScopeKind::Memory, spec)
     }
 
     /// `PATH=N[,N...]`, N a task count.
     pub fn pids(spec: &str) -> Result<Self, WatchError> {
-        Self::cgroup(Resource::Pids, spec)
+        Self::cgroup(ScopeKind::Pids, spec)
     }
 
-    fn cgroup(resource: Resource, spec: &str) -> Result<Self, WatchError> {
+    fn cgroup(kind: ScopeKind, spec: &str) -> Result<Self, WatchError> {
         let (path, list) = spec
             .split_once('=')
             .ok_or_else(|| WatchError::Syntax(spec.to_owned()))?;
         Ok(Self {
-            resource,
+            kind,
             target: Target::Cgroups(CgroupPattern::parse(path, spec)?),
             thresholds: parse_thresholds(spec, list)?,
         })
@@ -142,7 +140,7 @@ impl WatchSpec {
     /// `N[,N...]` tasks on the whole node.
     pub fn node_pids(spec: &str) -> Result<Self, WatchError> {
         Ok(Self {
-            resource: Resource::Pids,
+            kind: ScopeKind::Pids,
             target: Target::NodeTasks,
             thresholds: parse_thresholds(spec, spec)?,
         })

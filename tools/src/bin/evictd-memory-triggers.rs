@@ -24,7 +24,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use evictd::{
-    kernel::bpf::{EventStream, Hook, KernelEvent, ProbeOptions, Probes, Purpose, Resource},
+    kernel::bpf::{
+        EventStream, Hook, KernelEvent, ProbeOptions, Probes, Purpose, ScopeKind, ScopeMaps,
+    },
     kernel::btf::KernelBtf,
     kernel::capabilities::{Capabilities, Support},
     node::cgroupfs::CgroupFs,
@@ -94,6 +96,7 @@ fn measure_hook(
         let _guard = runtime.enter();
         probes.take_events()?
     };
+    let mut maps = probes.take_scope_maps()?;
     println!(
         "## {} (check step {} KiB)\n",
         hook.as_str(),
@@ -108,7 +111,7 @@ fn measure_hook(
             // Thresholds that fall at different places within a check step.
             let threshold = 64 * MIB + run * 3 * MIB + run * 12 * 4096;
             if let Some(past) = crossing_slack(
-                &mut probes,
+                &mut maps,
                 &runtime,
                 &mut events,
                 scenario,
@@ -177,7 +180,7 @@ impl Scenario {
 /// Bytes past `threshold` of the first record for a fresh pod growing past
 /// it; `None` when no record came.
 fn crossing_slack(
-    probes: &mut Probes,
+    maps: &mut ScopeMaps,
     runtime: &tokio::runtime::Runtime,
     events: &mut EventStream,
     scenario: Scenario,
@@ -189,8 +192,8 @@ fn crossing_slack(
     tree.create("pod")?;
     tree.set_memory_limit("pod", POD_LIMIT)?;
     let id = tree.cgroup_id(Controller::Memory, "pod")?;
-    probes.set_band(
-        Resource::Memory,
+    maps.set_band(
+        ScopeKind::Memory,
         id,
         Levels::new(vec![threshold], 16 * MIB).band(0, 0),
     )?;
@@ -240,7 +243,7 @@ fn crossing_slack(
     while found.is_none() && Instant::now() < deadline {
         poll_records(&mut found, Duration::from_millis(50))?;
     }
-    probes.remove_scope(Resource::Memory, id)?;
+    maps.remove_scope(ScopeKind::Memory, id)?;
     Ok(found.map(|value| value.saturating_sub(threshold)))
 }
 

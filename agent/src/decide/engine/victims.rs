@@ -43,7 +43,7 @@ pub(super) fn select(ranking: &[Ranked], deficit: i64, policy: VictimPolicy) -> 
     let evictable = ranking
         .iter()
         .enumerate()
-        .filter(|(_, ranked)| ranked.is_evictable());
+        .filter(|(_, ranked)| ranked.evictable);
     match policy {
         VictimPolicy::One => evictable.map(|(position, _)| position).take(1).collect(),
         VictimPolicy::CoveringSet => {

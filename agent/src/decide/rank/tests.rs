@@ -282,7 +282,7 @@ fn explanations_say_why() {
         ranking[0].reason,
         "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
     );
-    assert!(!ranking[0].is_evictable());
+    assert!(!ranking[0].evictable);
     assert_eq!(
         ranking[1].reason,
         "memory 52428800 within request 104857600, priority 0"

@@ -27,8 +27,6 @@ pub use report::{EvictOutcome, EvictionNotice};
 use crate::{
     config::{EvictionAction, KubernetesArgs},
     decide::thresholds::Resource,
-    node::cgroupfs::{CgroupError, CgroupFs},
-    node::snapshot::PodSnapshot,
     report::metrics::Metrics,
 };
 
@@ -160,30 +158,6 @@ impl Kubernetes {
         self.action
     }
 
-    /// What the API is to be told about the eviction of `pod`, with each
-    /// container's usage read now, before the kill takes it away. `None`
-    /// for a pod the API has not shown evictd (nothing to name).
-    pub fn notice(
-        &self,
-        pod: &PodSnapshot,
-        signal: StarvedSignal,
-        cgroupfs: &CgroupFs,
-    ) -> Option<EvictionNotice> {
-        let known = self.store.get(&pod.uid)?;
-        let containers = match (signal.resource, pod.cgroup.as_deref()) {
-            (Resource::Memory, Some(cgroup)) => container_usage(cgroupfs, cgroup, &known),
-            _ => Vec::new(),
-        };
-        Some(EvictionNotice {
-            namespace: known.snapshot.namespace,
-            name: known.snapshot.name,
-            uid: known.snapshot.uid,
-            message: eviction_message(signal, &containers),
-            signal,
-            evicted_by_api: false,
-        })
-    }
-
     /// Queues the report of a finished eviction; never waits.
     pub fn report(&self, notice: EvictionNotice) {
         if let Err(e) = self.reports.try_send(notice) {
@@ -264,57 +238,40 @@ async fn client(kubeconfig: Option<&Path>, api_timeout: Duration) -> Result<Clie
     Client::try_from(config).map_err(KubeError::Client)
 }
 
-/// Each container's working set from its own cgroup, found below the pod's
-/// by the runtime id in `status.containerStatuses` (`<id>` with the cgroupfs
-/// driver, `<runtime>-<id>.scope` with systemd's).
-fn container_usage(cgroupfs: &CgroupFs, pod_cgroup: &str, pod: &KnownPod) -> Vec<ContainerUsage> {
-    let children: Vec<String> = std::fs::read_dir(cgroupfs.memory_dir(pod_cgroup))
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|entry| entry.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    pod.snapshot
-        .containers
-        .iter()
-        .map(|container| {
-            let id = pod
-                .container_ids
+impl EvictionNotice {
+    /// What the API is told about the eviction of `pod`: kubelet's message
+    /// for `signal`, naming each container's usage from `working_sets` (by
+    /// container name, read just before the kill; memory only).
+    pub fn new(
+        pod: &KnownPod,
+        signal: StarvedSignal,
+        working_sets: &[(String, Option<u64>)],
+    ) -> Self {
+        let containers: Vec<ContainerUsage> = match signal.resource {
+            Resource::Memory => pod
+                .snapshot
+                .containers
                 .iter()
-                .find(|(name, _)| *name == container.name)
-                .map(|(_, id)| id.as_str());
-            let cgroup = id.and_then(|id| container_cgroup(&children, id));
-            let working_set_bytes = cgroup.and_then(|child| {
-                match cgroupfs.read_memory(&format!("{}/{child}", pod_cgroup.trim_end_matches('/'))) {
-                    Ok(memory) => Some(memory.working_set_bytes()),
-                    Err(CgroupError::Gone(_)) => None,
-                    Err(e) => {
-                        warn!(container = container.name, error = %e, "cannot read a container's memory for the eviction message");
-                        None
-                    }
-                }
-            });
-            ContainerUsage {
-                name: container.name.clone(),
-                working_set_bytes,
-                request: container.requests.get(Resource::Memory.as_str()).copied(),
-            }
-        })
-        .collect()
-}
-
-/// The child of a pod cgroup that holds container `id`: `<id>` (cgroupfs
-/// driver) or `<runtime>-<id>.scope` (systemd driver).
-fn container_cgroup<'a>(children: &'a [String], id: &str) -> Option<&'a String> {
-    children.iter().find(|child| {
-        *child == id
-            || child
-                .strip_suffix(".scope")
-                .and_then(|stem| stem.strip_suffix(id))
-                .is_some_and(|runtime| runtime.ends_with('-'))
-    })
+                .map(|container| ContainerUsage {
+                    name: container.name.clone(),
+                    working_set_bytes: working_sets
+                        .iter()
+                        .find(|(name, _)| *name == container.name)
+                        .and_then(|(_, bytes)| *bytes),
+                    request: container.requests.get(Resource::Memory.as_str()).copied(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        Self {
+            namespace: pod.snapshot.namespace.clone(),
+            name: pod.snapshot.name.clone(),
+            uid: pod.snapshot.uid.clone(),
+            message: eviction_message(signal, &containers),
+            signal,
+            evicted_by_api: false,
+        }
+    }
 }
 
 /// How one failed request is handled.
@@ -405,23 +362,6 @@ impl ApiErrors {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_container_is_found_under_either_cgroup_driver() {
-        let children: Vec<String> = ["abc", "cri-containerd-def.scope", "crio-xdef.scope"]
-            .map(String::from)
-            .into();
-        assert_eq!(
-            container_cgroup(&children, "abc").map(String::as_str),
-            Some("abc")
-        );
-        assert_eq!(
-            container_cgroup(&children, "def").map(String::as_str),
-            Some("cri-containerd-def.scope")
-        );
-        assert_eq!(container_cgroup(&children, "ab"), None);
-        assert_eq!(container_cgroup(&children, "ef"), None);
-    }
 
     #[test]
     fn only_unanswered_throttled_and_server_failures_are_retried() {

@@ -1,0 +1,181 @@
+//! The loop's I/O, each piece a trait that the live agent implements with
+//! the real thing and a unit test with a fake (as mini-redis passes its
+//! listener in): the node as cgroupfs shows it, the kill, the Kubernetes
+//! API, the kernel's band table and the kernel's records.
+use std::{future::Future, time::Duration};
+
+use crate::{
+    act::kill::{KillError, KillReport, Killer},
+    config::EvictionAction,
+    kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Received, ScopeMaps},
+    node::{
+        cgroupfs::CgroupError,
+        inventory::{Inventory, InventoryError},
+        snapshot::PodSnapshot,
+        stats::NodeObservation,
+    },
+    report::{
+        kernel::CounterExport,
+        kubernetes::{EvictOutcome, EvictionNotice, KnownPod, Kubernetes},
+        metrics::Metrics,
+    },
+    scopes::monitor::BandTable,
+};
+
+/// Every seam of the loop, as one set of types.
+pub trait Io {
+    type Node: NodeSource;
+    type Killer: PodKiller;
+    type Api: EvictionApi;
+    type Bands: BandTable;
+    type Kernel: KernelRecords;
+}
+
+/// The live agent's I/O.
+pub struct Live;
+
+impl Io for Live {
+    type Node = Inventory;
+    type Killer = Killer;
+    type Api = Kubernetes;
+    type Bands = ScopeMaps;
+    type Kernel = KernelSide;
+}
+
+/// The node, read fresh on every call.
+pub trait NodeSource {
+    /// Every signal's input and the engine scopes' readings, each file read
+    /// once.
+    fn observe(&mut self) -> Result<NodeObservation, InventoryError>;
+    /// Every pod, with its usage read now.
+    fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError>;
+    /// A cgroup's working set now; 0 once the cgroup is gone.
+    fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
+    /// Each container's working set (by name), found below the pod's cgroup
+    /// by its runtime id; `None` where it cannot be read.
+    fn container_working_sets(
+        &self,
+        pod_cgroup: &str,
+        containers: &[(String, String)],
+    ) -> Vec<(String, Option<u64>)>;
+}
+
+/// Ends a pod's processes.
+pub trait PodKiller {
+    /// Kills every process of `cgroup`'s subtree, after SIGTERM and up to
+    /// `grace` when that is not zero.
+    fn kill_pod(
+        &self,
+        cgroup: &str,
+        grace: Duration,
+    ) -> impl Future<Output = Result<KillReport, KillError>>;
+    /// Thaws the pods among `cgroups` a killed agent left frozen; returns
+    /// them.
+    fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String>;
+}
+
+/// The Kubernetes API, where evictions are made final and visible.
+pub trait EvictionApi {
+    fn action(&self) -> EvictionAction;
+    /// The pod whose cgroup carries `uid`, as the API last showed it.
+    fn known(&self, uid: &str) -> Option<KnownPod>;
+    /// Queues the report of a finished eviction; never waits.
+    fn report(&self, notice: EvictionNotice);
+    /// A soft eviction through the Eviction API, waiting at most
+    /// --api-timeout.
+    fn evict(&self, notice: EvictionNotice, grace: Duration) -> impl Future<Output = EvictOutcome>;
+}
+
+/// The kernel programs' records and counters.
+pub trait KernelRecords {
+    /// Waits for records and appends every one available to `out`.
+    fn next_batch(
+        &mut self,
+        out: &mut Vec<Result<Received, DecodeError>>,
+    ) -> impl Future<Output = Result<(), BpfError>>;
+    /// Records a full ring buffer dropped since the last look (logged and
+    /// counted).
+    fn new_drops(&mut self, metrics: &Metrics) -> u64;
+    /// Exports the programs' counters; returns the records dropped since
+    /// the last look.
+    fn refresh_counters(&mut self, metrics: &Metrics) -> u64;
+}
+
+impl NodeSource for Inventory {
+    fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
+        Inventory::observe(self)
+    }
+
+    fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
+        Inventory::pods(self)
+    }
+
+    fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
+        match self.cgroupfs().read_memory(cgroup) {
+            Ok(memory) => Ok(memory.working_set_bytes()),
+            Err(CgroupError::Gone(_)) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn container_working_sets(
+        &self,
+        pod_cgroup: &str,
+        containers: &[(String, String)],
+    ) -> Vec<(String, Option<u64>)> {
+        crate::node::containers::working_sets(self.cgroupfs(), pod_cgroup, containers)
+    }
+}
+
+impl PodKiller for Killer {
+    async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
+        Killer::kill_pod(self, cgroup, grace).await
+    }
+
+    fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
+        Killer::thaw_abandoned(self, cgroups)
+    }
+}
+
+impl EvictionApi for Kubernetes {
+    fn action(&self) -> EvictionAction {
+        Kubernetes::action(self)
+    }
+
+    fn known(&self, uid: &str) -> Option<KnownPod> {
+        self.store().get(uid)
+    }
+
+    fn report(&self, notice: EvictionNotice) {
+        Kubernetes::report(self, notice);
+    }
+
+    async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
+        Kubernetes::evict(self, notice, grace).await
+    }
+}
+
+/// The live kernel side: the ring buffer, and the programs whose counters
+/// say what it dropped. Dropping it detaches every program.
+pub struct KernelSide {
+    pub events: EventStream,
+    pub probes: Probes,
+    pub counters: CounterExport,
+}
+
+impl KernelRecords for KernelSide {
+    async fn next_batch(
+        &mut self,
+        out: &mut Vec<Result<Received, DecodeError>>,
+    ) -> Result<(), BpfError> {
+        self.events.next_batch(out).await
+    }
+
+    fn new_drops(&mut self, metrics: &Metrics) -> u64 {
+        self.counters.new_drops(&self.probes, metrics)
+    }
+
+    fn refresh_counters(&mut self, metrics: &Metrics) -> u64 {
+        self.counters.refresh(&self.probes, metrics)
+    }
+}

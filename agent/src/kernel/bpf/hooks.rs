@@ -1,0 +1,130 @@
+//! The programs of the eBPF object, grouped into hooks that serve one
+//! purpose each, and the raw tracepoints they attach to.
+/// What a program is for; the agent polls a resource no attached hook
+/// serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Purpose {
+    Memory,
+    Pids,
+    OomKills,
+    CgroupLifecycle,
+}
+
+impl Purpose {
+    pub const ALL: [Purpose; 4] = [
+        Purpose::Memory,
+        Purpose::Pids,
+        Purpose::OomKills,
+        Purpose::CgroupLifecycle,
+    ];
+
+    /// The `resource` label of logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Memory => "memory",
+            Self::Pids => "pids",
+            Self::OomKills => "oom_kills",
+            Self::CgroupLifecycle => "cgroups",
+        }
+    }
+}
+
+/// One program of the eBPF object and the raw tracepoint it attaches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Program {
+    pub name: &'static str,
+    pub tracepoint: &'static str,
+    /// Tracepoint arguments the program was written for.
+    pub arity: usize,
+}
+
+/// A set of programs that serve one purpose together, attached all or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Hook {
+    /// memcg stat updates, with the memory cgroup charged (Linux 6.x after 6.1).
+    MemcgStat,
+    /// Page allocations and frees, with the current task's memory cgroup.
+    PageAlloc,
+    /// Task creation and release, with the task's pids cgroup.
+    TaskLifetime,
+    /// The kernel OOM killer's victims.
+    OomVictim,
+    /// Cgroup creation and removal.
+    CgroupLifecycle,
+}
+
+impl Hook {
+    pub const ALL: [Hook; 5] = [
+        Hook::MemcgStat,
+        Hook::PageAlloc,
+        Hook::TaskLifetime,
+        Hook::OomVictim,
+        Hook::CgroupLifecycle,
+    ];
+
+    pub fn purpose(self) -> Purpose {
+        match self {
+            Self::MemcgStat | Self::PageAlloc => Purpose::Memory,
+            Self::TaskLifetime => Purpose::Pids,
+            Self::OomVictim => Purpose::OomKills,
+            Self::CgroupLifecycle => Purpose::CgroupLifecycle,
+        }
+    }
+
+    /// The `hook` label of logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MemcgStat => "memcg-stat",
+            Self::PageAlloc => "page-alloc",
+            Self::TaskLifetime => "task-lifetime",
+            Self::OomVictim => "oom-victim",
+            Self::CgroupLifecycle => "cgroup-lifecycle",
+        }
+    }
+
+    pub fn programs(self) -> &'static [Program] {
+        match self {
+            Self::MemcgStat => {
+                const {
+                    &[
+                        program("memcg_lruvec_state", "mod_memcg_lruvec_state", 3),
+                        program("memcg_state", "mod_memcg_state", 3),
+                    ]
+                }
+            }
+            Self::PageAlloc => {
+                const {
+                    &[
+                        program("page_alloc", "mm_page_alloc", 4),
+                        program("page_free", "mm_page_free", 2),
+                    ]
+                }
+            }
+            Self::TaskLifetime => {
+                const {
+                    &[
+                        program("task_fork", "sched_process_fork", 2),
+                        program("task_free", "sched_process_free", 1),
+                    ]
+                }
+            }
+            Self::OomVictim => const { &[program("oom_mark_victim", "mark_victim", 2)] },
+            Self::CgroupLifecycle => {
+                const {
+                    &[
+                        program("cgroup_mkdir", "cgroup_mkdir", 2),
+                        program("cgroup_rmdir", "cgroup_rmdir", 2),
+                    ]
+                }
+            }
+        }
+    }
+}
+
+const fn program(name: &'static str, tracepoint: &'static str, arity: usize) -> Program {
+    Program {
+        name,
+        tracepoint,
+        arity,
+    }
+}

@@ -1,0 +1,248 @@
+//! evictd's eBPF programs: [`hooks`] names them and what each serves,
+//! [`Probes`] loads and attaches them, [`maps`] holds the scope bands and
+//! the programs' counters, [`events`] turns ring-buffer records into
+//! events.
+//!
+//! Everything loaded here belongs to [`Probes`] (and the [`ScopeMaps`] and
+//! [`EventStream`] taken from it): dropping them detaches every program and
+//! frees every map. Nothing is pinned, so an agent that dies leaves nothing
+//! behind in the kernel.
+mod events;
+mod hooks;
+mod maps;
+
+use std::{collections::BTreeMap, os::fd::AsRawFd};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, MapError, PerCpuArray, RingBuf},
+    programs::{ProgramError, RawTracePoint},
+};
+use evictd_common::names;
+use tokio::io::{Interest, unix::AsyncFd};
+
+pub use events::{
+    CgroupChange, Crossing, DecodeError, EventStream, KernelEvent, Received, decode,
+    monotonic_now_ns,
+};
+pub use hooks::{Hook, Program, Purpose};
+pub use maps::{KernelCounters, ProgramStats, ScopeKind, ScopeMaps};
+
+use crate::kernel::btf::{KernelBtf, LayoutError};
+
+/// The programs, built from `ebpf/` by build.rs. Empty when the build had no
+/// bpf-linker (see build.rs).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/evictd"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error(
+        "this evictd binary was built without its eBPF programs (no bpf-linker at build time); \
+         build it with `cargo xtask build`"
+    )]
+    NoObject,
+    #[error(transparent)]
+    Layout(#[from] LayoutError),
+    #[error("loading the eBPF object failed: {0}{hint}", hint = privilege_hint(.0))]
+    Load(#[source] aya::EbpfError),
+    #[error("eBPF object has no {0}")]
+    Missing(&'static str),
+    #[error("program {program} ({tracepoint}): {source}{hint}", hint = privilege_hint(.source))]
+    Program {
+        program: &'static str,
+        tracepoint: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("map {map}: {source}")]
+    Map {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("ring buffer: {0}")]
+    Poll(#[source] std::io::Error),
+}
+
+fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
+    let text = format!("{error:?}");
+    if text.contains("EPERM")
+        || text.contains("Operation not permitted")
+        || text.contains("PermissionDenied")
+    {
+        " (loading BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)"
+    } else {
+        ""
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct ProbeOptions {
+    /// Bytes of memcg stat churn a CPU sees between two page-counter reads.
+    pub check_step_bytes: u64,
+    /// Forward aya-log output of the programs to the agent's log.
+    pub kernel_log: bool,
+}
+
+/// Loaded and attached programs with their maps.
+pub struct Probes {
+    ebpf: Ebpf,
+    counters: PerCpuArray<MapData, u64>,
+    scope_maps: Option<ScopeMaps>,
+    events: Option<RingBuf<MapData>>,
+    hooks: Vec<Hook>,
+}
+
+impl Probes {
+    /// Loads the object with the layout of the running kernel and takes its
+    /// maps. No program runs until [`Probes::attach`] attaches its hook.
+    pub fn load(btf: &KernelBtf, options: ProbeOptions) -> Result<Self, BpfError> {
+        if OBJECT.is_empty() {
+            return Err(BpfError::NoObject);
+        }
+        let layout = btf.layout(options.check_step_bytes, options.kernel_log)?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::LAYOUT, &layout, true)
+            .load(OBJECT)
+            .map_err(BpfError::Load)?;
+        let scope_maps = ScopeMaps {
+            memory: take_map(&mut ebpf, names::MEMORY_SCOPES)?,
+            pids: take_map(&mut ebpf, names::PIDS_SCOPES)?,
+        };
+        let counters = take_map(&mut ebpf, names::COUNTERS)?;
+        let events = Some(take_map(&mut ebpf, names::EVENTS)?);
+        Ok(Self {
+            ebpf,
+            counters,
+            scope_maps: Some(scope_maps),
+            events,
+            hooks: Vec::new(),
+        })
+    }
+
+    /// Verifies and attaches every program of `hook`. On an error none of
+    /// them stays attached, so the caller can fall back to another hook.
+    pub fn attach(&mut self, hook: Hook) -> Result<(), BpfError> {
+        if self.hooks.contains(&hook) {
+            return Ok(());
+        }
+        for (done, program) in hook.programs().iter().enumerate() {
+            if let Err(e) = self.attach_program(program) {
+                for attached in &hook.programs()[..done] {
+                    if let Ok(prog) = self.raw_tracepoint(attached) {
+                        // Unloading detaches its link; failing that, dropping
+                        // the Probes does.
+                        let _ = prog.unload();
+                    }
+                }
+                return Err(e);
+            }
+        }
+        self.hooks.push(hook);
+        Ok(())
+    }
+
+    fn attach_program(&mut self, program: &Program) -> Result<(), BpfError> {
+        let error = |source| BpfError::Program {
+            program: program.name,
+            tracepoint: program.tracepoint,
+            source,
+        };
+        let prog = self.raw_tracepoint(program)?;
+        prog.load().map_err(error)?;
+        prog.attach(program.tracepoint).map_err(error)?;
+        Ok(())
+    }
+
+    fn raw_tracepoint(&mut self, program: &Program) -> Result<&mut RawTracePoint, BpfError> {
+        self.ebpf
+            .program_mut(program.name)
+            .ok_or(BpfError::Missing(program.name))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                program: program.name,
+                tracepoint: program.tracepoint,
+                source,
+            })
+    }
+
+    /// The hooks attached, in the order they were.
+    pub fn hooks(&self) -> &[Hook] {
+        &self.hooks
+    }
+
+    /// Whether an attached hook serves `purpose`.
+    pub fn covers(&self, purpose: Purpose) -> bool {
+        self.hooks.iter().any(|hook| hook.purpose() == purpose)
+    }
+
+    fn attached_programs(&self) -> impl Iterator<Item = &'static Program> + '_ {
+        self.hooks.iter().flat_map(|hook| hook.programs())
+    }
+
+    /// The event stream; can be taken once.
+    pub fn take_events(&mut self) -> Result<EventStream, BpfError> {
+        let ring = self.events.take().ok_or(BpfError::Missing(names::EVENTS))?;
+        Ok(EventStream::new(readable(ring)?))
+    }
+
+    /// The scope maps, where bands are armed; can be taken once.
+    pub fn take_scope_maps(&mut self) -> Result<ScopeMaps, BpfError> {
+        self.scope_maps
+            .take()
+            .ok_or(BpfError::Missing(names::MEMORY_SCOPES))
+    }
+
+    /// Starts forwarding the programs' aya-log records to the `log` facade
+    /// (and so to tracing). Only useful when loaded with `kernel_log`.
+    pub fn kernel_logger(&mut self) -> Result<KernelLogger, BpfError> {
+        let logger = aya_log::EbpfLogger::init(&mut self.ebpf)
+            .map_err(|e| BpfError::Poll(std::io::Error::other(e)))?;
+        Ok(KernelLogger {
+            fd: readable(logger)?,
+        })
+    }
+
+    /// Ids of the loaded programs, as `bpftool prog list` shows them.
+    pub fn program_ids(&self) -> BTreeMap<&'static str, u32> {
+        self.attached_programs()
+            .filter_map(|program| {
+                let id = self.ebpf.program(program.name)?.info().ok()?.id();
+                Some((program.name, id))
+            })
+            .collect()
+    }
+}
+
+/// Registers a map-backed reader with tokio for readability.
+fn readable<T: AsRawFd>(inner: T) -> Result<AsyncFd<T>, BpfError> {
+    // SAFETY: the fd belongs to `inner` (a ring buffer map it owns), which the
+    // AsyncFd owns in turn, so it stays open and unchanged while registered.
+    unsafe { AsyncFd::register_with_interest(inner, Interest::READABLE) }
+        .map_err(|e| BpfError::Poll(e.into()))
+}
+
+fn take_map<T>(ebpf: &mut Ebpf, name: &'static str) -> Result<T, BpfError>
+where
+    T: TryFrom<aya::maps::Map, Error = MapError>,
+{
+    let map = ebpf.take_map(name).ok_or(BpfError::Missing(name))?;
+    T::try_from(map).map_err(|source| BpfError::Map { map: name, source })
+}
+
+/// Drains aya-log records from the kernel programs.
+pub struct KernelLogger {
+    fd: AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>,
+}
+
+impl KernelLogger {
+    pub async fn run(mut self) {
+        loop {
+            let Ok(mut guard) = self.fd.readable_mut().await else {
+                return;
+            };
+            guard.get_inner_mut().flush();
+            guard.clear_ready();
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Where the kernel should next wake the engine ("tripwires"): one pure
+//! function of the eviction thresholds and one fresh observation of the
+//! node. The same observation gives the engine its signals and each engine
+//! scope its reading, so a wake-up reads every file once.
+//!
+//! - `memory.available < T` needs the node cgroup's usage (bytes charged)
+//!   to be at least `capacity − T`, since the working set never exceeds
+//!   usage: that is the band the kernel watches. Past it only a fresh read
+//!   of the working set tells whether the threshold is met.
+//! - `allocatableMemory.available < T` likewise on the pods' cgroup.
+//! - `pid.available < T` is met at exactly `max − T + 1` tasks.
+//! - cgroup v1 eventfd thresholds (`--mode memcg-threshold`) are armed as
+//!   kubelet arms them: `capacity − T + inactive_file`, what usage is when
+//!   the working set reaches the threshold as of now.
+use crate::{
+    decide::thresholds::{EvictionConfig, Signal, Threshold},
+    kernel::bpf::ScopeKind,
+    node::stats::NodeObservation,
+    scopes::registry::Reading,
+};
+
+/// A scope the engine has the kernel watch, and its reading now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineScope {
+    pub kind: ScopeKind,
+    /// `None`: every task on the node.
+    pub path: Option<String>,
+    /// Values (bytes charged, or tasks) at which a threshold may be met;
+    /// empty when no threshold needs the scope.
+    pub thresholds: Vec<u64>,
+    pub reading: Reading,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tripwires {
+    /// Kernel bands: scopes whose crossing wakes the engine.
+    pub scopes: Vec<EngineScope>,
+    /// Usage levels of the node cgroup for cgroup v1 eventfd thresholds.
+    pub memcg_levels: Vec<u64>,
+}
+
+pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Tripwires {
+    let stats = &observation.stats;
+    let mut node_memory = Vec::new();
+    let mut kubepods_memory = Vec::new();
+    let mut pids = Vec::new();
+    for threshold in &config.thresholds {
+        match threshold.signal {
+            Signal::MemoryAvailable => {
+                node_memory.push(usage_at_threshold(threshold, stats.memory.capacity_bytes));
+            }
+            Signal::AllocatableMemoryAvailable => {
+                if let Some(allocatable) = stats.allocatable {
+                    kubepods_memory.push(usage_at_threshold(threshold, allocatable.capacity_bytes));
+                }
+            }
+            Signal::PidAvailable => {
+                if let Some(pid) = stats.pid {
+                    let value = threshold.value.resolve(pid.max as i64).max(0) as u64;
+                    pids.push((pid.max + 1).saturating_sub(value));
+                }
+            }
+            _ => {}
+        }
+    }
+    let memcg_levels = node_memory
+        .iter()
+        .map(|usage| usage + observation.node_memory.inactive_file_bytes)
+        .collect();
+    let node_is_root = observation.node_cgroup.trim_matches('/').is_empty();
+    let mut scopes = Vec::new();
+    if node_is_root {
+        // The root memory cgroup has no page counter to watch: the pods'
+        // cgroup stands in, offset by what the rest of the node holds.
+        if let (Some(_), Some(allocatable)) = (&observation.kubepods, stats.allocatable) {
+            let rest = stats
+                .memory
+                .working_set_bytes
+                .saturating_sub(allocatable.working_set_bytes);
+            kubepods_memory.extend(node_memory.iter().map(|usage| usage.saturating_sub(rest)));
+        }
+    } else {
+        scopes.push(EngineScope {
+            kind: ScopeKind::Memory,
+            path: Some(observation.node_cgroup.clone()),
+            thresholds: node_memory,
+            reading: memory_reading(&observation.node_memory),
+        });
+    }
+    if let Some(tasks) = observation.scope_tasks {
+        scopes.push(EngineScope {
+            kind: ScopeKind::Pids,
+            path: (!node_is_root).then(|| observation.node_cgroup.clone()),
+            thresholds: pids,
+            reading: Reading {
+                value: tasks,
+                working_set: None,
+            },
+        });
+    }
+    if let Some((path, memory)) = &observation.kubepods {
+        scopes.push(EngineScope {
+            kind: ScopeKind::Memory,
+            path: Some(path.clone()),
+            thresholds: kubepods_memory,
+            reading: memory_reading(memory),
+        });
+    }
+    Tripwires {
+        scopes,
+        memcg_levels,
+    }
+}
+
+fn memory_reading(memory: &crate::node::cgroupfs::MemoryReading) -> Reading {
+    Reading {
+        value: memory.usage_bytes,
+        working_set: Some(memory.working_set_bytes()),
+    }
+}
+
+/// The usage at which a memory threshold is met on `capacity` bytes, were
+/// all of it working set.
+fn usage_at_threshold(threshold: &Threshold, capacity: u64) -> u64 {
+    let value = threshold.value.resolve(capacity as i64).max(0) as u64;
+    capacity.saturating_sub(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::EvictionArgs,
+        node::{
+            cgroupfs::MemoryReading,
+            snapshot::{MemoryStats, NodeStats, PidStats},
+        },
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    fn config(hard: &str) -> EvictionConfig {
+        EvictionArgs {
+            eviction_hard: vec![hard.into()],
+            ..EvictionArgs::default()
+        }
+        .resolve()
+        .unwrap()
+    }
+
+    fn observation(node_cgroup: &str) -> NodeObservation {
+        NodeObservation {
+            stats: NodeStats {
+                memory: MemoryStats {
+                    capacity_bytes: 1024 * MIB,
+                    working_set_bytes: 600 * MIB,
+                },
+                allocatable: Some(MemoryStats {
+                    capacity_bytes: 900 * MIB,
+                    working_set_bytes: 500 * MIB,
+                }),
+                pid: Some(PidStats {
+                    max: 1000,
+                    in_use: 300,
+                }),
+                nodefs: None,
+                imagefs: None,
+                containerfs: None,
+            },
+            node_cgroup: node_cgroup.into(),
+            node_memory: MemoryReading {
+                usage_bytes: 700 * MIB,
+                inactive_file_bytes: 100 * MIB,
+            },
+            kubepods: Some((
+                format!("{}/kubepods", node_cgroup.trim_end_matches('/')),
+                MemoryReading {
+                    usage_bytes: 550 * MIB,
+                    inactive_file_bytes: 50 * MIB,
+                },
+            )),
+            scope_tasks: Some(300),
+        }
+    }
+
+    #[test]
+    fn a_node_cgroup_is_watched_at_capacity_minus_each_threshold() {
+        let config =
+            config("memory.available<100Mi,allocatableMemory.available<50Mi,pid.available<100");
+        let wires = tripwires(&config, &observation("/node"));
+        assert_eq!(
+            wires.scopes,
+            [
+                EngineScope {
+                    kind: ScopeKind::Memory,
+                    path: Some("/node".into()),
+                    thresholds: vec![924 * MIB],
+                    reading: Reading {
+                        value: 700 * MIB,
+                        working_set: Some(600 * MIB)
+                    },
+                },
+                EngineScope {
+                    kind: ScopeKind::Pids,
+                    path: Some("/node".into()),
+                    thresholds: vec![901],
+                    reading: Reading {
+                        value: 300,
+                        working_set: None
+                    },
+                },
+                EngineScope {
+                    kind: ScopeKind::Memory,
+                    path: Some("/node/kubepods".into()),
+                    // allocatableMemory.available<50Mi, then the copy of
+                    // memory.available<100Mi that enforceNodeAllocatable adds.
+                    thresholds: vec![850 * MIB, 800 * MIB],
+                    reading: Reading {
+                        value: 550 * MIB,
+                        working_set: Some(500 * MIB)
+                    },
+                },
+            ]
+        );
+        assert_eq!(
+            wires.memcg_levels,
+            [1024 * MIB],
+            "capacity − T + inactive_file"
+        );
+    }
+
+    #[test]
+    fn on_the_machine_the_pods_cgroup_stands_in_for_the_root() {
+        let config = config("memory.available<100Mi,pid.available<100");
+        let wires = tripwires(&config, &observation("/"));
+        let paths: Vec<_> = wires
+            .scopes
+            .iter()
+            .map(|s| (s.kind, s.path.clone()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                (ScopeKind::Pids, None),
+                (ScopeKind::Memory, Some("/kubepods".into()))
+            ]
+        );
+        // The allocatable copy of the threshold (900 − 100 MiB), then
+        // 924 MiB less what the node holds outside the pods (600 − 500).
+        assert_eq!(wires.scopes[1].thresholds, [800 * MIB, 824 * MIB]);
+    }
+
+    #[test]
+    fn a_scope_no_threshold_needs_is_named_empty() {
+        let wires = tripwires(&config("nodefs.available<10%"), &observation("/node"));
+        assert!(wires.scopes.iter().all(|scope| scope.thresholds.is_empty()));
+        assert!(wires.memcg_levels.is_empty());
+    }
+}
