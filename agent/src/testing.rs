@@ -68,3 +68,432 @@ impl<'a> MakeWriter<'a> for LogCapture {
         self.clone()
     }
 }
+
+/// Fakes of the loop's seams ([`crate::act::io::Io`]): a node whose memory
+/// is what its pods hold, a killer that removes the pod it kills, an API
+/// that answers as told, a band table and a kernel fed by the test.
+pub(crate) mod fakes {
+    use std::{
+        cell::RefCell,
+        collections::{BTreeMap, HashMap},
+        path::PathBuf,
+        rc::Rc,
+        sync::Arc,
+        time::Duration,
+    };
+
+    use evictd_common::Band;
+    use tokio::sync::mpsc;
+
+    use crate::{
+        act::{
+            evictor::{Evictor, EvictorOptions, Parts},
+            io::{EvictionApi, Io, KernelRecords, NodeSource, PodKiller},
+            kill::{KillError, KillMethod, KillReport},
+            wake::Clock,
+        },
+        config::{EvictionAction, EvictionArgs},
+        decide::engine::VictimPolicy,
+        kernel::bpf::{BpfError, DecodeError, Received},
+        node::{
+            cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
+            inventory::InventoryError,
+            snapshot::{MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass},
+            stats::NodeObservation,
+        },
+        report::{
+            kubernetes::{EvictOutcome, EvictionNotice, KnownPod},
+            metrics::Metrics,
+        },
+        scopes::{
+            monitor::{BandTable, KernelCoverage, Monitor, MonitorOptions},
+            registry::ScopeKey,
+        },
+    };
+
+    pub(crate) const MIB: u64 = 1 << 20;
+    /// The fake node's cgroup and its memory.
+    pub(crate) const NODE_CGROUP: &str = "/node";
+    pub(crate) const NODE_CAPACITY: u64 = 1024 * MIB;
+
+    pub(crate) struct Fake;
+
+    impl Io for Fake {
+        type Node = FakeNode;
+        type Killer = FakeKiller;
+        type Api = FakeApi;
+        type Bands = FakeBands;
+        type Kernel = FakeKernel;
+    }
+
+    /// A node of [`NODE_CAPACITY`] whose working set is what runs outside
+    /// the pods plus what the pods hold.
+    #[derive(Debug, Default)]
+    pub(crate) struct NodeModel {
+        pub outside_pods: u64,
+        /// Inactive file pages: charged (usage) but not working set.
+        pub page_cache: u64,
+        pub pods: Vec<PodSnapshot>,
+        /// Observations taken, and pod listings.
+        pub observations: usize,
+        pub listings: usize,
+    }
+
+    impl NodeModel {
+        pub(crate) fn working_set(&self) -> u64 {
+            self.outside_pods
+                + self
+                    .pods
+                    .iter()
+                    .map(|pod| pod.usage.memory_working_set_bytes)
+                    .sum::<u64>()
+        }
+    }
+
+    /// A running BestEffort pod holding `mib` MiB.
+    pub(crate) fn pod(name: &str, mib: u64) -> PodSnapshot {
+        PodSnapshot {
+            namespace: "default".into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            priority: 0,
+            is_static: false,
+            mirror: false,
+            containers: Vec::new(),
+            termination_grace_period_seconds: None,
+            usage: PodUsage {
+                memory_working_set_bytes: mib * MIB,
+                pids: 1,
+                ..PodUsage::default()
+            },
+            cgroup: Some(format!("{NODE_CGROUP}/kubepods/besteffort/pod{name}")),
+            unknown: Vec::new(),
+            cgroup_qos: Some(QosClass::BestEffort),
+            hosts_evictd: false,
+        }
+    }
+
+    #[derive(Clone, Default)]
+    pub(crate) struct FakeNode(pub Rc<RefCell<NodeModel>>);
+
+    impl NodeSource for FakeNode {
+        fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
+            let mut model = self.0.borrow_mut();
+            model.observations += 1;
+            let working_set = model.working_set();
+            let tasks = model.pods.len() as u64 + 10;
+            Ok(NodeObservation {
+                stats: NodeStats {
+                    memory: MemoryStats {
+                        capacity_bytes: NODE_CAPACITY,
+                        working_set_bytes: working_set,
+                    },
+                    allocatable: None,
+                    pid: Some(PidStats {
+                        max: 4_194_304,
+                        in_use: tasks,
+                    }),
+                    nodefs: None,
+                    imagefs: None,
+                    containerfs: None,
+                },
+                node_cgroup: NODE_CGROUP.into(),
+                node_memory: MemoryReading {
+                    usage_bytes: working_set + model.page_cache,
+                    inactive_file_bytes: model.page_cache,
+                },
+                kubepods: None,
+                scope_tasks: Some(tasks),
+            })
+        }
+
+        fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
+            let mut model = self.0.borrow_mut();
+            model.listings += 1;
+            Ok(model.pods.clone())
+        }
+
+        fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
+            let model = self.0.borrow();
+            Ok(model
+                .pods
+                .iter()
+                .find(|pod| pod.cgroup.as_deref() == Some(cgroup))
+                .map_or(0, |pod| pod.usage.memory_working_set_bytes))
+        }
+
+        fn container_working_sets(
+            &self,
+            _pod_cgroup: &str,
+            containers: &[(String, String)],
+        ) -> Vec<(String, Option<u64>)> {
+            containers
+                .iter()
+                .map(|(name, _)| (name.clone(), None))
+                .collect()
+        }
+    }
+
+    /// Kills by removing the pod from the node, or fails when told to.
+    #[derive(Clone, Default)]
+    pub(crate) struct FakeKiller {
+        pub node: FakeNode,
+        pub fail: Rc<RefCell<bool>>,
+        /// Cgroups asked to be killed, in order.
+        pub killed: Rc<RefCell<Vec<String>>>,
+    }
+
+    impl PodKiller for FakeKiller {
+        async fn kill_pod(&self, cgroup: &str, _grace: Duration) -> Result<KillReport, KillError> {
+            self.killed.borrow_mut().push(cgroup.to_owned());
+            if *self.fail.borrow() {
+                return Err(KillError::Timeout {
+                    cgroup: cgroup.to_owned(),
+                    pids: vec![42],
+                    waited: Duration::from_secs(10),
+                });
+            }
+            self.node
+                .0
+                .borrow_mut()
+                .pods
+                .retain(|pod| pod.cgroup.as_deref() != Some(cgroup));
+            Ok(KillReport {
+                method: KillMethod::Signals,
+                sigterm_sent: 0,
+                sigkill_sent: 1,
+                rounds: 1,
+                mrelease_ok: 1,
+                mrelease_failed: 0,
+                frozen: false,
+                first_sigkill_after: Some(Duration::ZERO),
+                empty_after: Duration::ZERO,
+            })
+        }
+
+        fn thaw_abandoned(&self, _cgroups: &[&str]) -> Vec<String> {
+            Vec::new()
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct ApiModel {
+        pub action: EvictionAction,
+        pub known: HashMap<String, KnownPod>,
+        /// What the Eviction API answers.
+        pub answer: EvictOutcome,
+        pub evictions: usize,
+        pub reports: Vec<EvictionNotice>,
+    }
+
+    #[derive(Clone)]
+    pub(crate) struct FakeApi(pub Rc<RefCell<ApiModel>>);
+
+    impl FakeApi {
+        /// An API with `--eviction-action evict` that knows `pods`.
+        pub(crate) fn evicting(pods: &[PodSnapshot], answer: EvictOutcome) -> Self {
+            let known = pods
+                .iter()
+                .map(|pod| {
+                    let known = KnownPod {
+                        snapshot: pod.clone(),
+                        container_ids: Vec::new(),
+                        mirror_of: None,
+                    };
+                    (pod.uid.clone(), known)
+                })
+                .collect();
+            Self(Rc::new(RefCell::new(ApiModel {
+                action: EvictionAction::Evict,
+                known,
+                answer,
+                evictions: 0,
+                reports: Vec::new(),
+            })))
+        }
+    }
+
+    impl EvictionApi for FakeApi {
+        fn action(&self) -> EvictionAction {
+            self.0.borrow().action
+        }
+
+        fn known(&self, uid: &str) -> Option<KnownPod> {
+            self.0.borrow().known.get(uid).cloned()
+        }
+
+        fn report(&self, notice: EvictionNotice) {
+            self.0.borrow_mut().reports.push(notice);
+        }
+
+        async fn evict(&self, _notice: EvictionNotice, _grace: Duration) -> EvictOutcome {
+            let mut model = self.0.borrow_mut();
+            model.evictions += 1;
+            model.answer.clone()
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct FakeBands {
+        pub bands: BTreeMap<ScopeKey, Band>,
+        pub writes: usize,
+    }
+
+    impl BandTable for FakeBands {
+        fn band(&self, key: ScopeKey) -> Result<Option<Band>, BpfError> {
+            Ok(self.bands.get(&key).copied())
+        }
+
+        fn set_band(&mut self, key: ScopeKey, band: Band) -> Result<(), BpfError> {
+            self.writes += 1;
+            self.bands.insert(key, band);
+            Ok(())
+        }
+
+        fn remove(&mut self, key: ScopeKey) -> Result<(), BpfError> {
+            self.bands.remove(&key);
+            Ok(())
+        }
+    }
+
+    /// Records the test sends, as the ring buffer would deliver them.
+    pub(crate) struct FakeKernel(pub mpsc::UnboundedReceiver<Received>);
+
+    impl KernelRecords for FakeKernel {
+        async fn next_batch(
+            &mut self,
+            out: &mut Vec<Result<Received, DecodeError>>,
+        ) -> Result<(), BpfError> {
+            match self.0.recv().await {
+                Some(record) => out.push(Ok(record)),
+                None => std::future::pending().await,
+            }
+            while let Ok(record) = self.0.try_recv() {
+                out.push(Ok(record));
+            }
+            Ok(())
+        }
+
+        fn new_drops(&mut self, _metrics: &Metrics) -> u64 {
+            0
+        }
+
+        fn refresh_counters(&mut self, _metrics: &Metrics) -> u64 {
+            0
+        }
+    }
+
+    /// An evictor on fakes, with handles to what it touches. The cgroup
+    /// directories the scope monitor resolves ids from exist in `dir`.
+    pub(crate) struct Harness {
+        pub evictor: Evictor<Fake>,
+        pub node: FakeNode,
+        pub killer: FakeKiller,
+        pub metrics: Arc<Metrics>,
+        /// Holds the fake cgroupfs.
+        pub _dir: tempfile::TempDir,
+    }
+
+    pub(crate) struct HarnessOptions {
+        pub eviction: EvictionArgs,
+        pub pods: Vec<PodSnapshot>,
+        pub outside_pods: u64,
+        pub api: Option<FakeApi>,
+        pub dry_run: bool,
+        /// Kernel programs watch the engine's scopes (event mode).
+        pub kernel: bool,
+    }
+
+    impl Default for HarnessOptions {
+        fn default() -> Self {
+            Self {
+                eviction: EvictionArgs {
+                    eviction_hard: vec!["memory.available<100Mi".into()],
+                    ..EvictionArgs::default()
+                },
+                pods: Vec::new(),
+                outside_pods: 0,
+                api: None,
+                dry_run: false,
+                kernel: true,
+            }
+        }
+    }
+
+    impl Harness {
+        /// Call with tokio's clock paused: the evictor's clock is tokio's.
+        pub(crate) fn new(options: HarnessOptions) -> Self {
+            let dir = tempfile::tempdir().expect("temporary directory");
+            let cgroupfs = CgroupFs {
+                version: CgroupVersion::V2,
+                memory_root: dir.path().join("memory"),
+                pids_root: Some(dir.path().join("pids")),
+                freezer_root: None,
+            };
+            for root in ["memory", "pids"] {
+                let node: PathBuf = dir
+                    .path()
+                    .join(root)
+                    .join(NODE_CGROUP.trim_start_matches('/'));
+                std::fs::create_dir_all(node).expect("fake cgroup directory");
+            }
+            let config = options.eviction.resolve().expect("valid thresholds");
+            let metrics = Metrics::new().expect("metrics");
+            let node = FakeNode::default();
+            {
+                let mut model = node.0.borrow_mut();
+                model.pods = options.pods;
+                model.outside_pods = options.outside_pods;
+            }
+            let killer = FakeKiller {
+                node: node.clone(),
+                ..FakeKiller::default()
+            };
+            let coverage = KernelCoverage {
+                memory: options.kernel,
+                pids: options.kernel,
+                cgroup_lifecycle: options.kernel,
+            };
+            let monitor = Monitor::new(
+                cgroupfs,
+                Vec::new(),
+                options.kernel.then(FakeBands::default),
+                coverage,
+                metrics.clone(),
+                MonitorOptions {
+                    memory_hysteresis: 16 * MIB,
+                    pids_hysteresis: 8,
+                },
+            );
+            let evictor = Evictor::new(
+                config,
+                Parts {
+                    node: node.clone(),
+                    killer: killer.clone(),
+                    api: options.api,
+                    monitor,
+                },
+                metrics.clone(),
+                Clock::new(),
+                EvictorOptions {
+                    policy: VictimPolicy::One,
+                    dry_run: options.dry_run,
+                    reclaim_timeout: Duration::from_secs(10),
+                    kernel_triggers: options.kernel,
+                },
+            );
+            Self {
+                evictor,
+                node,
+                killer,
+                metrics,
+                _dir: dir,
+            }
+        }
+
+        /// Engine runs counted for `cause` (`evictd_engine_runs_total`).
+        pub(crate) fn engine_runs(&self, cause: &str) -> u64 {
+            self.metrics.engine_runs.with_label_values(&[cause]).get()
+        }
+    }
+}
