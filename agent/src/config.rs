@@ -4,7 +4,7 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{duration, quantity::Quantity, scopes::spec::WatchSpec};
+use crate::{decide::engine::VictimPolicy, duration, quantity::Quantity, scopes::spec::WatchSpec};
 
 mod eviction;
 
@@ -97,6 +97,16 @@ pub struct PolicyArgs {
     /// pod per round.
     #[arg(long)]
     pub evict_set: bool,
+}
+
+impl From<PolicyArgs> for VictimPolicy {
+    fn from(args: PolicyArgs) -> Self {
+        if args.evict_set {
+            VictimPolicy::CoveringSet
+        } else {
+            VictimPolicy::One
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

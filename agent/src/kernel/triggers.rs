@@ -57,19 +57,19 @@ impl Trigger {
 
 /// The trigger of one resource and why it was chosen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Choice {
+pub struct TriggerChoice {
     pub trigger: Trigger,
     pub reason: String,
 }
 
 /// The trigger of every resource.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Triggers(BTreeMap<Purpose, Choice>);
+pub struct Triggers(BTreeMap<Purpose, TriggerChoice>);
 
 impl Triggers {
-    pub fn get(&self, purpose: Purpose) -> &Choice {
+    pub fn get(&self, purpose: Purpose) -> &TriggerChoice {
         // choose() fills every purpose; the fallback keeps this total.
-        static UNOBSERVED: Choice = Choice {
+        static UNOBSERVED: TriggerChoice = TriggerChoice {
             trigger: Trigger::Unobserved,
             reason: String::new(),
         };
@@ -137,7 +137,7 @@ fn kernel_unusable(capabilities: &Capabilities) -> Option<String> {
     }
 }
 
-fn best_hook(capabilities: &Capabilities, purpose: Purpose) -> Choice {
+fn best_hook(capabilities: &Capabilities, purpose: Purpose) -> TriggerChoice {
     let mut passed_over = Vec::new();
     for &hook in candidates(purpose) {
         let usable = match capabilities.attach_failures.get(&hook) {
@@ -150,7 +150,7 @@ fn best_hook(capabilities: &Capabilities, purpose: Purpose) -> Choice {
                 for (hook, why) in &passed_over {
                     reason += &format!("; not {hook}: {why}");
                 }
-                return Choice {
+                return TriggerChoice {
                     trigger: Trigger::Kernel(hook),
                     reason,
                 };
@@ -169,12 +169,12 @@ fn best_hook(capabilities: &Capabilities, purpose: Purpose) -> Choice {
 /// The trigger of `purpose` when no kernel hook serves it. A memory trigger
 /// the kernel pushes without BPF (PSI on `memory.pressure`, cgroup v1
 /// `cgroup.event_control` thresholds) would be tried here, before polling.
-fn fallback(purpose: Purpose, why: String) -> Choice {
+fn fallback(purpose: Purpose, why: String) -> TriggerChoice {
     let trigger = match purpose {
         Purpose::Memory | Purpose::Pids | Purpose::CgroupLifecycle => Trigger::Poll,
         Purpose::OomKills => Trigger::Unobserved,
     };
-    Choice {
+    TriggerChoice {
         trigger,
         reason: why,
     }
@@ -182,7 +182,7 @@ fn fallback(purpose: Purpose, why: String) -> Choice {
 
 /// The triggers of the non-eBPF modes: their mechanism for memory, polling
 /// for the rest (as kubelet and lmkd do).
-fn without_bpf(capabilities: &Capabilities, mode: Mode, purpose: Purpose) -> Choice {
+fn without_bpf(capabilities: &Capabilities, mode: Mode, purpose: Purpose) -> TriggerChoice {
     let why = format!("--mode {mode}");
     if purpose != Purpose::Memory {
         return fallback(purpose, why);
@@ -205,7 +205,7 @@ fn without_bpf(capabilities: &Capabilities, mode: Mode, purpose: Purpose) -> Cho
         }
         Mode::Event | Mode::Poll => return fallback(purpose, why),
     };
-    Choice {
+    TriggerChoice {
         trigger,
         reason: format!("{why}: {reason}"),
     }

@@ -12,7 +12,7 @@ use serde::{Serialize, Serializer};
 
 use crate::{
     config::PolicyArgs,
-    decide::engine::{Engine, VictimPolicy},
+    decide::engine::Engine,
     decide::thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
     node::snapshot::Snapshot,
 };
@@ -53,16 +53,6 @@ pub enum InputError {
         time: f64,
         problem: &'static str,
     },
-}
-
-impl From<PolicyArgs> for VictimPolicy {
-    fn from(args: PolicyArgs) -> Self {
-        if args.evict_set {
-            VictimPolicy::CoveringSet
-        } else {
-            VictimPolicy::One
-        }
-    }
 }
 
 /// Reads `path` and runs [`run`] on it.

@@ -158,7 +158,7 @@ fn unprivileged_everything_polls_with_the_load_error_as_the_reason() {
     for purpose in [Purpose::Memory, Purpose::Pids] {
         assert_eq!(
             triggers.get(purpose),
-            &Choice {
+            &TriggerChoice {
                 trigger: Trigger::Poll,
                 reason: denied.into()
             }
@@ -202,7 +202,7 @@ fn poll_mode_attaches_nothing() {
         assert!(triggers.hooks().is_empty());
         assert_eq!(
             triggers.get(Purpose::Memory),
-            &Choice {
+            &TriggerChoice {
                 trigger: Trigger::Poll,
                 reason: "--mode poll".into()
             }
