@@ -4,7 +4,10 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::{decide::engine::VictimPolicy, duration, quantity::Quantity, scopes::spec::WatchSpec};
+use crate::{
+    act::evictor::EvictionBudget, decide::engine::VictimPolicy, duration, quantity::Quantity,
+    scopes::spec::WatchSpec,
+};
 
 mod eviction;
 
@@ -65,6 +68,12 @@ pub struct InventoryArgs {
     /// matched to cgroups by uid.
     #[arg(long, value_name = "FILE")]
     pub pod_metadata: Option<PathBuf>,
+
+    /// The uid of the pod evictd runs in (the DaemonSet sets it from the
+    /// downward API), which is never a victim. evictd also finds its pod
+    /// from /proc/self/cgroup, which a private cgroup namespace hides.
+    #[arg(long, env = "POD_UID", value_name = "UID")]
+    pub pod_uid: Option<String>,
 
     /// Filesystem kubelet's nodefs signals measure (statvfs). kubelet's
     /// root directory by default.
@@ -300,6 +309,14 @@ pub struct RunArgs {
     /// before choosing the next victim anyway.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
     pub reclaim_timeout: Duration,
+
+    /// At most COUNT evictions started per DURATION; past it evictd holds
+    /// back (logged, counted in evictd_evictions_held_total) and lets the
+    /// kernel OOM killer and kubelet act. 10 a minute drains no node by
+    /// mistake yet outpaces kubelet, which evicts one pod per 10 s
+    /// housekeeping. It also bounds an --evict-set decision.
+    #[arg(long, value_name = "COUNT/DURATION", default_value = "10/1m")]
+    pub eviction_budget: EvictionBudget,
 }
 
 impl RunArgs {

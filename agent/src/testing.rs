@@ -87,10 +87,10 @@ pub(crate) mod fakes {
 
     use crate::{
         act::{
-            evictor::{Evictor, EvictorOptions, Parts},
+            evictor::{Evaluation, EvictionBudget, Evictor, EvictorOptions, Parts},
             io::{EvictionApi, Io, KernelRecords, NodeSource, PodKiller},
             kill::{KillError, KillMethod, KillReport},
-            wake::Clock,
+            wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
         decide::engine::VictimPolicy,
@@ -133,6 +133,8 @@ pub(crate) mod fakes {
         pub outside_pods: u64,
         /// Inactive file pages: charged (usage) but not working set.
         pub page_cache: u64,
+        /// The node's PID limit; 0 for the kernel's default (4194304).
+        pub pid_max: u64,
         pub pods: Vec<PodSnapshot>,
         /// Observations taken, and pod listings.
         pub observations: usize,
@@ -181,7 +183,12 @@ pub(crate) mod fakes {
             let mut model = self.0.borrow_mut();
             model.observations += 1;
             let working_set = model.working_set();
-            let tasks = model.pods.len() as u64 + 10;
+            let tasks = model.pods.iter().map(|pod| pod.usage.pids).sum::<u64>() + 10;
+            let pid_max = if model.pid_max == 0 {
+                4_194_304
+            } else {
+                model.pid_max
+            };
             Ok(NodeObservation {
                 stats: NodeStats {
                     memory: MemoryStats {
@@ -190,7 +197,7 @@ pub(crate) mod fakes {
                     },
                     allocatable: None,
                     pid: Some(PidStats {
-                        max: 4_194_304,
+                        max: pid_max,
                         in_use: tasks,
                     }),
                     nodefs: None,
@@ -244,8 +251,11 @@ pub(crate) mod fakes {
     }
 
     impl PodKiller for FakeKiller {
-        async fn kill_pod(&self, cgroup: &str, _grace: Duration) -> Result<KillReport, KillError> {
+        /// A soft eviction's processes ignore SIGTERM: the kill takes the
+        /// whole grace period.
+        async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
             self.killed.borrow_mut().push(cgroup.to_owned());
+            tokio::time::sleep(grace).await;
             if *self.fail.borrow() {
                 return Err(KillError::Timeout {
                     cgroup: cgroup.to_owned(),
@@ -337,6 +347,8 @@ pub(crate) mod fakes {
     pub(crate) struct FakeBands {
         pub bands: BTreeMap<ScopeKey, Band>,
         pub writes: usize,
+        /// Refuses new scopes, as a full BPF map does.
+        pub full: bool,
     }
 
     impl BandTable for FakeBands {
@@ -345,6 +357,11 @@ pub(crate) mod fakes {
         }
 
         fn set_band(&mut self, key: ScopeKey, band: Band) -> Result<(), BpfError> {
+            if self.full && !self.bands.contains_key(&key) {
+                return Err(BpfError::Poll(std::io::Error::from_raw_os_error(
+                    libc::E2BIG,
+                )));
+            }
             self.writes += 1;
             self.bands.insert(key, band);
             Ok(())
@@ -402,6 +419,7 @@ pub(crate) mod fakes {
         pub dry_run: bool,
         /// Kernel programs watch the engine's scopes (event mode).
         pub kernel: bool,
+        pub budget: EvictionBudget,
     }
 
     impl Default for HarnessOptions {
@@ -416,6 +434,10 @@ pub(crate) mod fakes {
                 api: None,
                 dry_run: false,
                 kernel: true,
+                budget: EvictionBudget {
+                    count: 10,
+                    period: Duration::from_secs(60),
+                },
             }
         }
     }
@@ -480,6 +502,7 @@ pub(crate) mod fakes {
                     dry_run: options.dry_run,
                     reclaim_timeout: Duration::from_secs(10),
                     kernel_triggers: options.kernel,
+                    budget: options.budget,
                 },
             );
             Self {
@@ -489,6 +512,20 @@ pub(crate) mod fakes {
                 metrics,
                 _dir: dir,
             }
+        }
+
+        /// Runs the engine for `wake`, then, as the serve loop does, every
+        /// eviction it starts to its end and the engine again after each,
+        /// until none is under way. Returns the last evaluation.
+        pub(crate) async fn settle(&mut self, wake: Wake) -> Evaluation {
+            let mut evaluation = self.evictor.evaluate(wake);
+            while self.evictor.evictions_running() > 0 {
+                let (id, ended) = self.evictor.next_ended().await;
+                self.evictor.end(id, ended);
+                let wake = self.evictor.clock().wake(WakeCause::EvictionEnded);
+                evaluation = self.evictor.evaluate(wake);
+            }
+            evaluation
         }
 
         /// Engine runs counted for `cause` (`evictd_engine_runs_total`).

@@ -200,3 +200,28 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
     );
     assert!(agent.stop().unwrap().0.success());
 }
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn the_agent_locks_its_memory_and_raises_its_open_file_limit_to_the_hard_one() {
+    let mut agent = Agent::start(&["--dry-run", "--eviction-hard="]).unwrap();
+    agent.log.expect("protection armed", &[]);
+    let proc = format!("/proc/{}", agent.pid());
+    let limits = std::fs::read_to_string(format!("{proc}/limits")).unwrap();
+    let files: Vec<&str> = limits
+        .lines()
+        .find(|line| line.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // "Max open files SOFT HARD files"
+    assert_eq!(files[3], files[4], "{limits}");
+    let status = std::fs::read_to_string(format!("{proc}/status")).unwrap();
+    let locked_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmLck:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    assert!(locked_kib > 0, "{status}");
+    assert!(agent.stop().unwrap().0.success());
+}

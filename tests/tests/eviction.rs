@@ -7,8 +7,8 @@
 use std::fs;
 
 use evictd_integration::{
-    AGENT_DEADLINE, CgroupLayout, CgroupVersion, Controller, PodSpec, SandboxNode, http_get,
-    memory_pods, systemd_path, wait_until,
+    AGENT_DEADLINE, CgroupLayout, CgroupVersion, Controller, PodSpec, SandboxNode, Workload,
+    http_get, memory_pods, systemd_path, wait_until,
 };
 use serde_json::json;
 
@@ -270,6 +270,72 @@ fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
     assert_eq!(agent.log.all("eviction decided").len(), 1);
     assert!(node.alive("hog"));
     assert!(agent.log.all("pod killed").is_empty());
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn a_leak_outside_the_pods_costs_at_most_the_budget_and_evictd_says_why_it_stopped() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[
+        ("db", 48 * MIB),
+        ("web", 32 * MIB),
+        ("batch", 48 * MIB),
+        ("node-exporter", 24 * MIB),
+    ])
+    .unwrap();
+    // A host daemon beside kubepods, not a pod.
+    node.tree.create("node/host-daemon").unwrap();
+    let mut leak = Workload::spawn_in(&node.tree, "node/host-daemon", WORKLOAD).unwrap();
+    let mut agent = node
+        .start_agent(&[
+            "--eviction-hard",
+            "memory.available<96Mi",
+            "--eviction-budget",
+            "2/1m",
+        ])
+        .unwrap();
+    agent.log.expect(
+        "watching scope",
+        &[("scope", &node.node_cgroup()), ("trigger", "bpf")],
+    );
+    // The leak grows until something stops it: evictd must not be it, and
+    // must not drain the pods trying; the kernel OOM killer ends it at the
+    // node's limit.
+    let mut held = 0;
+    while leak.alloc(8 * MIB).is_ok() {
+        held += 8 * MIB;
+        assert!(held < NODE_MEMORY, "the leak was never stopped");
+    }
+    let stopped = agent
+        .log
+        .all("eviction decided")
+        .into_iter()
+        .filter_map(|line| line["victim"].as_str().map(str::to_owned))
+        .collect::<Vec<_>>();
+    assert!(stopped.len() <= 2, "more than the budget: {stopped:?}");
+    let why = agent.log.all(
+        "the node did not get back what the evicted pod held: the pressure is outside the pods \
+         (a host process, kernel memory, host tmpfs?); no more evictions for this signal \
+         during the hold, watching",
+    );
+    let spent = agent.log.all(
+        "eviction budget spent: no more evictions until the oldest leaves the period (--eviction-budget)",
+    );
+    assert!(
+        !why.is_empty() || !spent.is_empty(),
+        "evictd said why it stopped: {stopped:?}"
+    );
+    for name in ["db", "web", "batch", "hog"] {
+        let victim = format!("default/{name}");
+        assert_eq!(
+            node.alive(name),
+            !stopped.contains(&victim),
+            "{name}: only the pods evictd chose are gone"
+        );
+    }
+    assert!(node.alive("node-exporter"));
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }

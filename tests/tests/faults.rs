@@ -220,7 +220,7 @@ fn pod_cgroups_vanishing_while_the_agent_reads_and_kills_raise_no_warning() {
         .alloc(320 * MIB)
         .unwrap();
     let unrelieved = agent.log.expect(
-        "threshold met but no pod may be evicted (all critical or none running)",
+        "threshold met but no pod may be evicted (all critical, running evictd, backing off, or none running)",
         &[],
     );
 
@@ -350,15 +350,17 @@ fn a_pod_left_frozen_by_an_agent_killed_mid_kill_is_thawed_by_the_next_one() {
     })
     .unwrap();
 
-    let mut agent = node.start_agent(&[]).unwrap();
-    let thawed = agent.log.expect(
+    // The restarted agent cannot even start (its kubeconfig is missing):
+    // the pod is thawed all the same, before anything that can fail.
+    let args = node.api_agent_args("n1", std::path::Path::new("/nonexistent/kubeconfig"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = Agent::start(&args).unwrap();
+    let (status, mut log) = agent.wait_exit().unwrap();
+    assert_eq!(status.code(), Some(2), "a configuration error");
+    log.expect(
         "thawed a pod left frozen by an agent stopped in the middle of its kill",
         &[("cgroup", &node.tree.relative_path(&pod))],
     );
-    let armed = agent.log.expect("protection armed", &[]);
-    assert!(position(&agent.log, &thawed) < position(&agent.log, &armed));
     assert_eq!(node.tree.freezer_state(&pod).unwrap(), "THAWED");
     assert!(node.alive("hog"), "the pod runs again");
-    assert_eq!(agent.log.problems(), [thawed]);
-    assert!(agent.stop().unwrap().0.success());
 }

@@ -373,3 +373,34 @@ fn pods_that_end_and_vanish_while_being_killed_are_no_error() {
     let vanished = text.lines().filter(|line| line.contains("gone")).count();
     eprintln!("{kills} kills of {PODS} vanishing pods; {vanished} met a freezer cgroup gone");
 }
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn a_pod_with_more_processes_than_the_soft_file_limit_is_emptied() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+
+    const PROCESSES: u32 = 3000;
+    const SOFT_LIMIT: u64 = 1024;
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.set_pids_limit("", 4096).unwrap();
+    tree.create("kubepods/pod-many").unwrap();
+    let mut workload = Workload::spawn_in(&tree, "kubepods/pod-many", WORKLOAD).unwrap();
+    workload.set_command_deadline(scaled(Duration::from_secs(60)));
+    assert_eq!(workload.fork(PROCESSES).unwrap(), u64::from(PROCESSES));
+    // The soft limit a runtime may leave the agent; the kill must not need
+    // a pidfd per process at once.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, SOFT_LIMIT.min(hard), hard).unwrap();
+    let result = kill_pod(&tree, "kubepods/pod-many", Duration::ZERO);
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    let report = result.unwrap();
+    eprintln!("{report:?}");
+    assert_empty(&tree, "kubepods/pod-many");
+    if report.method == KillMethod::Signals {
+        assert!(
+            report.sigkill_sent > PROCESSES,
+            "every process signalled: {report:?}"
+        );
+    }
+    assert_eq!(death_signal(&mut workload), Some(libc::SIGKILL));
+}

@@ -1,17 +1,24 @@
 //! The loop that protects the node, one wake-up at a time: one fresh
 //! observation of the node -> the scope levels and kernel tripwires it
-//! implies -> [`Engine::observe`] -> if a resource is starved, the pods ->
-//! [`Engine::choose`] -> one eviction carried out ([`eviction`]) -> wait
-//! until the resource is back -> observe again. What to do next is an
-//! [`Action`], as kube-runtime's controller returns one.
+//! implies -> [`Engine::observe`] -> what earlier evictions gave back ->
+//! if a resource is starved and nothing holds evictd back, the pods ->
+//! [`Engine::choose`] -> evictions started ([`eviction`]). Evictions run
+//! beside the loop (a soft one's grace period, an Eviction API call, a kill
+//! that takes long), so no wait ever delays a decision; the loop wakes the
+//! engine again when one ends. What to do next is an [`Action`], as
+//! kube-runtime's controller returns one.
 //!
-//! Everything it touches outside memory goes through the seams of
-//! [`Io`], so the loop runs in unit tests without root.
+//! Everything it touches outside memory goes through the seams of [`Io`],
+//! so the loop runs in unit tests without root.
 mod eviction;
+mod safeguards;
 
-use std::{sync::Arc, time::Duration};
+use std::{rc::Rc, sync::Arc, time::Duration};
 
-use tracing::{Instrument as _, info, info_span, warn};
+use tracing::{info, warn};
+
+pub use eviction::Ended;
+pub use safeguards::EvictionBudget;
 
 use crate::{
     act::{
@@ -19,7 +26,7 @@ use crate::{
         wake::{Clock, Wake},
     },
     decide::{
-        engine::{Assessment, Engine, VictimPolicy},
+        engine::{Assessment, Engine, Starvation, VictimPolicy},
         thresholds::{EvictionConfig, NodeCondition},
     },
     node::snapshot::PodSnapshot,
@@ -35,14 +42,11 @@ use crate::{
 /// 100Mi default.
 pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
-/// Bound on decide-kill-verify rounds for one wake-up, so a node where
-/// kills do not help cannot keep the loop from serving events.
-pub const MAX_ROUNDS_PER_WAKE: usize = 16;
-
 /// What the loop does after an engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
-    /// Nothing is close: wait for the kernel, a notification or the timer.
+    /// Nothing is close: wait for the kernel, a notification, the timer or
+    /// the end of an eviction.
     AwaitChange,
     /// Look again after this long, whatever else happens.
     Requeue(Duration),
@@ -53,7 +57,7 @@ pub enum Action {
 pub struct Evaluation {
     pub action: Action,
     /// Where cgroup v1 eventfd thresholds on the node belong now (`--mode
-    /// memcg-threshold`), from the last observation; `None` when the node
+    /// memcg-threshold`), from this run's observation; `None` when the node
     /// could not be read (the levels stay where they are).
     pub memcg_levels: Option<Vec<u64>>,
 }
@@ -66,6 +70,7 @@ pub struct EvictorOptions {
     /// Kernel programs watch the engine's scopes (event mode); in the other
     /// modes the timer and notifications are all, as in kubelet.
     pub kernel_triggers: bool,
+    pub budget: EvictionBudget,
 }
 
 pub struct Evictor<I: Io> {
@@ -73,18 +78,21 @@ pub struct Evictor<I: Io> {
     config: EvictionConfig,
     node: I::Node,
     killer: I::Killer,
-    /// The Kubernetes API (--node-name): where kills are reported.
-    api: Option<I::Api>,
+    /// The Kubernetes API (--node-name): where kills are reported. Shared
+    /// with the evictions under way.
+    api: Option<Rc<I::Api>>,
     monitor: Monitor<I::Bands>,
     metrics: Arc<Metrics>,
     clock: Clock,
     options: EvictorOptions,
-    /// Conditions reported by the last round, to log changes once.
+    /// Conditions reported by the last run, to log changes once.
     conditions: Vec<NodeCondition>,
     /// A decision that killed nothing (dry run, no pod may go, a refused
     /// eviction): reported once, not again on every run while the pressure
     /// lasts.
     unacted: Option<Vec<String>>,
+    evictions: eviction::Evictions,
+    safeguards: safeguards::Safeguards,
 }
 
 /// The parts of an [`Evictor`], for its constructor.
@@ -108,13 +116,15 @@ impl<I: Io> Evictor<I> {
             config,
             node: parts.node,
             killer: parts.killer,
-            api: parts.api,
+            api: parts.api.map(Rc::new),
             monitor: parts.monitor,
             metrics,
             clock,
             options,
             conditions: Vec::new(),
             unacted: None,
+            evictions: eviction::Evictions::default(),
+            safeguards: safeguards::Safeguards::new(options.budget),
         }
     }
 
@@ -130,119 +140,116 @@ impl<I: Io> Evictor<I> {
         &self.metrics
     }
 
-    /// The API side and the monitor back, for shutdown.
+    /// The API side and the monitor back, for shutdown; evictions still
+    /// under way are dropped (a soft one's SIGTERM has been sent; a pod a
+    /// dropped kill froze is thawed as the kill is dropped).
     pub fn into_parts(self) -> (Option<I::Api>, Monitor<I::Bands>) {
-        (self.api, self.monitor)
+        drop(self.evictions);
+        let api = self.api.and_then(|api| Rc::try_unwrap(api).ok());
+        (api, self.monitor)
     }
 
-    /// Thaws pods a previous agent froze for a kill it never finished (it
-    /// was killed itself): once, at startup.
-    pub fn thaw_abandoned_pods(&mut self) {
+    /// Runs the engine on fresh numbers and starts the evictions it calls
+    /// for. Never waits: evictions run beside the loop
+    /// ([`Evictor::next_ended`]).
+    pub fn evaluate(&mut self, wake: Wake) -> Evaluation {
+        self.metrics
+            .engine_runs
+            .with_label_values(&[wake.cause.as_str()])
+            .inc();
+        let observation = match self.node.observe() {
+            Ok(observation) => observation,
+            Err(e) => {
+                warn!(error = %e, "cannot read the node's signals");
+                return Evaluation {
+                    action: self.soon(),
+                    memcg_levels: None,
+                };
+            }
+        };
+        let assessment = self.engine.observe(self.clock.now(), &observation.stats);
+        self.report_state(&assessment);
+        let wires = tripwires(&self.config, &observation);
+        let engine_raised = self.monitor.apply_engine(&wires.scopes);
+        let reclaiming = self.check_reclaims(&assessment);
+        let action = if assessment.starved.is_empty() {
+            self.unacted = None;
+            self.safeguards.release(&assessment, &self.metrics);
+            if engine_raised || !assessment.thresholds_met.is_empty() {
+                self.soon()
+            } else {
+                Action::AwaitChange
+            }
+        } else {
+            self.decide(&wake, &assessment)
+        };
+        Evaluation {
+            action: sooner(action, reclaiming),
+            memcg_levels: Some(wires.memcg_levels),
+        }
+    }
+
+    /// One decision: who goes for the first starved threshold that nothing
+    /// holds back. A threshold whose resource is already coming back, or
+    /// whose soft eviction waits out its grace period, or that a safeguard
+    /// holds, leaves the decision to the next one (a hard PID threshold does
+    /// not wait behind a soft memory eviction).
+    fn decide(&mut self, wake: &Wake, assessment: &Assessment) -> Action {
+        let now_ns = self.clock.now_ns();
+        let mut waiting = Action::AwaitChange;
+        for starvation in &assessment.starved {
+            let resource = starvation.resource;
+            // Killing more before a victim's resource is back would take
+            // pods for nothing; its end, or the reclaim's poll, wakes the
+            // engine.
+            if self.evictions.reclaiming(resource) || self.evictions.hard_running(resource) {
+                continue;
+            }
+            if (!starvation.threshold.hard && self.evictions.soft_running(resource))
+                || self.safeguards.held(starvation.threshold.signal, now_ns)
+            {
+                waiting = self.soon();
+                continue;
+            }
+            return self.decide_for(wake, assessment, starvation);
+        }
+        waiting
+    }
+
+    /// Who goes for `starvation`.
+    fn decide_for(
+        &mut self,
+        wake: &Wake,
+        assessment: &Assessment,
+        starvation: &Starvation,
+    ) -> Action {
+        let now_ns = self.clock.now_ns();
         let pods = match self.node.pods() {
             Ok(pods) => pods,
             Err(e) => {
-                warn!(error = %e, "cannot list the node's pods to thaw any left frozen");
-                return;
+                warn!(error = %e, "cannot list the node's pods");
+                return self.soon();
             }
         };
-        let cgroups: Vec<&str> = pods
-            .iter()
-            .filter_map(|pod| pod.cgroup.as_deref())
+        // Only running pods can give anything back (kubelet ranks its
+        // active pods); a killed pod's empty cgroup may linger. A pod whose
+        // last kill failed waits out its back-off and the next one is taken,
+        // as kubelet's synchronize moves on to the next pod.
+        let pods: Vec<PodSnapshot> = pods
+            .into_iter()
+            .filter(|pod| pod.usage.pids > 0)
+            .filter(|pod| !self.safeguards.backing_off(pod, now_ns))
             .collect();
-        for cgroup in self.killer.thaw_abandoned(&cgroups) {
-            warn!(
-                cgroup,
-                "thawed a pod left frozen by an agent stopped in the middle of its kill"
-            );
-        }
-    }
-
-    /// Runs the engine on fresh numbers, evicting until no threshold needs
-    /// reclaim (one victim per round unless --evict-set), at most
-    /// [`MAX_ROUNDS_PER_WAKE`] rounds.
-    pub async fn evaluate(&mut self, wake: Wake) -> Evaluation {
-        let mut memcg_levels = None;
-        for round in 0..MAX_ROUNDS_PER_WAKE {
-            self.metrics
-                .engine_runs
-                .with_label_values(&[wake.cause.as_str()])
-                .inc();
-            let observation = match self.node.observe() {
-                Ok(observation) => observation,
-                Err(e) => {
-                    warn!(error = %e, "cannot read the node's signals");
-                    return Evaluation {
-                        action: Action::AwaitChange,
-                        memcg_levels,
-                    };
-                }
-            };
-            let assessment = self.engine.observe(self.clock.now(), &observation.stats);
-            self.report_state(&assessment);
-            let wires = tripwires(&self.config, &observation);
-            memcg_levels = Some(wires.memcg_levels);
-            let engine_raised = self.monitor.apply_engine(&wires.scopes);
-            let Some(starvation) = assessment.starvation.as_ref() else {
-                self.unacted = None;
-                let close = engine_raised || !assessment.thresholds_met.is_empty();
-                let action = if close {
-                    self.soon()
-                } else {
-                    Action::AwaitChange
-                };
-                return Evaluation {
-                    action,
-                    memcg_levels,
-                };
-            };
-            let pods = match self.node.pods() {
-                Ok(pods) => pods,
-                Err(e) => {
-                    warn!(error = %e, "cannot list the node's pods");
-                    return Evaluation {
-                        action: self.soon(),
-                        memcg_levels,
-                    };
-                }
-            };
-            // Only running pods can give anything back (kubelet ranks its
-            // active pods); a killed pod's empty cgroup may linger.
-            let pods: Vec<PodSnapshot> =
-                pods.into_iter().filter(|pod| pod.usage.pids > 0).collect();
-            let choice = self.engine.choose(&assessment, &pods, self.options.policy);
-            // Later rounds of the same wake-up include the previous kills.
-            if round == 0 {
-                self.metrics
-                    .decision_latency
-                    .observe(self.clock.since(wake.at_ns).as_secs_f64());
-            }
-            let span = info_span!("eviction",
-                signal = %starvation.threshold.signal, trigger = wake.cause.as_str());
-            let outcome = self
-                .execute(&wake, starvation, &choice, &pods)
-                .instrument(span)
-                .await;
-            let action = match outcome {
-                // Decide again at once, on fresh numbers.
-                eviction::Outcome::Reclaimed => continue,
-                eviction::Outcome::Unacted => self.soon(),
-                // Killing more before this one's resource is back would
-                // take pods for nothing: wait for the next trigger.
-                eviction::Outcome::NotBack => Action::AwaitChange,
-            };
-            return Evaluation {
-                action,
-                memcg_levels,
-            };
-        }
-        warn!(
-            rounds = MAX_ROUNDS_PER_WAKE,
-            "still under pressure after the maximum evictions for one trigger"
+        let choice = self.engine.choose_for(
+            starvation,
+            assessment.dedicated_imagefs,
+            &pods,
+            self.options.policy,
         );
-        Evaluation {
-            action: self.soon(),
-            memcg_levels,
-        }
+        self.metrics
+            .decision_latency
+            .observe(self.clock.since(wake.at_ns).as_secs_f64());
+        self.start_evictions(wake, starvation, &choice, &pods)
     }
 
     /// Look again soon, unless the timer is the only trigger (poll mode).
@@ -277,6 +284,37 @@ impl<I: Io> Evictor<I> {
             }
         }
         self.conditions = conditions;
+    }
+}
+
+/// The earlier of two actions.
+fn sooner(action: Action, other: Option<Duration>) -> Action {
+    match (action, other) {
+        (Action::Requeue(after), Some(other)) => Action::Requeue(after.min(other)),
+        (Action::AwaitChange, Some(other)) => Action::Requeue(other),
+        (action, None) => action,
+    }
+}
+
+/// Thaws pods a previous agent froze for a kill it never finished (it was
+/// killed itself): once, at startup.
+pub fn thaw_abandoned_pods(node: &mut impl NodeSource, killer: &impl PodKiller) {
+    let pods = match node.pods() {
+        Ok(pods) => pods,
+        Err(e) => {
+            warn!(error = %e, "cannot list the node's pods to thaw any left frozen");
+            return;
+        }
+    };
+    let cgroups: Vec<&str> = pods
+        .iter()
+        .filter_map(|pod| pod.cgroup.as_deref())
+        .collect();
+    for cgroup in killer.thaw_abandoned(&cgroups) {
+        warn!(
+            cgroup,
+            "thawed a pod left frozen by an agent stopped in the middle of its kill"
+        );
     }
 }
 

@@ -25,8 +25,9 @@ use crate::{
 /// Every seam of the loop, as one set of types.
 pub trait Io {
     type Node: NodeSource;
-    type Killer: PodKiller;
-    type Api: EvictionApi;
+    /// Cloned into each eviction, which runs beside the loop.
+    type Killer: PodKiller + Clone + 'static;
+    type Api: EvictionApi + 'static;
     type Bands: BandTable;
     type Kernel: KernelRecords;
 }

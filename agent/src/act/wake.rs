@@ -21,6 +21,8 @@ pub enum WakeCause {
     Psi,
     /// A cgroup v1 memcg eventfd threshold (`--mode memcg-threshold`).
     MemcgThreshold,
+    /// An eviction ended: the engine decides again on fresh numbers.
+    EvictionEnded,
 }
 
 impl WakeCause {
@@ -33,6 +35,7 @@ impl WakeCause {
             Self::CloseWatch => "close-watch",
             Self::Psi => "psi",
             Self::MemcgThreshold => "memcg-threshold",
+            Self::EvictionEnded => "eviction-ended",
         }
     }
 }

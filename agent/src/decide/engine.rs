@@ -107,8 +107,12 @@ pub struct Assessment {
     pub thresholds_met: Vec<Threshold>,
     /// Conditions reported now, transition period included.
     pub node_conditions: Vec<NodeCondition>,
-    /// What to reclaim now; `None` while nothing is past its grace period.
+    /// What to reclaim now, the first of [`Assessment::starved`]; `None`
+    /// while nothing is past its grace period.
     pub starvation: Option<Starvation>,
+    /// Every threshold past its grace period, in the order kubelet reclaims
+    /// for them: what to turn to when the first is already being reclaimed.
+    pub starved: Vec<Starvation>,
     /// Whether imagefs is a filesystem of its own, which decides what disk
     /// usage ranks pods.
     pub dedicated_imagefs: bool,
@@ -207,42 +211,49 @@ impl Engine {
             .map(|(&index, _)| index)
             .collect();
 
-        let starvation = self.reclaim_first().and_then(|index| {
-            let threshold = &thresholds[index];
-            let observation = observations.get(&threshold.signal)?;
-            Some(Starvation {
-                threshold: threshold.clone(),
-                resource: threshold.signal.resource(),
-                observation: *observation,
-                threshold_quantity: threshold.value.resolve(observation.capacity),
-                min_reclaim_quantity: threshold.min_reclaim.resolve(observation.capacity),
+        let starved: Vec<Starvation> = self
+            .reclaim_order()
+            .into_iter()
+            .filter_map(|index| {
+                let threshold = &thresholds[index];
+                let observation = observations.get(&threshold.signal)?;
+                Some(Starvation {
+                    threshold: threshold.clone(),
+                    resource: threshold.signal.resource(),
+                    observation: *observation,
+                    threshold_quantity: threshold.value.resolve(observation.capacity),
+                    min_reclaim_quantity: threshold.min_reclaim.resolve(observation.capacity),
+                })
             })
-        });
+            .collect();
         Assessment {
             now,
             thresholds_met: active.iter().map(|&i| thresholds[i].clone()).collect(),
             node_conditions,
-            starvation,
+            starvation: starved.first().cloned(),
+            starved,
             dedicated_imagefs: node.imagefs.is_some() && node.imagefs != node.nodefs,
             observations,
         }
     }
 
-    /// The threshold past its grace period to reclaim for first, as
-    /// kubelet's `byEvictionPriority` then `getReclaimableThreshold`:
-    /// memory signals before the rest. kubelet's order among the rest comes
-    /// from map iteration, so it is arbitrary; evictd takes hard thresholds
-    /// before soft ones (the node is further gone), then configuration
-    /// order.
-    fn reclaim_first(&self) -> Option<usize> {
-        self.met_past_grace.iter().copied().min_by_key(|&index| {
+    /// The thresholds past their grace period, the one to reclaim for first
+    /// first, as kubelet's `byEvictionPriority` then
+    /// `getReclaimableThreshold`: memory signals before the rest. kubelet's
+    /// order among the rest comes from map iteration, so it is arbitrary;
+    /// evictd takes hard thresholds before soft ones (the node is further
+    /// gone), then configuration order.
+    fn reclaim_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = self.met_past_grace.iter().copied().collect();
+        order.sort_by_key(|&index| {
             let threshold = &self.config.thresholds[index];
             (
                 threshold.signal.resource() != Resource::Memory,
                 !threshold.hard,
                 index,
             )
-        })
+        });
+        order
     }
 
     /// Ranks `pods` for the starved resource and picks the victims.
@@ -253,14 +264,23 @@ impl Engine {
         pods: &[PodSnapshot],
         policy: VictimPolicy,
     ) -> Choice {
-        let Some(starvation) = &assessment.starvation else {
-            return Choice::default();
-        };
-        let ranking: Vec<Ranked> = rank::rank(
-            pods,
-            starvation.threshold.signal,
-            assessment.dedicated_imagefs,
-        );
+        match &assessment.starvation {
+            Some(starvation) => {
+                self.choose_for(starvation, assessment.dedicated_imagefs, pods, policy)
+            }
+            None => Choice::default(),
+        }
+    }
+
+    /// Ranks `pods` for `starvation` and picks the victims.
+    pub fn choose_for(
+        &self,
+        starvation: &Starvation,
+        dedicated_imagefs: bool,
+        pods: &[PodSnapshot],
+        policy: VictimPolicy,
+    ) -> Choice {
+        let ranking: Vec<Ranked> = rank::rank(pods, starvation.threshold.signal, dedicated_imagefs);
         let deficit = starvation.deficit();
         let chosen = victims::select(&ranking, deficit, policy);
         let victims = chosen

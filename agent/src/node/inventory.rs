@@ -143,9 +143,10 @@ pub struct PodCgroup {
 pub struct Inventory {
     signals: NodeSignals,
     metadata: Option<Box<dyn PodMetadataSource>>,
-    /// Where this process sits in the memory hierarchy, to recognise the
-    /// pod evictd itself runs in.
+    /// Where this process sits in the memory hierarchy, and the uid of its
+    /// pod from the downward API, to recognise the pod evictd runs in.
     own_cgroup: Option<String>,
+    own_pod_uid: Option<String>,
 }
 
 impl Inventory {
@@ -164,6 +165,7 @@ impl Inventory {
         };
         Ok(Self {
             own_cgroup: own_memory_cgroup(),
+            own_pod_uid: args.pod_uid.clone(),
             signals: NodeSignals {
                 cgroupfs,
                 node,
@@ -237,10 +239,12 @@ impl Inventory {
             Some(source) => source.lookup(&cgroup.uid)?,
             None => None,
         };
-        let hosts_evictd = self
-            .own_cgroup
-            .as_deref()
-            .is_some_and(|own| own == cgroup.path || own.starts_with(&format!("{}/", cgroup.path)));
+        // With a private cgroup namespace (v2) /proc/self/cgroup reads
+        // `0::/`, which names no pod: the downward API's uid still does.
+        let hosts_evictd = self.own_pod_uid.as_deref() == Some(cgroup.uid.as_str())
+            || self.own_cgroup.as_deref().is_some_and(|own| {
+                own == cgroup.path || own.starts_with(&format!("{}/", cgroup.path))
+            });
         let pod = match known {
             Some(pod) => PodSnapshot {
                 uid: cgroup.uid,

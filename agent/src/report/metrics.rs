@@ -74,6 +74,13 @@ pub struct Metrics {
     pub evictions: IntCounterVec,
     /// Evictions that failed (the kill did not complete).
     pub eviction_failures: IntCounterVec,
+    /// Decisions held back by a safeguard (`budget`: --eviction-budget
+    /// spent; `outside-pods`: a kill did not give the node back what the
+    /// pod held).
+    pub evictions_held: IntCounterVec,
+    /// 1 while evictions for a signal are held because its pressure is
+    /// outside the pods.
+    pub pressure_outside_pods: IntGaugeVec,
     /// Trigger (kernel record timestamp, or the timer tick) to the decision.
     pub decision_latency: Histogram,
     /// Trigger to the first SIGKILL (or SIGTERM) of the victim.
@@ -84,7 +91,7 @@ pub struct Metrics {
     /// Latest observation of every eviction signal (available amount).
     pub signal_available: IntGaugeVec,
     /// Engine runs by trigger (`startup`, `kernel`, `resync`, `poll`,
-    /// `close-watch`).
+    /// `close-watch`, `psi`, `memcg-threshold`, `eviction-ended`).
     pub engine_runs: IntCounterVec,
     /// Seconds from the agent's start to protection: programs attached,
     /// scopes watched, the first engine run about to begin.
@@ -149,6 +156,16 @@ impl Metrics {
                 "Evictions whose kill did not complete, by signal",
                 &["signal"],
             )?,
+            evictions_held: counter_vec(
+                "evictions_held_total",
+                "Evictions held back by a safeguard (budget, outside-pods)",
+                &["reason"],
+            )?,
+            pressure_outside_pods: gauge_vec(
+                "pressure_outside_pods",
+                "1 while evictions for a signal are held because a kill did not give the node back what the pod held",
+                &["signal"],
+            )?,
             decision_latency: latency_histogram(
                 "decision_latency_seconds",
                 "Trigger (kernel record or timer tick) to eviction decision",
@@ -164,7 +181,7 @@ impl Metrics {
             )?,
             engine_runs: counter_vec(
                 "engine_runs_total",
-                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch)",
+                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch, psi, memcg-threshold, eviction-ended)",
                 &["trigger"],
             )?,
             startup: {
@@ -385,7 +402,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 26] = [
+        let collectors: [&dyn Collector; 28] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -403,6 +420,8 @@ mod tests {
             &metrics.program_run_time,
             &metrics.evictions,
             &metrics.eviction_failures,
+            &metrics.evictions_held,
+            &metrics.pressure_outside_pods,
             &metrics.decision_latency,
             &metrics.trigger_to_kill,
             &metrics.node_condition,

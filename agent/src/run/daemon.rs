@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     act::{
-        evictor::{Action, Evictor, EvictorOptions, Parts},
+        evictor::{Action, Evictor, EvictorOptions, Parts, thaw_abandoned_pods},
         io::{Io, KernelRecords, KernelSide, Live},
         kill::Killer,
         wake::{Clock, Wake, WakeCause},
@@ -87,6 +87,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
     let started = Instant::now();
+    // Before anything that can fail: a pod a killed agent left frozen must
+    // not stay frozen because this one cannot start.
+    let killer = Killer::new(inventory.cgroupfs().clone());
+    thaw_abandoned_pods(&mut inventory, &killer);
+    raise_file_limit();
+    lock_memory();
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
@@ -172,7 +178,7 @@ pub async fn run(
         config,
         Parts {
             node: inventory,
-            killer: Killer::new(cgroupfs),
+            killer,
             // Shadow mode writes nothing to the API.
             api: kubernetes.filter(|_| !args.dry_run),
             monitor,
@@ -184,6 +190,7 @@ pub async fn run(
             dry_run: args.dry_run,
             reclaim_timeout: args.reclaim_timeout,
             kernel_triggers: kernel.is_some(),
+            budget: args.eviction_budget,
         },
     );
     if args.dry_run {
@@ -210,7 +217,6 @@ pub async fn run(
     })?;
     let server = tokio::spawn(server);
     info!(%address, "serving /metrics and /healthz");
-    evictor.thaw_abandoned_pods();
     // What a restart costs the node: from here on the engine decides (the
     // first run follows at once) and the kernel watches.
     let startup = started.elapsed();
@@ -255,6 +261,44 @@ pub async fn run(
     result.map_err(RunError::Records)
 }
 
+/// Lets the agent open as many files as the hard limit allows: a kill opens
+/// pidfds in batches ([`crate::act::kill::SIGNAL_BATCH`]), and the soft
+/// limit a runtime sets (1,024 under containerd 2.x) is all the agent would
+/// otherwise have for them and everything else it holds open.
+fn raise_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(
+                from = soft,
+                to = hard,
+                "open-file limit raised to its hard limit"
+            ),
+            Err(e) => warn!(error = %e, soft, hard, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
+/// Keeps the agent's memory resident (as Android's lmkd does): under the
+/// thrashing evictd exists to stop, its own code would otherwise be paged
+/// out and every decision would wait on disk. Pages are locked as they are
+/// touched (`MCL_ONFAULT`), so untouched reservations such as thread stacks
+/// cost nothing; what the agent touches counts towards its memory limit for
+/// good. Needs CAP_IPC_LOCK (or a large enough RLIMIT_MEMLOCK).
+fn lock_memory() {
+    // SAFETY: mlockall takes flags by value and changes no memory contents.
+    let locked =
+        unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
+    if locked == 0 {
+        info!("agent memory locked (mlockall)");
+    } else {
+        warn!(error = %std::io::Error::last_os_error(),
+            "cannot lock the agent's memory (mlockall needs CAP_IPC_LOCK): under thrashing its code may be paged out");
+    }
+}
+
 /// The push mechanism of --mode psi or memcg-threshold, on the node cgroup.
 fn notifier(
     armed: &triggers::Armed,
@@ -297,9 +341,10 @@ pub struct Sources<'a, K> {
 
 /// Serves wake-ups until `shutdown` resolves: kernel records go to the
 /// scope monitor (a crossing of an engine scope wakes the engine), and a
-/// notification, a timer tick or a due close watch wakes it directly.
-/// Each wake-up is one [`Evictor::evaluate`], whose [`Action`] sets the
-/// next close watch.
+/// notification, a timer tick, a due close watch or the end of an eviction
+/// wakes it directly. Each wake-up is one [`Evictor::evaluate`], whose
+/// [`Action`] sets the next close watch; the evictions it starts run here,
+/// beside the loop.
 pub async fn serve<I: Io>(
     evictor: &mut Evictor<I>,
     sources: Sources<'_, I::Kernel>,
@@ -314,9 +359,7 @@ pub async fn serve<I: Io>(
     } = sources;
     // The first run is now, not a tick later: an agent restarted on a node
     // already under pressure acts at once.
-    let first = evictor
-        .evaluate(evictor.clock().wake(WakeCause::Startup))
-        .await;
+    let first = evictor.evaluate(evictor.clock().wake(WakeCause::Startup));
     rearm(notifier.as_mut(), first.memcg_levels.as_deref());
     // Ready (/readyz) once the node has been looked at and, under pressure,
     // relieved: a rolling update moves on only then.
@@ -363,8 +406,12 @@ pub async fn serve<I: Io>(
             () = or_never(close_watch.map(tokio::time::sleep_until)) => {
                 evictor.clock().wake(WakeCause::CloseWatch)
             }
+            (id, ended) = evictor.next_ended() => {
+                evictor.end(id, ended);
+                evictor.clock().wake(WakeCause::EvictionEnded)
+            }
         };
-        let evaluation = evictor.evaluate(wake).await;
+        let evaluation = evictor.evaluate(wake);
         close_watch = deadline(evaluation.action);
         rearm(notifier.as_mut(), evaluation.memcg_levels.as_deref());
     }

@@ -445,12 +445,15 @@ impl<B: BandTable> Monitor<B> {
             );
         }
         let level = self.registry.get(key).map_or(0, |scope| scope.level);
+        let mut kernel = kernel;
         if let (Some(band), Some(bands)) = (settled.band, self.bands.as_mut())
             && let Err(e) = bands.set_band(key, band)
         {
-            warn!(scope = label, error = %e, "cannot install scope in the kernel");
-            self.registry.remove(key);
-            return;
+            // A full scope map (4096 scopes) must not leave a scope unwatched.
+            warn!(scope = label, error = %e,
+                "cannot install scope in the kernel; it is polled every resync instead");
+            self.registry.poll_instead(key);
+            kernel = false;
         }
         info!(
             scope = label,

@@ -146,6 +146,14 @@ impl Registry {
         self.settle(key, reading)
     }
 
+    /// From now on `key` is polled rather than watched by a kernel band
+    /// (the band could not be armed: a full scope map, say).
+    pub fn poll_instead(&mut self, key: ScopeKey) {
+        if let Some(scope) = self.scopes.get_mut(&key) {
+            scope.kernel = false;
+        }
+    }
+
     pub fn remove(&mut self, key: ScopeKey) -> Option<Scope> {
         self.scopes.remove(&key)
     }

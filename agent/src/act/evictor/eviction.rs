@@ -1,125 +1,257 @@
-//! One decision carried out: announced once, sent through the Eviction API
-//! where `--eviction-action evict` asks for it, killed locally, reported,
-//! and waited on until the starved resource is back.
-use std::time::Duration;
+//! Evictions: a decision announced once and started as a future that runs
+//! beside the loop (the Eviction API where `--eviction-action evict` asks
+//! for it, else the local kill, with a soft eviction's grace period); its
+//! end reported; then the victim's resource watched until it is back.
+use std::{collections::BTreeMap, future::Future, pin::Pin, time::Duration};
 
-use tracing::{info, warn};
+use futures::{
+    StreamExt as _,
+    future::{AbortHandle, abortable},
+    stream::FuturesUnordered,
+};
+use tracing::{error, info, warn};
 
-use super::Evictor;
+use super::{Action, Evictor};
 use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
-        kill::KillReport,
+        kill::{KillError, KillReport},
         wake::Wake,
     },
     config::EvictionAction,
     decide::{
-        engine::{Choice, Starvation, Victim, observe_signals},
-        thresholds::Resource,
+        engine::{Assessment, Choice, Starvation, Victim},
+        thresholds::{Resource, Signal},
     },
     node::snapshot::PodSnapshot,
     report::kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
 };
 
-/// How often a killed pod's cgroup is re-read while waiting for its memory
-/// to come back.
-const RECLAIM_POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How often a killed pod's memory is looked at again until it is back.
+const MEMORY_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// How often the node's disk signals are looked at again after a kill
+/// until they are back.
+const DISK_POLL_INTERVAL: Duration = Duration::from_millis(100);
 
 /// A pod's memory counts as back once its working set is below this share
 /// of what it was, or below [`RECLAIM_FLOOR_BYTES`].
 const RECLAIM_REMAINING_SHARE: f64 = 0.05;
 const RECLAIM_FLOOR_BYTES: u64 = 1 << 20;
 
-/// How often the node's signals are re-read while waiting for disk to come
-/// back after a kill.
-const SIGNAL_POLL_INTERVAL: Duration = Duration::from_millis(100);
-
 /// Pods of the ranking a decision's log line explains.
 const CANDIDATES_LOGGED: usize = 5;
 
-/// What one decision achieved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Outcome {
-    /// Nothing killed: dry run, no evictable pod, a decision already
-    /// reported, a refused eviction, or a failed kill.
-    Unacted,
-    /// Killed, and the resource came back.
-    Reclaimed,
-    /// Killed, but the resource did not come back in time.
-    NotBack,
-}
-
-/// How one victim left, if it did.
-enum Stopped {
+/// How an eviction ended.
+#[derive(Debug)]
+pub enum Ended {
     /// The Eviction API took the pod; kubelet stops it with its grace.
     ByApi,
-    Killed,
+    Killed(KillReport),
     /// The Eviction API refused (a PodDisruptionBudget): the pod stays.
-    Refused,
-    /// The kill failed.
-    Failed,
+    Refused(String),
+    Failed(KillError),
+    /// A hard eviction of the same pod took over.
+    Preempted,
+}
+
+type Running = Pin<Box<dyn Future<Output = (u64, Ended)>>>;
+
+/// An eviction under way.
+struct InFlight {
+    victim: Victim,
+    uid: String,
+    cgroup: String,
+    resource: Resource,
+    signal: Signal,
+    hard: bool,
+    abort: AbortHandle,
+    notice: Option<EvictionNotice>,
+    /// The decision's victims, to hold it once refused.
+    decision: Vec<String>,
+    wake: Wake,
+    started_ns: u64,
+    /// The victim's working set and the signal's availability at the
+    /// decision, for what coming back means.
+    working_set_before: u64,
+    available_before: i64,
+    threshold_quantity: i64,
+}
+
+/// A killed pod's resource on its way back.
+struct Reclaim {
+    pod: String,
+    cgroup: String,
+    resource: Resource,
+    signal: Signal,
+    working_set_before: u64,
+    victim_usage: i64,
+    available_before: i64,
+    threshold_quantity: i64,
+    started_ns: u64,
+}
+
+/// The evictions under way and the resources coming back.
+#[derive(Default)]
+pub(super) struct Evictions {
+    running: FuturesUnordered<Running>,
+    in_flight: BTreeMap<u64, InFlight>,
+    reclaims: Vec<Reclaim>,
+    next_id: u64,
+}
+
+impl Evictions {
+    pub(super) fn hard_running(&self, resource: Resource) -> bool {
+        self.in_flight
+            .values()
+            .any(|e| e.hard && e.resource == resource)
+    }
+
+    pub(super) fn soft_running(&self, resource: Resource) -> bool {
+        self.in_flight
+            .values()
+            .any(|e| !e.hard && e.resource == resource)
+    }
+
+    pub(super) fn reclaiming(&self, resource: Resource) -> bool {
+        self.reclaims.iter().any(|r| r.resource == resource)
+    }
 }
 
 impl<I: Io> Evictor<I> {
-    /// Logs the decision and carries it out.
-    pub(super) async fn execute(
+    /// Evictions under way.
+    pub fn evictions_running(&self) -> usize {
+        self.evictions.in_flight.len()
+    }
+
+    /// The next eviction to end; pending while none is under way.
+    pub async fn next_ended(&mut self) -> (u64, Ended) {
+        match self.evictions.running.next().await {
+            Some(ended) => ended,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Logs, counts and reports how eviction `id` ended; a killed pod's
+    /// resource is watched until it is back. The loop runs the engine again
+    /// right after.
+    pub fn end(&mut self, id: u64, ended: Ended) {
+        let Some(eviction) = self.evictions.in_flight.remove(&id) else {
+            return;
+        };
+        let pod = &eviction.victim.pod;
+        match ended {
+            Ended::Preempted => return,
+            Ended::Refused(reason) => {
+                // Not retried until the ranking changes.
+                warn!(victim = %pod, %reason, "the Eviction API refused the soft eviction; the pod stays");
+                self.unacted = Some(eviction.decision);
+                return;
+            }
+            Ended::Failed(e) => {
+                self.metrics
+                    .eviction_failures
+                    .with_label_values(&[eviction.signal.as_str()])
+                    .inc();
+                let until = self.safeguards.failed(&eviction.uid, self.clock.now_ns());
+                warn!(victim = %pod, error = %e, backoff_ms = until.as_millis() as u64,
+                    "eviction failed; the next candidate is taken and this pod is left alone for the back-off");
+                return;
+            }
+            Ended::ByApi => {
+                info!(victim = %pod, "evicted through the Kubernetes Eviction API");
+                if let (Some(api), Some(notice)) = (&self.api, eviction.notice.clone()) {
+                    api.report(EvictionNotice {
+                        evicted_by_api: true,
+                        ..notice
+                    });
+                }
+            }
+            Ended::Killed(report) => {
+                if let (Some(api), Some(notice)) = (&self.api, eviction.notice.clone()) {
+                    api.report(notice);
+                }
+                let to_kill = first_signal_after(&eviction.wake, eviction.started_ns, &report);
+                self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
+                self.safeguards.succeeded(&eviction.uid);
+                info!(
+                    victim = %pod,
+                    trigger_to_kill_us = to_kill.as_micros() as u64,
+                    sigterm = report.sigterm_sent,
+                    sigkill = report.sigkill_sent,
+                    frozen = report.frozen,
+                    released = report.mrelease_ok,
+                    rounds = report.rounds,
+                    empty_after_us = report.empty_after.as_micros() as u64,
+                    at_ns = self.clock.now_ns(),
+                    "pod killed"
+                );
+            }
+        }
+        self.evictions.reclaims.push(Reclaim {
+            pod: eviction.victim.pod,
+            cgroup: eviction.cgroup,
+            resource: eviction.resource,
+            signal: eviction.signal,
+            working_set_before: eviction.working_set_before,
+            victim_usage: eviction.victim.usage,
+            available_before: eviction.available_before,
+            threshold_quantity: eviction.threshold_quantity,
+            started_ns: self.clock.now_ns(),
+        });
+    }
+
+    /// Announces the decision's victims and starts their evictions, within
+    /// the eviction budget. Returns what the loop does next.
+    pub(super) fn start_evictions(
         &mut self,
         wake: &Wake,
         starvation: &Starvation,
         choice: &Choice,
         pods: &[PodSnapshot],
-    ) -> Outcome {
+    ) -> Action {
         let candidates = explain(choice);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
-            return Outcome::Unacted;
+            return self.soon();
         }
         if choice.victims.is_empty() {
-            warn!(%candidates, "threshold met but no pod may be evicted (all critical or none running)");
+            warn!(%candidates, "threshold met but no pod may be evicted (all critical, running evictd, backing off, or none running)");
             self.unacted = Some(victims);
-            return Outcome::Unacted;
+            return self.soon();
         }
+        let now_ns = self.clock.now_ns();
+        let room = if self.options.dry_run {
+            choice.victims.len()
+        } else {
+            match self.safeguards.room(now_ns, &self.metrics) {
+                Ok(room) => room,
+                Err(wait) => return Action::Requeue(wait),
+            }
+        };
         if self.options.dry_run {
             self.unacted = Some(victims.clone());
         }
-        let mut outcome = Outcome::Unacted;
-        for victim in &choice.victims {
+        let mut started = false;
+        for victim in choice.victims.iter().take(room) {
             let pod = &pods[victim.index];
             self.announce(wake, starvation, victim, pod, &candidates);
             if self.options.dry_run {
                 continue;
             }
-            let Some(cgroup) = pod.cgroup.as_deref() else {
+            let Some(cgroup) = pod.cgroup.clone() else {
                 warn!(victim = %pod.key(), "pod has no cgroup; cannot kill it");
-                return outcome;
+                continue;
             };
-            let before = self.node.working_set(cgroup).unwrap_or(0);
-            match self.stop(wake, starvation, victim, pod, cgroup).await {
-                Stopped::ByApi | Stopped::Killed => {}
-                Stopped::Refused => {
-                    // Not retried until the ranking changes.
-                    self.unacted = Some(victims);
-                    return outcome;
-                }
-                Stopped::Failed => return outcome,
-            }
-            let back = match starvation.resource {
-                Resource::Memory => self.wait_for_memory(cgroup, &pod.key(), before).await,
-                // The kill returns once the pod has no task left.
-                Resource::Pids => true,
-                // Disk comes back only when the pod's files are removed
-                // (kubelet's cleanup of the killed pod).
-                Resource::EphemeralStorage | Resource::Inodes => {
-                    self.wait_for_signal(starvation, victim.usage, &pod.key())
-                        .await
-                }
-            };
-            if !back {
-                return Outcome::NotBack;
-            }
-            outcome = Outcome::Reclaimed;
+            self.start(wake, starvation, victim, pod, cgroup, &victims);
+            started = true;
         }
-        outcome
+        if started {
+            // The end of an eviction wakes the engine.
+            Action::AwaitChange
+        } else {
+            self.soon()
+        }
     }
 
     /// The decision's one log line, and its count.
@@ -159,72 +291,86 @@ impl<I: Io> Evictor<I> {
             .inc();
     }
 
-    /// Ends the victim: through the Eviction API for a soft eviction when
-    /// `--eviction-action evict` asks for it, else (or when the API does not
-    /// answer) by a local kill, reported to the API afterwards.
-    async fn stop(
-        &self,
+    /// Starts the eviction of `victim`: through the Eviction API for a soft
+    /// eviction when `--eviction-action evict` asks for it (falling back to
+    /// the local kill when the API does not answer), else the local kill. A
+    /// hard eviction of a pod whose soft eviction is under way takes over.
+    fn start(
+        &mut self,
         wake: &Wake,
         starvation: &Starvation,
         victim: &Victim,
         pod: &PodSnapshot,
-        cgroup: &str,
-    ) -> Stopped {
-        let notice = self.notice(starvation, pod, cgroup);
-        if let (Some(api), Some(notice)) = (&self.api, &notice)
-            && api.action() == EvictionAction::Evict
-            && !starvation.threshold.hard
-        {
-            match api.evict(notice.clone(), victim.grace_period).await {
-                EvictOutcome::Evicted => {
-                    info!(victim = %pod.key(), "evicted through the Kubernetes Eviction API");
-                    api.report(EvictionNotice {
-                        evicted_by_api: true,
-                        ..notice.clone()
-                    });
-                    return Stopped::ByApi;
-                }
-                EvictOutcome::Refused(reason) => {
-                    // A PodDisruptionBudget (or RBAC) said no.
-                    warn!(victim = %pod.key(), %reason, "the Eviction API refused the soft eviction; the pod stays");
-                    return Stopped::Refused;
-                }
-                EvictOutcome::Unanswered => {
-                    warn!(victim = %pod.key(), "the Eviction API did not answer in --api-timeout; killing locally");
-                }
+        cgroup: String,
+        decision: &[String],
+    ) {
+        let hard = starvation.threshold.hard;
+        let running: Vec<u64> = self
+            .evictions
+            .in_flight
+            .iter()
+            .filter(|(_, e)| e.uid == pod.uid && !e.hard)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            if let Some(soft) = self.evictions.in_flight.get(&id) {
+                info!(victim = %pod.key(), "a hard threshold takes over the soft eviction under way");
+                soft.abort.abort();
             }
         }
-        let kill_started_ns = self.clock.now_ns();
-        match self.killer.kill_pod(cgroup, victim.grace_period).await {
-            Ok(report) => {
-                if let (Some(api), Some(notice)) = (&self.api, notice) {
-                    api.report(notice);
+        let notice = self.notice(starvation, pod, &cgroup);
+        let api = self
+            .api
+            .clone()
+            .filter(|api| api.action() == EvictionAction::Evict && !hard && notice.is_some());
+        let killer = self.killer.clone();
+        let grace = victim.grace_period;
+        let kill_cgroup = cgroup.clone();
+        let api_notice = notice.clone();
+        let eviction = async move {
+            if let (Some(api), Some(notice)) = (api, api_notice) {
+                match api.evict(notice, grace).await {
+                    EvictOutcome::Evicted => return Ended::ByApi,
+                    EvictOutcome::Refused(reason) => return Ended::Refused(reason),
+                    EvictOutcome::Unanswered => {
+                        warn!(
+                            cgroup = kill_cgroup,
+                            "the Eviction API did not answer in --api-timeout; killing locally"
+                        );
+                    }
                 }
-                let to_kill = first_signal_after(wake, kill_started_ns, &report);
-                self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
-                info!(
-                    victim = %pod.key(),
-                    trigger_to_kill_us = to_kill.as_micros() as u64,
-                    sigterm = report.sigterm_sent,
-                    sigkill = report.sigkill_sent,
-                    frozen = report.frozen,
-                    released = report.mrelease_ok,
-                    rounds = report.rounds,
-                    empty_after_us = report.empty_after.as_micros() as u64,
-                    at_ns = self.clock.now_ns(),
-                    "pod killed"
-                );
-                Stopped::Killed
             }
-            Err(e) => {
-                self.metrics
-                    .eviction_failures
-                    .with_label_values(&[starvation.threshold.signal.as_str()])
-                    .inc();
-                warn!(victim = %pod.key(), error = %e, "eviction failed");
-                Stopped::Failed
+            match killer.kill_pod(&kill_cgroup, grace).await {
+                Ok(report) => Ended::Killed(report),
+                Err(e) => Ended::Failed(e),
             }
-        }
+        };
+        let (eviction, abort) = abortable(eviction);
+        let id = self.evictions.next_id;
+        self.evictions.next_id += 1;
+        self.evictions.running.push(Box::pin(async move {
+            (id, eviction.await.unwrap_or(Ended::Preempted))
+        }));
+        self.safeguards.spend(self.clock.now_ns());
+        self.evictions.in_flight.insert(
+            id,
+            InFlight {
+                victim: victim.clone(),
+                uid: pod.uid.clone(),
+                working_set_before: self.node.working_set(&cgroup).unwrap_or(0),
+                cgroup,
+                resource: starvation.resource,
+                signal: starvation.threshold.signal,
+                hard,
+                abort,
+                notice,
+                decision: decision.to_vec(),
+                wake: *wake,
+                started_ns: self.clock.now_ns(),
+                available_before: starvation.observation.available,
+                threshold_quantity: starvation.threshold_quantity,
+            },
+        );
     }
 
     /// What the API is to be told about the eviction of `pod`, with each
@@ -255,65 +401,105 @@ impl<I: Io> Evictor<I> {
         Some(EvictionNotice::new(&known, signal, &working_sets))
     }
 
-    /// Waits, up to --reclaim-timeout, until the starved signal is past its
-    /// threshold again or has gained half of what the victim used.
-    async fn wait_for_signal(&mut self, starvation: &Starvation, usage: i64, pod: &str) -> bool {
-        let started = tokio::time::Instant::now();
-        let signal = starvation.threshold.signal;
-        let before = starvation.observation.available;
-        loop {
-            let available = self.node.observe().ok().and_then(|observation| {
-                observe_signals(&observation.stats)
-                    .get(&signal)
-                    .map(|o| o.available)
-            });
-            if let Some(available) = available
-                && (available >= starvation.threshold_quantity
-                    || available.saturating_sub(before) >= usage / 2)
-            {
-                info!(victim = pod, %signal, available, after_us = started.elapsed().as_micros() as u64,
-                    "resource back");
-                return true;
-            }
-            if started.elapsed() >= self.options.reclaim_timeout {
-                warn!(victim = pod, %signal, available, timeout = ?self.options.reclaim_timeout,
-                    "resource not back before --reclaim-timeout (its files are freed when the pod is cleaned up); waiting for the next trigger");
-                return false;
-            }
-            tokio::time::sleep(SIGNAL_POLL_INTERVAL).await;
-        }
-    }
-
-    /// Waits, up to --reclaim-timeout, until the killed pod's memory is
-    /// back (its working set near zero, or its cgroup removed).
-    async fn wait_for_memory(&self, cgroup: &str, pod: &str, before: u64) -> bool {
-        let started = tokio::time::Instant::now();
-        let target = ((before as f64 * RECLAIM_REMAINING_SHARE) as u64).max(RECLAIM_FLOOR_BYTES);
-        loop {
-            let remaining = match self.node.working_set(cgroup) {
-                Ok(remaining) => remaining,
-                Err(e) => {
-                    warn!(victim = pod, error = %e, "cannot read the victim's memory");
-                    return false;
+    /// Looks at every resource on its way back after a kill; one that is
+    /// back, or past --reclaim-timeout, is done with, and what the node got
+    /// back is checked against what the victim held. Returns how soon to
+    /// look again while something is still coming back.
+    pub(super) fn check_reclaims(&mut self, assessment: &Assessment) -> Option<Duration> {
+        let reclaims = std::mem::take(&mut self.evictions.reclaims);
+        let mut next = None;
+        for reclaim in reclaims {
+            let elapsed = self.clock.since(reclaim.started_ns);
+            let available = assessment
+                .observations
+                .get(&reclaim.signal)
+                .map(|o| o.available);
+            let back = match reclaim.resource {
+                Resource::Memory => {
+                    let target = ((reclaim.working_set_before as f64 * RECLAIM_REMAINING_SHARE)
+                        as u64)
+                        .max(RECLAIM_FLOOR_BYTES);
+                    match self.node.working_set(&reclaim.cgroup) {
+                        Ok(remaining) if remaining <= target => {
+                            info!(
+                                victim = reclaim.pod,
+                                freed_bytes = reclaim.working_set_before.saturating_sub(remaining),
+                                after_us = elapsed.as_micros() as u64,
+                                at_ns = self.clock.now_ns(),
+                                "memory back"
+                            );
+                            true
+                        }
+                        Ok(_) => false,
+                        Err(e) => {
+                            warn!(victim = reclaim.pod, error = %e, "cannot read the victim's memory");
+                            false
+                        }
+                    }
+                }
+                // The kill returned once the pod had no task left.
+                Resource::Pids => true,
+                // Disk comes back only when the pod's files are removed
+                // (kubelet's cleanup of the killed pod).
+                Resource::EphemeralStorage | Resource::Inodes => {
+                    let back = available.is_some_and(|available| {
+                        available >= reclaim.threshold_quantity
+                            || available.saturating_sub(reclaim.available_before)
+                                >= reclaim.victim_usage / 2
+                    });
+                    if back {
+                        info!(victim = reclaim.pod, signal = %reclaim.signal, available,
+                            after_us = elapsed.as_micros() as u64, "resource back");
+                    }
+                    back
                 }
             };
-            if remaining <= target {
-                info!(
-                    victim = pod,
-                    freed_bytes = before.saturating_sub(remaining),
-                    after_us = started.elapsed().as_micros() as u64,
-                    at_ns = self.clock.now_ns(),
-                    "memory back"
-                );
-                return true;
+            if back {
+                self.check_gain(&reclaim, available);
+                continue;
             }
-            if started.elapsed() >= self.options.reclaim_timeout {
-                warn!(victim = pod, remaining_bytes = remaining, timeout = ?self.options.reclaim_timeout,
-                    "memory not back before --reclaim-timeout; waiting for the next trigger");
-                return false;
+            if elapsed >= self.options.reclaim_timeout {
+                warn!(victim = reclaim.pod, signal = %reclaim.signal, timeout = ?self.options.reclaim_timeout,
+                    "resource not back before --reclaim-timeout (memory charged to files, or disk freed only when the pod is cleaned up)");
+                continue;
             }
-            tokio::time::sleep(RECLAIM_POLL_INTERVAL).await;
+            let poll = match reclaim.resource {
+                Resource::Memory | Resource::Pids => MEMORY_POLL_INTERVAL,
+                Resource::EphemeralStorage | Resource::Inodes => DISK_POLL_INTERVAL,
+            };
+            next = Some(next.map_or(poll, |next: Duration| next.min(poll)));
+            self.evictions.reclaims.push(reclaim);
         }
+        next
+    }
+
+    /// A kill whose victim's memory or processes came back, yet the node's
+    /// signal did not gain about as much, means the pressure is outside the
+    /// pods: evicting more would drain them for nothing.
+    fn check_gain(&mut self, reclaim: &Reclaim, available: Option<i64>) {
+        if !matches!(reclaim.resource, Resource::Memory | Resource::Pids) {
+            return;
+        }
+        let Some(available) = available else {
+            return;
+        };
+        let gained = available.saturating_sub(reclaim.available_before);
+        if gained >= reclaim.victim_usage / 2 {
+            return;
+        }
+        let until =
+            self.safeguards
+                .hold_outside(reclaim.signal, self.clock.now_ns(), &self.metrics);
+        error!(
+            signal = %reclaim.signal,
+            victim = reclaim.pod,
+            victim_usage = reclaim.victim_usage,
+            gained,
+            hold_s = until.as_secs(),
+            "the node did not get back what the evicted pod held: the pressure is outside the pods \
+             (a host process, kernel memory, host tmpfs?); no more evictions for this signal \
+             during the hold, watching"
+        );
     }
 }
 

@@ -21,43 +21,101 @@ fn wake(harness: &Harness) -> Wake {
     harness.evictor.clock().wake(WakeCause::Kernel)
 }
 
+fn killed(harness: &Harness) -> Vec<String> {
+    harness.killer.killed.borrow().clone()
+}
+
+fn cgroup(name: &str) -> String {
+    format!("/node/kubepods/besteffort/pod{name}")
+}
+
 #[tokio::test(start_paused = true)]
-async fn the_biggest_hog_goes_and_the_engine_decides_again_at_once() {
+async fn the_biggest_hog_goes_and_the_engine_decides_again_once_it_has() {
     let mut harness = Harness::new(HarnessOptions {
         pods: vec![pod("web", 100), pod("hog", 300)],
         outside_pods: outside(400, 50),
         ..HarnessOptions::default()
     });
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
+    let first = harness.evictor.evaluate(wake(&harness));
     assert_eq!(
-        *harness.killer.killed.borrow(),
-        ["/node/kubepods/besteffort/podhog"],
+        first.action,
+        Action::AwaitChange,
+        "the eviction's end wakes it"
+    );
+    assert_eq!(harness.evictor.evictions_running(), 1);
+    let last = harness.settle(wake(&harness)).await;
+    assert_eq!(
+        killed(&harness),
+        [cgroup("hog")],
         "one victim, then the node was fine"
     );
-    assert_eq!(evaluation.action, Action::AwaitChange);
-    assert_eq!(
-        harness.node.0.borrow().observations,
-        2,
-        "one observation before the kill, one after"
-    );
+    assert_eq!(last.action, Action::AwaitChange);
+    assert_eq!(harness.engine_runs("eviction-ended"), 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn one_wake_up_evicts_at_most_the_round_limit() {
-    // The pressure is outside the pods: every kill gives back 1 MiB.
-    let pods = (0..MAX_ROUNDS_PER_WAKE + 4)
-        .map(|i| pod(&format!("p{i}"), 1))
-        .collect();
+async fn the_eviction_budget_bounds_a_runaway() {
+    // Every kill gives back the 1 MiB its pod held, never enough.
+    let pods = (0..20).map(|i| pod(&format!("p{i}"), 1)).collect();
     let mut harness = Harness::new(HarnessOptions {
         pods,
-        outside_pods: NODE_CAPACITY - 10 * MIB,
+        outside_pods: NODE_CAPACITY - 30 * MIB,
+        budget: "3/1m".parse().unwrap(),
         ..HarnessOptions::default()
     });
     let (log, _guard) = LogCapture::start();
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
-    assert_eq!(harness.killer.killed.borrow().len(), MAX_ROUNDS_PER_WAKE);
-    assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
-    assert!(log.contains("still under pressure after the maximum evictions for one trigger"));
+    let evaluation = harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness).len(), 3);
+    let Action::Requeue(wait) = evaluation.action else {
+        panic!("{evaluation:?}")
+    };
+    assert!(wait <= Duration::from_secs(60), "{wait:?}");
+    assert!(log.contains("eviction budget spent"), "{:?}", log.lines());
+    let held = harness
+        .metrics
+        .evictions_held
+        .with_label_values(&["budget"])
+        .get();
+    assert!(held >= 1);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness).len(), 6, "a new period, a new budget");
+}
+
+#[tokio::test(start_paused = true)]
+async fn pressure_outside_the_pods_stops_evictions_instead_of_draining_them() {
+    let mut harness = Harness::new(HarnessOptions {
+        pods: vec![pod("a", 300), pod("b", 200), pod("c", 100)],
+        outside_pods: outside(600, 50),
+        ..HarnessOptions::default()
+    });
+    let (log, _guard) = LogCapture::start();
+    harness.evictor.evaluate(wake(&harness));
+    let (id, ended) = harness.evictor.next_ended().await;
+    assert_eq!(killed(&harness), [cgroup("a")]);
+    // A host process takes what the kill frees, as fast as it is freed.
+    harness.node.0.borrow_mut().outside_pods += 300 * MIB;
+    harness.evictor.end(id, ended);
+    let wake_after = harness.evictor.clock().wake(WakeCause::EvictionEnded);
+    harness.evictor.evaluate(wake_after);
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("a")], "b and c live");
+    assert!(
+        log.contains("the pressure is outside the pods"),
+        "{:?}",
+        log.lines()
+    );
+    let gauge = harness
+        .metrics
+        .pressure_outside_pods
+        .with_label_values(&["memory.available"]);
+    assert_eq!(gauge.get(), 1);
+    // Held for the budget's period, watching; then one more try.
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness).len(), 1);
+    tokio::time::advance(Duration::from_secs(60)).await;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("a"), cgroup("b")]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -70,7 +128,7 @@ async fn a_decision_not_acted_on_is_reported_once() {
     });
     let (log, _guard) = LogCapture::start();
     for _ in 0..3 {
-        let evaluation = harness.evictor.evaluate(wake(&harness)).await;
+        let evaluation = harness.settle(wake(&harness)).await;
         assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
     }
     let decided = log
@@ -79,7 +137,7 @@ async fn a_decision_not_acted_on_is_reported_once() {
         .filter(|line| line.contains("eviction decided"))
         .count();
     assert_eq!(decided, 1, "{:?}", log.lines());
-    assert!(harness.killer.killed.borrow().is_empty(), "dry run");
+    assert!(killed(&harness).is_empty(), "dry run");
     let evictions = harness
         .metrics
         .evictions
@@ -105,7 +163,7 @@ async fn soft_harness(answer: EvictOutcome) -> (Harness, FakeApi) {
         api: Some(api.clone()),
         ..HarnessOptions::default()
     });
-    let waiting = harness.evictor.evaluate(wake(&harness)).await;
+    let waiting = harness.evictor.evaluate(wake(&harness));
     assert_eq!(
         waiting.action,
         Action::Requeue(CLOSE_WATCH_INTERVAL),
@@ -122,10 +180,10 @@ async fn a_refused_eviction_leaves_the_pod_and_is_not_retried_until_the_ranking_
         soft_harness(EvictOutcome::Refused("PodDisruptionBudget".into())).await;
     let (log, _guard) = LogCapture::start();
     for _ in 0..3 {
-        harness.evictor.evaluate(wake(&harness)).await;
+        harness.settle(wake(&harness)).await;
     }
     assert_eq!(api.0.borrow().evictions, 1, "asked once");
-    assert!(harness.killer.killed.borrow().is_empty(), "no local kill");
+    assert!(killed(&harness).is_empty(), "no local kill");
     assert_eq!(harness.node.0.borrow().pods.len(), 1, "the pod stays");
     assert!(log.contains("the Eviction API refused the soft eviction; the pod stays"));
 }
@@ -133,12 +191,9 @@ async fn a_refused_eviction_leaves_the_pod_and_is_not_retried_until_the_ranking_
 #[tokio::test(start_paused = true)]
 async fn an_unanswered_eviction_falls_back_to_the_local_kill() {
     let (mut harness, api) = soft_harness(EvictOutcome::Unanswered).await;
-    harness.evictor.evaluate(wake(&harness)).await;
+    harness.settle(wake(&harness)).await;
     assert_eq!(api.0.borrow().evictions, 1);
-    assert_eq!(
-        *harness.killer.killed.borrow(),
-        ["/node/kubepods/besteffort/podhog"]
-    );
+    assert_eq!(killed(&harness), [cgroup("hog")]);
     let reports = &api.0.borrow().reports;
     assert_eq!(reports.len(), 1, "the local kill is reported");
     assert!(!reports[0].evicted_by_api);
@@ -147,25 +202,26 @@ async fn an_unanswered_eviction_falls_back_to_the_local_kill() {
 #[tokio::test(start_paused = true)]
 async fn an_accepted_eviction_is_left_to_the_api() {
     let (mut harness, api) = soft_harness(EvictOutcome::Evicted).await;
-    harness.evictor.evaluate(wake(&harness)).await;
-    assert!(harness.killer.killed.borrow().is_empty());
+    harness.settle(wake(&harness)).await;
+    assert!(killed(&harness).is_empty());
     let reports = &api.0.borrow().reports;
     assert_eq!(reports.len(), 1);
     assert!(reports[0].evicted_by_api);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_failed_kill_is_reported_and_the_next_run_tries_again() {
+async fn a_failed_kill_backs_the_pod_off_and_takes_the_next_candidate() {
     let mut harness = Harness::new(HarnessOptions {
-        pods: vec![pod("hog", 300)],
-        outside_pods: outside(300, 50),
+        pods: vec![pod("hog", 300), pod("web", 200)],
+        outside_pods: outside(500, 50),
         ..HarnessOptions::default()
     });
     *harness.killer.fail.borrow_mut() = true;
     let (log, _guard) = LogCapture::start();
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
-    assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
-    assert!(log.contains("eviction failed"));
+    harness.evictor.evaluate(wake(&harness));
+    let (id, ended) = harness.evictor.next_ended().await;
+    harness.evictor.end(id, ended);
+    assert!(log.contains("eviction failed"), "{:?}", log.lines());
     let failures = harness
         .metrics
         .eviction_failures
@@ -173,11 +229,55 @@ async fn a_failed_kill_is_reported_and_the_next_run_tries_again() {
         .get();
     assert_eq!(failures, 1);
     *harness.killer.fail.borrow_mut() = false;
-    harness.evictor.evaluate(wake(&harness)).await;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(
+        killed(&harness),
+        [cgroup("hog"), cgroup("web")],
+        "the hog is left alone for its back-off; the next pod goes"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hard_threshold_takes_over_a_soft_eviction_waiting_out_its_grace() {
+    let pods = vec![PodSnapshot {
+        termination_grace_period_seconds: Some(30),
+        ..pod("hog", 300)
+    }];
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["memory.available<100Mi".into()],
+            eviction_soft: vec!["memory.available<400Mi".into()],
+            eviction_soft_grace_period: vec!["memory.available=1s".into()],
+            eviction_max_pod_grace_period: Some("30".into()),
+            ..EvictionArgs::default()
+        },
+        pods,
+        outside_pods: outside(300, 300),
+        ..HarnessOptions::default()
+    });
+    let soft = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        soft.action,
+        Action::Requeue(CLOSE_WATCH_INTERVAL),
+        "in its grace period"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let _ = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 1);
+    // As the serve loop would, let it send its SIGTERM and wait.
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(1), harness.evictor.next_ended()).await;
+    assert!(waiting.is_err(), "the soft eviction waits out 30 s");
+    // The pod keeps growing past the hard threshold during its grace.
+    harness.node.0.borrow_mut().outside_pods += 250 * MIB;
+    let (log, _guard) = LogCapture::start();
+    harness.settle(wake(&harness)).await;
+    assert!(log.contains("a hard threshold takes over the soft eviction under way"));
     assert!(
         harness.node.0.borrow().pods.is_empty(),
-        "killed on the next run"
+        "killed at once, not 30 s later"
     );
+    assert_eq!(killed(&harness), [cgroup("hog"), cgroup("hog")]);
 }
 
 #[tokio::test(start_paused = true)]
@@ -189,7 +289,7 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
         ..HarnessOptions::default()
     });
     harness.node.0.borrow_mut().page_cache = 100 * MIB;
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
+    let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
     assert_eq!(
         evaluation.memcg_levels,
@@ -197,7 +297,7 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
         "capacity − 100Mi + inactive file"
     );
     harness.node.0.borrow_mut().page_cache = 0;
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
+    let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(
         evaluation.action,
         Action::AwaitChange,
@@ -213,6 +313,62 @@ async fn in_poll_mode_the_timer_is_the_only_trigger() {
         ..HarnessOptions::default()
     });
     harness.node.0.borrow_mut().page_cache = 100 * MIB;
-    let evaluation = harness.evictor.evaluate(wake(&harness)).await;
+    let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(evaluation.action, Action::AwaitChange);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hard_pid_threshold_does_not_wait_behind_a_soft_memory_eviction() {
+    let hog = PodSnapshot {
+        termination_grace_period_seconds: Some(30),
+        ..pod("hog", 300)
+    };
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["pid.available<100".into()],
+            eviction_soft: vec!["memory.available<400Mi".into()],
+            eviction_soft_grace_period: vec!["memory.available=1s".into()],
+            eviction_max_pod_grace_period: Some("30".into()),
+            ..EvictionArgs::default()
+        },
+        pods: vec![hog, pod("forker", 10)],
+        outside_pods: outside(310, 300),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    harness.evictor.evaluate(wake(&harness));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    harness.evictor.evaluate(wake(&harness));
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(1), harness.evictor.next_ended()).await;
+    assert!(waiting.is_err(), "the hog waits out its 30 s grace period");
+    // The forker now holds 900 tasks: 910 of 1000 in use.
+    harness.node.0.borrow_mut().pods[1].usage.pids = 900;
+    harness.evictor.evaluate(wake(&harness));
+    let (id, ended) = harness.evictor.next_ended().await;
+    harness.evictor.end(id, ended);
+    assert_eq!(killed(&harness), [cgroup("hog"), cgroup("forker")]);
+    assert_eq!(
+        harness.node.0.borrow().pods.len(),
+        1,
+        "the forker is gone, the hog still in its grace"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evict_set_without_a_covering_set_is_capped_by_the_budget() {
+    let pods = (0..8).map(|i| pod(&format!("p{i}"), 1)).collect();
+    let mut harness = Harness::new(HarnessOptions {
+        pods,
+        outside_pods: NODE_CAPACITY - 60 * MIB,
+        budget: "3/1m".parse().unwrap(),
+        ..HarnessOptions::default()
+    });
+    harness.evictor.options.policy = VictimPolicy::CoveringSet;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.evictor.evictions_running(),
+        3,
+        "not all eight at once"
+    );
 }

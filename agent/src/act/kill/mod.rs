@@ -2,14 +2,27 @@
 //! gets their memory back at once.
 //!
 //! - cgroup v2: `cgroup.kill` SIGKILLs the whole subtree atomically (no
-//!   fork escapes it); pidfds opened just before let `process_mrelease`
-//!   reap the victims' memory without waiting for them to exit.
+//!   fork escapes it), written first; then, best effort, pidfds of the
+//!   dying processes let `process_mrelease` reap their memory without
+//!   waiting for them to exit.
 //! - cgroup v1 (and v2 kernels older than 5.14, without `cgroup.kill`):
 //!   rounds of freeze (where a v1 freezer hierarchy has the pod), SIGKILL
 //!   of every listed process through its pidfd, `process_mrelease`, thaw;
 //!   until the subtree is empty or the deadline passes.
-//! - Soft evictions first SIGTERM every process and wait up to the grace
-//!   period for the pod to exit on its own.
+//! - Soft evictions first SIGTERM the containers' processes (not the pod
+//!   sandbox's `pause`, whose end would take the pod's network down during
+//!   its grace period) and wait up to the grace period for them to exit.
+//!
+//! Signals go through pidfds opened [`SIGNAL_BATCH`] at a time, so a pod
+//! with more processes than the agent may open files (a fork bomb under a
+//! 1,024 soft limit) is still emptied. A pid read from `cgroup.procs` may
+//! exit and be reused by a process outside the pod before its pidfd is
+//! opened; only pids the pod still lists once their pidfds are open are
+//! signalled. A pidfd names one process for good, so no window is left in
+//! which a signal reaches a process that was never in the pod: a listed
+//! pid whose pidfd is open is either that process, alive and in the pod,
+//! or a process that has since exited, which the signal then misses
+//! (ESRCH).
 //!
 //! It never kills the hierarchy root, pid 1, or the agent itself: a pod
 //! that holds the agent is refused whole.
@@ -38,6 +51,12 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 /// How often `cgroup.procs` and `freezer.state` are re-read while waiting:
 /// short against exit latencies, cheap for cgroupfs.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// pidfds open at once: a quarter of the 1,024 soft file limit a container
+/// runtime may give the agent, whatever else it has open.
+pub const SIGNAL_BATCH: usize = 256;
+/// The command of a pod sandbox's process (the `pause` image of every
+/// CRI runtime), spared the SIGTERM of a soft eviction.
+const SANDBOX_COMMAND: &str = "pause";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KillError {
@@ -173,12 +192,12 @@ impl Killer {
         };
         let mut report = KillReport::new(method);
         if !grace.is_zero() && !pids.is_empty() {
-            for pidfd in pod.open(&pids)? {
-                if pod.signal(&pidfd, libc::SIGTERM)? {
-                    report.sigterm_sent += 1;
-                }
-            }
-            if pod.wait_empty(started + grace).await? {
+            let containers: BTreeSet<u32> =
+                pids.into_iter().filter(|&pid| !is_sandbox(pid)).collect();
+            report.sigterm_sent = pod.signal_batched(&containers, libc::SIGTERM, &mut report)?;
+            // As kubelet stops the containers, then the sandbox: once only
+            // the sandbox is left, the hard kill below ends it at once.
+            if pod.wait_only_sandboxes(started + grace).await? && pod.pids()?.is_empty() {
                 report.empty_after = started.elapsed();
                 return Ok(report);
             }
@@ -271,12 +290,10 @@ impl Pod<'_> {
         Ok(pids)
     }
 
-    /// pidfds for the processes that still exist, never for pid 1 or the
-    /// agent.
-    fn open(&self, pids: &BTreeSet<u32>) -> Result<Vec<PidFd>, KillError> {
-        let me = std::process::id();
+    /// pidfds for the processes of `pids` that still exist.
+    fn open(&self, pids: &[u32]) -> Result<Vec<PidFd>, KillError> {
         let mut pidfds = Vec::with_capacity(pids.len());
-        for &pid in pids.iter().filter(|&&pid| pid > 1 && pid != me) {
+        for &pid in pids {
             if let Some(pidfd) =
                 PidFd::open(pid).map_err(|e| self.process_error(pid, "opening", e))?
             {
@@ -284,6 +301,43 @@ impl Pod<'_> {
             }
         }
         Ok(pidfds)
+    }
+
+    /// Sends `signal` to every process of `pids` the pod still holds (never
+    /// pid 1 or the agent), [`SIGNAL_BATCH`] pidfds at a time; with SIGKILL,
+    /// reaps each one's memory too. Returns how many were signalled.
+    fn signal_batched(
+        &self,
+        pids: &BTreeSet<u32>,
+        signal: libc::c_int,
+        report: &mut KillReport,
+    ) -> Result<u32, KillError> {
+        let me = std::process::id();
+        let targets: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|&pid| pid > 1 && pid != me)
+            .collect();
+        let mut sent = 0;
+        for batch in targets.chunks(SIGNAL_BATCH) {
+            let opened = self.open(batch)?;
+            // With the pidfds open, the pids the pod still lists are its own
+            // processes (see the module's documentation).
+            let listed = self.pids()?;
+            let pidfds: Vec<PidFd> = opened
+                .into_iter()
+                .filter(|pidfd| listed.contains(&pidfd.pid))
+                .collect();
+            for pidfd in &pidfds {
+                if self.signal(pidfd, signal)? {
+                    sent += 1;
+                }
+            }
+            if signal == libc::SIGKILL {
+                self.release(&pidfds, report);
+            }
+        }
+        Ok(sent)
     }
 
     /// `Ok(false)` if the process was already gone.
@@ -306,23 +360,46 @@ impl Pod<'_> {
         }
     }
 
+    /// `cgroup.kill`, then the memory of what it killed reaped at once.
     fn cgroup_kill(
         &self,
         file: &Path,
         started: Instant,
         report: &mut KillReport,
     ) -> Result<(), KillError> {
-        // Opened before the write, so process_mrelease can reach the victims
-        // after it; the kernel kills whatever forked in between too.
-        let pidfds = self.open(&self.pids()?)?;
+        // The kill first: nothing below (a file limit, a pid gone) may keep
+        // it from happening.
         match tree::write_existing(file, "1") {
             Err(e) if is_gone(&e) && !file.parent().is_some_and(Path::is_dir) => {}
             other => other.map_err(|e| KillError::io(file, e))?,
         }
         report.first_sigkill_after = Some(started.elapsed());
         report.rounds = 1;
-        report.sigkill_sent = u32::try_from(pidfds.len()).unwrap_or(u32::MAX);
-        self.release(&pidfds, report);
+        // Best effort: what is still listed is dying; a pidfd lets
+        // process_mrelease reap its memory before its exit path runs. A pid
+        // reused meanwhile by a live process outside the pod is refused by
+        // process_mrelease (not dying), so nothing is hurt.
+        let me = std::process::id();
+        let dying: Vec<u32> = self
+            .pids()?
+            .into_iter()
+            .filter(|&pid| pid > 1 && pid != me)
+            .collect();
+        report.sigkill_sent = u32::try_from(dying.len()).unwrap_or(u32::MAX);
+        for batch in dying.chunks(SIGNAL_BATCH) {
+            let pidfds: Vec<PidFd> = batch
+                .iter()
+                .filter_map(|&pid| match PidFd::open(pid) {
+                    Ok(pidfd) => pidfd,
+                    Err(error) => {
+                        report.mrelease_failed += 1;
+                        debug!(cgroup = self.cgroup, pid, %error, "no pidfd for a dying process");
+                        None
+                    }
+                })
+                .collect();
+            self.release(&pidfds, report);
+        }
         Ok(())
     }
 
@@ -356,14 +433,12 @@ impl Pod<'_> {
                 return Ok(());
             }
             report.rounds += 1;
-            let pidfds = self.open(&pids)?;
-            for pidfd in &pidfds {
-                if self.signal(pidfd, libc::SIGKILL)? {
-                    report.sigkill_sent += 1;
-                    report.first_sigkill_after.get_or_insert(started.elapsed());
-                }
+            let signalled_at = started.elapsed();
+            let sent = self.signal_batched(&pids, libc::SIGKILL, report)?;
+            if sent > 0 {
+                report.sigkill_sent += sent;
+                report.first_sigkill_after.get_or_insert(signalled_at);
             }
-            self.release(&pidfds, report);
             // Frozen tasks die only once thawed.
             drop(thaw);
             let round_end = deadline.min(Instant::now() + ROUND_WAIT);
@@ -401,8 +476,23 @@ impl Pod<'_> {
     /// Polls until the subtree holds no process (`true`) or `until` passes
     /// (`false`); checks at least once.
     async fn wait_empty(&self, until: Instant) -> Result<bool, KillError> {
+        self.wait_for(until, |pids| pids.is_empty()).await
+    }
+
+    /// Polls until the subtree holds no process but sandboxes' (`true`) or
+    /// `until` passes (`false`).
+    async fn wait_only_sandboxes(&self, until: Instant) -> Result<bool, KillError> {
+        self.wait_for(until, |pids| pids.iter().all(|&pid| is_sandbox(pid)))
+            .await
+    }
+
+    async fn wait_for(
+        &self,
+        until: Instant,
+        done: impl Fn(&BTreeSet<u32>) -> bool,
+    ) -> Result<bool, KillError> {
         loop {
-            if self.pids()?.is_empty() {
+            if done(&self.pids()?) {
                 return Ok(true);
             }
             if Instant::now() >= until {
@@ -431,6 +521,13 @@ impl Pod<'_> {
             source,
         }
     }
+}
+
+/// Whether `pid` is a pod sandbox's `pause` process. A process gone
+/// meanwhile is not.
+fn is_sandbox(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .is_ok_and(|comm| comm.trim_end() == SANDBOX_COMMAND)
 }
 
 /// Thaws the pod when a round ends, however it ends (an error included):

@@ -300,3 +300,65 @@ fn thaws_pods_left_frozen_at_their_own_level_only() {
             .is_empty()
     );
 }
+
+/// A pid listed by the pod when the kill reads it, but no longer once its
+/// pidfd is open, is a process that left, or a pid reused outside the pod:
+/// it is not signalled. `cgroup.procs` is a FIFO here, so each read sees
+/// what the test says the pod holds at that moment.
+#[tokio::test]
+async fn a_pid_that_left_the_pod_before_its_pidfd_was_checked_is_not_signalled() {
+    use std::{
+        io::Write as _,
+        os::unix::fs::OpenOptionsExt as _,
+        process::Command,
+        sync::{Arc, atomic::AtomicBool},
+    };
+
+    let fixture = Fixture::new("left");
+    let pod = fixture.path("unified/pod1");
+    fs::create_dir_all(&pod).unwrap();
+    let procs = pod.join("cgroup.procs");
+    nix::unistd::mkfifo(&procs, nix::sys::stat::Mode::S_IRWXU).unwrap();
+    // A live process outside the pod, as a reused pid would be.
+    let mut outsider = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = outsider.id();
+    // Listed for the refusal check and the round's listing; gone once its
+    // pidfd is open; the pod empty from then on.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (procs, stop) = (procs.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let listed = format!("{pid}\n");
+            for read in 0.. {
+                if read >= 2 && stop.load(Ordering::Acquire) {
+                    return;
+                }
+                let content = if read < 2 { listed.as_str() } else { "" };
+                let mut fifo = fs::OpenOptions::new().write(true).open(&procs).unwrap();
+                fifo.write_all(content.as_bytes()).unwrap();
+            }
+        })
+    };
+    let report = Killer::new(fixture.v2())
+        .kill_pod("/pod1", Duration::ZERO)
+        .await
+        .unwrap();
+    // Let the writer see the stop: a reader keeps its last open from
+    // blocking.
+    stop.store(true, Ordering::Release);
+    let reader = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&procs)
+        .unwrap();
+    writer.join().unwrap();
+    drop(reader);
+    assert_eq!(report.method, KillMethod::Signals);
+    assert_eq!(report.sigkill_sent, 0, "{report:?}");
+    assert!(
+        outsider.try_wait().unwrap().is_none(),
+        "the process outside the pod lives"
+    );
+    outsider.kill().unwrap();
+    outsider.wait().unwrap();
+}

@@ -29,6 +29,7 @@ fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
         freezer_root: None,
     };
     let args = InventoryArgs {
+        pod_uid: None,
         node_cgroup: node.into(),
         pod_metadata: metadata.map(Path::to_owned),
         nodefs_path: root.join("missing"),
@@ -185,6 +186,7 @@ fn a_missing_node_cgroup_is_an_input_error() {
         freezer_root: None,
     };
     let args = InventoryArgs {
+        pod_uid: None,
         node_cgroup: "/nowhere".into(),
         pod_metadata: None,
         nodefs_path: "/".into(),
@@ -211,6 +213,24 @@ fn a_pod_removed_while_read_is_left_out_and_the_agents_pod_is_marked() {
     assert_eq!(pods.len(), 1);
     assert!(pods[0].hosts_evictd);
     assert!(!pods[0].is_evictable());
+}
+
+#[test]
+fn the_agents_pod_is_known_by_its_downward_api_uid_in_a_private_cgroup_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/podagent-uid", 10, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podother", 10, 1);
+    let mut inventory = inventory(root, "/sandbox", None);
+    // What /proc/self/cgroup reads with a private cgroup namespace on v2.
+    inventory.own_cgroup = Some("/".into());
+    inventory.own_pod_uid = Some("agent-uid".into());
+    let pods = inventory.pods().unwrap();
+    let marked: Vec<_> = pods
+        .iter()
+        .map(|p| (p.uid.as_str(), p.hosts_evictd))
+        .collect();
+    assert_eq!(marked, [("agent-uid", true), ("other", false)]);
 }
 
 #[test]

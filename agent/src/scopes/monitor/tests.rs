@@ -128,3 +128,21 @@ fn an_engine_scope_crossing_waits_for_the_engines_reading() {
     assert!(!monitor.apply_engine(&[removed]));
     assert!(monitor.bands.as_ref().unwrap().bands.is_empty());
 }
+
+#[test]
+fn a_scope_the_kernel_map_cannot_hold_is_polled_not_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    write_memory(dir.path(), "/pod", 10 * MIB);
+    let mut monitor = monitor(dir.path(), vec![WatchSpec::memory("/pod=64Mi").unwrap()]);
+    monitor.bands.as_mut().unwrap().full = true;
+    let (log, _guard) = LogCapture::start();
+    monitor.install_all();
+    assert!(
+        log.contains("trigger=\"poll\""),
+        "watched, by polling: {:?}",
+        log.lines()
+    );
+    write_memory(dir.path(), "/pod", 70 * MIB);
+    monitor.resync(false);
+    assert!(log.contains("threshold crossed"), "{:?}", log.lines());
+}
