@@ -404,3 +404,37 @@ fn a_pod_with_more_processes_than_the_soft_file_limit_is_emptied() {
     }
     assert_eq!(death_signal(&mut workload), Some(libc::SIGKILL));
 }
+
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn a_soft_eviction_spares_the_sandbox_its_sigterm_and_ends_it_once_the_containers_are_gone() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("kubepods/pod-web/sandbox").unwrap();
+    tree.create("kubepods/pod-web/app").unwrap();
+    // A pod sandbox's process is the runtime's `pause`: its command name.
+    let dir = tempfile_dir("sandbox");
+    let pause = dir.join("pause");
+    std::os::unix::fs::symlink(WORKLOAD, &pause).unwrap();
+    let mut sandbox = Workload::spawn_in(&tree, "kubepods/pod-web/sandbox", &pause).unwrap();
+    let mut app = Workload::spawn_in(&tree, "kubepods/pod-web/app", WORKLOAD).unwrap();
+
+    let grace = Duration::from_secs(10);
+    let report = kill_pod(&tree, "kubepods/pod-web", grace).unwrap();
+    eprintln!("{report:?}");
+    assert_eq!(report.sigterm_sent, 1, "only the container: {report:?}");
+    assert!(
+        report.empty_after < grace,
+        "no wait for the sandbox: {report:?}"
+    );
+    assert_eq!(death_signal(&mut app), Some(libc::SIGTERM));
+    assert_eq!(death_signal(&mut sandbox), Some(libc::SIGKILL));
+    assert_empty(&tree, "kubepods/pod-web");
+    fs::remove_dir_all(dir).unwrap();
+}
+
+/// A fresh directory under the system's temporary directory.
+fn tempfile_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("evictd-{name}-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
