@@ -75,11 +75,20 @@ pub struct Ranked {
     pub exceeds_request: Option<bool>,
     /// Whether any eviction may choose this pod ([`PodSnapshot::is_evictable`]).
     pub evictable: bool,
+    /// Whether evictd knows the pod's metadata (see [`rank`]).
+    pub known: bool,
     pub reason: String,
 }
 
 /// Every pod in eviction order for a threshold on `signal`, first to evict
 /// first. Ties keep the input order.
+///
+/// kubelet knows every pod it ranks; evictd may not (a pod created while
+/// the API was away, say), and a pod found only in cgroups would otherwise
+/// rank as priority 0 with no requests, ahead of everything it may really
+/// be (a critical DaemonSet pod, a Guaranteed pod within its requests). So
+/// pods whose metadata is missing go after every pod evictd knows: not
+/// knowing a pod never makes it more likely to die.
 pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Vec<Ranked> {
     let mut entries: Vec<(Ranked, i64)> = pods
         .iter()
@@ -90,19 +99,25 @@ pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Ve
     // sort.Sort is not stable, so its tie order is arbitrary.
     match signal.resource() {
         Resource::Pids => entries.sort_by(|(a, a_usage), (b, b_usage)| {
-            a.priority
-                .cmp(&b.priority)
+            known_first(a, b)
+                .then_with(|| a.priority.cmp(&b.priority))
                 .then_with(|| b_usage.cmp(a_usage))
         }),
         Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
             entries.sort_by(|(a, a_excess), (b, b_excess)| {
-                exceeds_first(a, b)
+                known_first(a, b)
+                    .then_with(|| exceeds_first(a, b))
                     .then_with(|| a.priority.cmp(&b.priority))
                     .then_with(|| b_excess.cmp(a_excess))
             });
         }
     }
     entries.into_iter().map(|(ranked, _)| ranked).collect()
+}
+
+/// Pods evictd knows before pods it does not.
+fn known_first(a: &Ranked, b: &Ranked) -> Ordering {
+    b.known.cmp(&a.known)
 }
 
 /// Pods above their request before pods within it.
@@ -150,6 +165,7 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
         request,
         exceeds_request,
         evictable: pod.is_evictable(),
+        known: !pod.metadata_missing(),
         reason: reason(pod, resource, usage, request),
     };
     (ranked, key)
@@ -171,6 +187,9 @@ fn reason(pod: &PodSnapshot, resource: Resource, usage: i64, request: Option<i64
     }
     if pod.hosts_evictd {
         text.push_str("; runs evictd, never evicted");
+    }
+    if pod.metadata_missing() {
+        text.push_str("; metadata unknown, after every pod evictd knows");
     }
     text
 }

@@ -154,6 +154,12 @@ impl PodSnapshot {
         self.is_static || self.mirror || self.priority >= SYSTEM_CRITICAL_PRIORITY
     }
 
+    /// Whether nothing but cgroups told evictd about this pod (see
+    /// [`PodSnapshot::unknown`]).
+    pub fn metadata_missing(&self) -> bool {
+        !self.unknown.is_empty()
+    }
+
     /// Whether any eviction may choose this pod.
     pub fn is_evictable(&self) -> bool {
         !self.is_critical() && !self.hosts_evictd

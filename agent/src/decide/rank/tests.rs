@@ -315,3 +315,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
+    // The API was away when `stranger` started: only its cgroup is known,
+    // and it is by far the largest.
+    let mut stranger = memory_pod("stranger", 0, None, 900 * MI);
+    stranger.unknown = vec!["priority".into(), "containers".into()];
+    let pods = [
+        stranger,
+        memory_pod("guaranteed", 0, Some("500Mi"), 100 * MI),
+        memory_pod("hog", 0, None, 300 * MI),
+    ];
+    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let order: Vec<&str> = ranking.iter().map(|r| r.pod.as_str()).collect();
+    assert_eq!(
+        order,
+        ["default/hog", "default/guaranteed", "default/stranger"]
+    );
+    assert!(
+        ranking[2].reason.contains("metadata unknown"),
+        "{}",
+        ranking[2].reason
+    );
+    let pids = rank(&pods, Signal::PidAvailable, false);
+    assert_eq!(pids.last().unwrap().pod, "default/stranger");
+}
