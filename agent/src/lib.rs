@@ -21,6 +21,7 @@ pub mod monitor;
 pub mod notify;
 pub mod quantity;
 pub mod rank;
+pub mod runtime;
 pub mod signals;
 pub mod simulate;
 pub mod snapshot;
