@@ -275,14 +275,20 @@ impl Containerd {
         })
     }
 
-    /// `StopPodSandbox` and `RemovePodSandbox` (every container in it).
-    pub fn remove_pod_sandbox(&mut self, id: &str) -> io::Result<()> {
+    /// `StopPodSandbox`: every container in it is killed.
+    pub fn stop_pod_sandbox(&self, id: &str) -> io::Result<()> {
         let stop = StopPodSandboxRequest {
             pod_sandbox_id: id.to_owned(),
         };
         self.call("StopPodSandbox", |client| async move {
             client.runtime_service().stop_pod_sandbox(stop).await
         })?;
+        Ok(())
+    }
+
+    /// `StopPodSandbox` and `RemovePodSandbox` (every container in it).
+    pub fn remove_pod_sandbox(&mut self, id: &str) -> io::Result<()> {
+        self.stop_pod_sandbox(id)?;
         let remove = RemovePodSandboxRequest {
             pod_sandbox_id: id.to_owned(),
         };

@@ -12,7 +12,10 @@
 //!
 //! Each container runs `evictd-workload connect /control/workload.sock`:
 //! the test listens on that socket (a host directory bind-mounted into the
-//! container) and steers the workload as the cgroup-only tests do.
+//! container) and steers the workload as the cgroup-only tests do. Each pod
+//! also has an emptyDir volume, `scratch`, where kubelet keeps one
+//! (`<kubelet>/pods/<uid>/volumes/kubernetes.io~empty-dir/scratch`),
+//! bind-mounted at `/scratch` as kubelet mounts it.
 //!
 //! Dropping the node removes the pods through CRI, then their cgroups in
 //! every hierarchy (runc created them in all of them, kubelet removes the
@@ -41,6 +44,9 @@ use crate::{
 
 /// The container name every pod's single container has.
 pub const CONTAINER: &str = "main";
+/// The emptyDir volume every pod has, and where its container sees it.
+pub const SCRATCH_VOLUME: &str = "scratch";
+pub const SCRATCH_PATH: &str = "/scratch";
 /// How long a pod's container may take to start and connect.
 const START_DEADLINE: Duration = Duration::from_secs(30);
 /// How long CRI may take to report a killed container exited.
@@ -128,6 +134,32 @@ impl CriNode {
         ]
         .map(str::to_owned)
         .to_vec()
+    }
+
+    /// kubelet's root directory on this node (what `--nodefs-path` names).
+    pub fn kubelet_dir(&self) -> PathBuf {
+        self.dir.join("kubelet")
+    }
+
+    /// kubelet's pods directory (`<root>/pods`), with the pods' volumes.
+    pub fn pods_dir(&self) -> PathBuf {
+        self.kubelet_dir().join("pods")
+    }
+
+    /// Pod `name`'s `scratch` emptyDir on the host.
+    pub fn scratch_dir(&self, name: &str) -> io::Result<PathBuf> {
+        Ok(self
+            .pods_dir()
+            .join(self.pod(name)?.spec.uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(SCRATCH_VOLUME))
+    }
+
+    /// `StopPodSandbox` of pod `name`: its containers are killed and exit,
+    /// the sandbox stays (not ready) until the node is dropped.
+    pub fn stop_pod(&mut self, name: &str) -> io::Result<()> {
+        let id = self.pod(name)?.sandbox_id.clone();
+        self.containerd.stop_pod_sandbox(&id)
     }
 
     pub fn start_agent(&self, extra: &[&str]) -> io::Result<Agent> {
@@ -219,10 +251,16 @@ impl CriNode {
         }
         let control = self.dir.join("control").join(spec.name);
         fs::create_dir_all(&control)?;
+        let scratch = self
+            .pods_dir()
+            .join(spec.uid)
+            .join("volumes/kubernetes.io~empty-dir")
+            .join(SCRATCH_VOLUME);
+        fs::create_dir_all(&scratch)?;
         let listener = UnixListener::bind(control.join("workload.sock"))?;
         let sandbox_config = self.sandbox_config(&spec, &self.tree.relative_path(&cgroup));
         let sandbox_id = self.containerd.run_pod_sandbox(&sandbox_config)?;
-        let container_config = self.container_config(&spec, &snapshot, &control);
+        let container_config = self.container_config(&spec, &snapshot, &control, &scratch);
         let container_id =
             self.containerd
                 .start_container(&sandbox_id, &container_config, &sandbox_config)?;
@@ -276,6 +314,7 @@ impl CriNode {
         spec: &PodSpec,
         snapshot: &PodSnapshot,
         control: &Path,
+        scratch: &Path,
     ) -> ContainerConfig {
         let mut labels = pod_labels(spec);
         labels.insert(
@@ -292,11 +331,18 @@ impl CriNode {
                 ..ImageSpec::default()
             }),
             args: vec!["connect".to_owned(), "/control/workload.sock".to_owned()],
-            mounts: vec![Mount {
-                container_path: "/control".to_owned(),
-                host_path: control.display().to_string(),
-                ..Mount::default()
-            }],
+            mounts: vec![
+                Mount {
+                    container_path: "/control".to_owned(),
+                    host_path: control.display().to_string(),
+                    ..Mount::default()
+                },
+                Mount {
+                    container_path: SCRATCH_PATH.to_owned(),
+                    host_path: scratch.display().to_string(),
+                    ..Mount::default()
+                },
+            ],
             labels,
             log_path: format!("{CONTAINER}/0.log"),
             linux: Some(LinuxContainerConfig {

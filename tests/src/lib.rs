@@ -41,7 +41,7 @@ pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use containerd::{Containerd, IMAGE, containerd_unavailable};
-pub use cri_node::{CONTAINER, CriNode, CriPod};
+pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use oci_image::OciImage;
 pub use sandbox::{

@@ -3,9 +3,22 @@
 //!
 //! - [`RuntimeClient`]: a gRPC client on the runtime's unix socket, every
 //!   call bounded in time, errors naming the endpoint and the call.
+//! - [`filesystems`]: `ImageFsInfo` → the imagefs and containerfs
+//!   filesystems, and whether they are dedicated (by device).
+//! - [`disk_usage`]: each pod's disk usage as kubelet's `podDiskUsage`
+//!   counts it (writable layers, logs, local volumes).
+//! - [`reclaim`]: kubelet's node-level reclaim (dead containers, unused
+//!   images, least recently used first) before any pod is evicted.
+//! - [`local_storage`]: kubelet's local-storage limit evictions (emptyDir
+//!   `sizeLimit`, ephemeral-storage limits) with kubelet's messages.
 //!
 //! The CRI API comes from the `k8s-cri` crate (cri-api's `runtime/v1`
 //! `api.proto`, compiled by its build script with tonic and prost).
+pub mod disk_usage;
+pub mod filesystems;
+pub mod local_storage;
+pub mod reclaim;
+
 use std::{
     io,
     path::{Path, PathBuf},

@@ -30,6 +30,10 @@
 //!   fast as it can until killed, appending (ns, children) records to LOG;
 //!   a fork the kernel refuses (pids.max) is recorded with the top bit of
 //!   the count set, and retried.
+//! - `write BYTES PATH`: write BYTES to the file PATH (created or
+//!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
+//! - `log BYTES`: write BYTES of text to stderr (a container's log);
+//!   `ok <bytes>`.
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
 //!
@@ -208,6 +212,33 @@ fn hop(until: Instant) -> ! {
     }
 }
 
+/// Writes `bytes` of non-zero data (no sparse file) to `path` and syncs it.
+fn write_file(path: &str, bytes: usize) -> io::Result<()> {
+    let mut file = File::create(path)?;
+    let chunk = vec![0x5a_u8; CHUNK];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        file.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    file.sync_all()
+}
+
+/// Writes `bytes` of log lines to stderr.
+fn write_log(bytes: usize) -> io::Result<()> {
+    let line = [b'x'; 1023];
+    let mut stderr = io::stderr().lock();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(1024);
+        stderr.write_all(&line[..n - 1])?;
+        stderr.write_all(b"\n")?;
+        left -= n;
+    }
+    stderr.flush()
+}
+
 fn open_log(path: Option<&str>) -> Result<File, String> {
     let path = path.ok_or("a bomb needs a log file")?;
     OpenOptions::new()
@@ -376,6 +407,17 @@ impl Workload {
                 let log = open_log(words.next())?;
                 self.bomb = Some(Bomb::Tasks { log });
                 "forking".to_owned()
+            }
+            "write" => {
+                let bytes = amount()?;
+                let path = words.next().ok_or("write needs a path")?;
+                write_file(path, bytes).map_err(|e| format!("write {path}: {e}"))?;
+                bytes.to_string()
+            }
+            "log" => {
+                let bytes = amount()?;
+                write_log(bytes).map_err(|e| format!("log: {e}"))?;
+                bytes.to_string()
             }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),
