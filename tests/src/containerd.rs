@@ -557,7 +557,7 @@ fn is_root() -> bool {
 
 /// Connects the test to a workload's socket: the accepted stream, within
 /// the deadline (the container must start and connect).
-pub fn accept_within(
+pub(crate) fn accept_within(
     listener: &std::os::unix::net::UnixListener,
     deadline: Duration,
 ) -> io::Result<UnixStream> {

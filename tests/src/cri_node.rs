@@ -57,7 +57,6 @@ const CPU_PERIOD: i64 = 100_000;
 /// One pod containerd runs.
 pub struct CriPod {
     pub spec: PodSpec,
-    pub snapshot: PodSnapshot,
     pub sandbox_id: String,
     pub container_id: String,
     /// The pod cgroup relative to the private tree (`node/kubepods/...`).
@@ -271,7 +270,6 @@ impl CriNode {
         channel.reported_pid()?;
         Ok(CriPod {
             spec,
-            snapshot,
             sandbox_id,
             container_id,
             cgroup,

@@ -40,7 +40,7 @@ pub use apiserver::{
 pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
-pub use containerd::{Containerd, IMAGE, containerd_unavailable};
+pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use oci_image::OciImage;

@@ -142,11 +142,7 @@ pub fn ensure() -> Result<Toolchain> {
             Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]),
         )?;
     }
-    ensure_debian_tool(
-        "protoc",
-        PROTOC_PACKAGE,
-        "building the CRI API (crate k8s-cri, which the agent talks to container runtimes with) needs protoc",
-    )?;
+    ensure_protoc()?;
     if !bpf_linker_works(&toolchain.path) {
         install_bpf_linker(&toolchain)?;
         if !bpf_linker_works(&toolchain.path) {
@@ -191,6 +187,16 @@ pub fn ensure_static(toolchain: &Toolchain) -> Result<()> {
         "musl-gcc",
         MUSL_PACKAGE,
         "the static build needs musl-gcc for the C in ring",
+    )
+}
+
+/// `protoc`, which building the agent needs for the CRI API (the `k8s-cri`
+/// crate's build script compiles its `.proto` files).
+pub fn ensure_protoc() -> Result<()> {
+    ensure_debian_tool(
+        "protoc",
+        PROTOC_PACKAGE,
+        "building the CRI API (crate k8s-cri, which the agent talks to container runtimes with) needs protoc",
     )
 }
 
