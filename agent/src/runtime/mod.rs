@@ -16,6 +16,8 @@
 //! `api.proto`, compiled by its build script with tonic and prost).
 pub mod disk_usage;
 pub mod filesystems;
+#[cfg(test)]
+mod fixtures;
 pub mod local_storage;
 pub mod reclaim;
 

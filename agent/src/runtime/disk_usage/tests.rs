@@ -1,45 +1,5 @@
-use k8s_cri::v1::{ContainerMetadata, PodSandboxMetadata};
-
 use super::*;
-
-fn sandbox(id: &str, uid: &str, ready: bool, created_at: i64) -> PodSandbox {
-    PodSandbox {
-        id: id.into(),
-        metadata: Some(PodSandboxMetadata {
-            name: format!("pod-{uid}"),
-            uid: uid.into(),
-            namespace: "default".into(),
-            attempt: 0,
-        }),
-        state: if ready {
-            PodSandboxState::SandboxReady
-        } else {
-            PodSandboxState::SandboxNotready
-        } as i32,
-        created_at,
-        ..PodSandbox::default()
-    }
-}
-
-fn container(
-    id: &str,
-    sandbox: &str,
-    name: &str,
-    state: ContainerState,
-    created_at: i64,
-) -> Container {
-    Container {
-        id: id.into(),
-        pod_sandbox_id: sandbox.into(),
-        metadata: Some(ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        state: state as i32,
-        created_at,
-        ..Container::default()
-    }
-}
+use crate::runtime::fixtures::{container, sandbox};
 
 fn ids(containers: &[&Container]) -> Vec<String> {
     let mut ids: Vec<String> = containers.iter().map(|c| c.id.clone()).collect();

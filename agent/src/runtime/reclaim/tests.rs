@@ -1,23 +1,10 @@
 use std::time::Duration;
 
-use k8s_cri::v1::{ContainerMetadata, ImageSpec, PodSandboxMetadata};
-
 use super::*;
+use crate::runtime::fixtures::{self, on_image};
 
 fn sandbox(id: &str, ready: bool) -> PodSandbox {
-    PodSandbox {
-        id: id.into(),
-        metadata: Some(PodSandboxMetadata {
-            uid: format!("uid-{id}"),
-            ..PodSandboxMetadata::default()
-        }),
-        state: if ready {
-            PodSandboxState::SandboxReady
-        } else {
-            PodSandboxState::SandboxNotready
-        } as i32,
-        ..PodSandbox::default()
-    }
+    fixtures::sandbox(id, &format!("uid-{id}"), ready, 0)
 }
 
 fn container(
@@ -28,26 +15,15 @@ fn container(
     created_at: i64,
     image: &str,
 ) -> Container {
-    Container {
-        id: id.into(),
-        pod_sandbox_id: sandbox.into(),
-        metadata: Some(ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        }),
-        state: if exited {
-            ContainerState::ContainerExited
-        } else {
-            ContainerState::ContainerRunning
-        } as i32,
-        created_at,
-        image: Some(ImageSpec {
-            image: image.into(),
-            ..ImageSpec::default()
-        }),
-        image_ref: image.into(),
-        ..Container::default()
-    }
+    let state = if exited {
+        ContainerState::ContainerExited
+    } else {
+        ContainerState::ContainerRunning
+    };
+    on_image(
+        fixtures::container(id, sandbox, name, state, created_at),
+        image,
+    )
 }
 
 fn image(id: &str, tag: &str) -> Image {
