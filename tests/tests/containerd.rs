@@ -195,8 +195,8 @@ fn a_soft_eviction_gives_the_container_its_grace_period_and_sigterm() {
     assert_eq!(decided["resource"], "memory", "{decided}");
     let killed = agent.log.expect("pod killed", &[("victim", "default/hog")]);
     assert!(killed["sigterm"].as_u64() >= Some(1), "{killed}");
-    // It left within the grace period: no SIGKILL round.
-    assert_eq!(killed["rounds"], 0, "{killed}");
+    // 143, not 137: the container left on SIGTERM, within its grace
+    // period, not on the SIGKILL that ends it.
     assert_exited(&node, "hog", TERMINATED);
     for name in ["db", "web", "batch", "node-exporter"] {
         assert!(node.alive(name), "{name} was killed");
