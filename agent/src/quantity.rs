@@ -124,6 +124,20 @@ impl Quantity {
         }
     }
 
+    /// The sum, in `self`'s suffix family unless `self` is zero, as
+    /// Kubernetes' `Quantity.Add` keeps the receiver's format (so a sum of
+    /// limits prints in the first one's units).
+    pub fn saturating_add(self, other: Self) -> Self {
+        Self {
+            nanos: self.nanos.saturating_add(other.nanos),
+            format: if self.nanos == 0 {
+                other.format
+            } else {
+                self.format
+            },
+        }
+    }
+
     /// The value rounded up, away from zero, as Kubernetes `Value()` does:
     /// "1.5" is 2, "100m" is 1. Saturates at the i64 bounds.
     pub fn value(&self) -> i64 {

@@ -23,7 +23,10 @@ mod apiserver;
 mod bpf_objects;
 mod bpf_stats;
 mod cgroup_tree;
+mod containerd;
+mod cri_node;
 mod layout;
+mod oci_image;
 mod sandbox;
 mod wait;
 mod workload;
@@ -37,9 +40,12 @@ pub use apiserver::{
 pub use bpf_objects::{BpfObjects, program_ids};
 pub use bpf_stats::BpfStatsEnabled;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
+pub use containerd::{Containerd, IMAGE};
+pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
+pub use oci_image::OciImage;
 pub use sandbox::{
     PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
-pub use workload::{COMMAND_DEADLINE, Workload};
+pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};

@@ -219,16 +219,7 @@ impl SandboxNode {
     /// (something stopped its process); returns what it held by then. An
     /// error if it reaches `limit` (the node's capacity) unstopped.
     pub fn grow_until_stopped(&mut self, name: &str, step: u64, limit: u64) -> io::Result<u64> {
-        let mut held = 0;
-        while self.workload(name)?.alloc(step).is_ok() {
-            held += step;
-            if held >= limit {
-                return Err(io::Error::other(format!(
-                    "{name} reached {held} bytes and was never stopped"
-                )));
-            }
-        }
-        Ok(held)
+        self.workload(name)?.grow_until_stopped(step, limit)
     }
 
     /// Starts the agent on this node with `extra` arguments.

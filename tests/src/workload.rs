@@ -1,9 +1,12 @@
 //! A handle on one `evictd-workload` process (see `src/bin/evictd-workload.rs`)
 //! running in a private cgroup: commands with deadlines, SIGKILL on drop.
+//! [`WorkloadChannel`] is the command protocol alone, which the containerd
+//! tier speaks over a socket to workloads in containers.
 use std::{
-    io::{self, BufRead as _, BufReader, Write as _},
+    fmt,
+    io::{self, BufRead as _, BufReader, Read, Write},
     path::Path,
-    process::{Child, ChildStdin, Command, ExitStatus, Stdio},
+    process::{Child, Command, ExitStatus, Stdio},
     sync::mpsc,
     thread,
     time::Duration,
@@ -21,13 +24,24 @@ pub const COMMAND_DEADLINE: Duration = Duration::from_secs(30);
 const EXIT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// The workload process. Dropping it SIGKILLs it (by pid) and reaps it; its
-/// children die with it (PR_SET_PDEATHSIG).
+/// children die with it (PR_SET_PDEATHSIG). Its commands are those of its
+/// [`WorkloadChannel`] (`workload.alloc(..)`).
 #[derive(Debug)]
 pub struct Workload {
     child: Child,
-    stdin: ChildStdin,
+    channel: WorkloadChannel,
+}
+
+/// The command protocol of `evictd-workload` (see its source), over its
+/// stdin and stdout or over a socket: one line out, one reply line back,
+/// each command bounded in time.
+#[derive(Debug)]
+pub struct WorkloadChannel {
+    /// Who answers, for error messages (`workload 1234`).
+    peer: String,
+    commands: Box<dyn WriteDebug>,
     /// Reply lines, read by a thread so a command can time out. The channel
-    /// closes when the workload's stdout does, i.e. when it dies.
+    /// closes when the workload's end does, i.e. when it dies.
     replies: mpsc::Receiver<String>,
     /// How long a command may take; [`COMMAND_DEADLINE`] unless changed.
     deadline: Duration,
@@ -36,60 +50,33 @@ pub struct Workload {
     desynchronised: bool,
 }
 
-impl Workload {
-    /// Starts the workload binary and moves it into `rel` of `tree` before it
-    /// is given any command, so everything it allocates or forks is charged
-    /// there. (What the process touched while starting up stays charged to
-    /// the test's own cgroup.)
-    ///
-    /// `binary` is `env!("CARGO_BIN_EXE_evictd-workload")`, which cargo
-    /// defines only when compiling this package's integration tests, not
-    /// this library.
-    pub fn spawn_in(
-        tree: &PrivateCgroupTree,
-        rel: &str,
-        binary: impl AsRef<Path>,
-    ) -> io::Result<Self> {
-        let binary = binary.as_ref();
-        let mut child = Command::new(binary)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
-        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
-            (Some(stdin), Some(stdout)) => (stdin, stdout),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(io::Error::other("workload started without pipes"));
-            }
-        };
-        let (sender, replies) = mpsc::channel();
+/// A writer that can be printed in a `Debug` of its owner.
+pub trait WriteDebug: Write + Send + fmt::Debug {}
+impl<T: Write + Send + fmt::Debug> WriteDebug for T {}
+
+impl WorkloadChannel {
+    /// Commands go to `commands`; replies are read from `replies` on a
+    /// thread until it ends.
+    pub fn new(
+        peer: String,
+        commands: impl WriteDebug + 'static,
+        replies: impl Read + Send + 'static,
+    ) -> Self {
+        let (sender, receiver) = mpsc::channel();
         thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            for line in BufReader::new(replies).lines().map_while(Result::ok) {
                 if sender.send(line).is_err() {
                     break;
                 }
             }
         });
-        // From here on, drop kills the workload if anything fails.
-        let mut workload = Self {
-            child,
-            stdin,
-            replies,
+        Self {
+            peer,
+            commands: Box::new(commands),
+            replies: receiver,
             deadline: COMMAND_DEADLINE,
             desynchronised: false,
-        };
-        tree.move_pid(rel, workload.pid())?;
-        // One round trip: the workload runs its command loop, in the cgroup.
-        let reported = workload.reported_pid()?;
-        if reported != workload.pid() {
-            return Err(io::Error::other(format!(
-                "workload {} reports pid {reported}",
-                workload.pid()
-            )));
         }
-        Ok(workload)
     }
 
     /// Changes how long each command may take from now on (stretched by
@@ -98,14 +85,27 @@ impl Workload {
         self.deadline = deadline;
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     /// Allocates and touches `bytes` more (rounded up to whole MiB); returns
     /// the bytes the workload now holds.
     pub fn alloc(&mut self, bytes: u64) -> io::Result<u64> {
         self.command_u64(&format!("alloc {bytes}"))
+    }
+
+    /// Grows by `step` bytes at a time until an allocation fails (something
+    /// stopped the workload); returns what it held by then. An error if it
+    /// reaches `limit` (its node's capacity, say) unstopped.
+    pub fn grow_until_stopped(&mut self, step: u64, limit: u64) -> io::Result<u64> {
+        let mut held = 0;
+        while self.alloc(step).is_ok() {
+            held += step;
+            if held >= limit {
+                return Err(io::Error::other(format!(
+                    "{} reached {held} bytes and was never stopped",
+                    self.peer
+                )));
+            }
+        }
+        Ok(held)
     }
 
     /// Frees at least `bytes` (whole MiB chunks, newest first), back to the
@@ -143,12 +143,10 @@ impl Workload {
             ));
         }
         // A dead workload fails the write (EPIPE) or the read below.
-        let pid = self.pid();
-        writeln!(self.stdin, "{line}")
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| {
-                io::Error::new(e.kind(), format!("sending {line:?} to workload {pid}: {e}"))
-            })?;
+        let peer = &self.peer;
+        writeln!(self.commands, "{line}")
+            .and_then(|()| self.commands.flush())
+            .map_err(|e| io::Error::new(e.kind(), format!("sending {line:?} to {peer}: {e}")))?;
         let reply = match self.replies.recv_timeout(scaled(self.deadline)) {
             Ok(reply) => reply,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -156,8 +154,8 @@ impl Workload {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "workload {}: no reply to {line:?} within {:?}",
-                        self.pid(),
+                        "{}: no reply to {line:?} within {:?}",
+                        self.peer,
                         scaled(self.deadline)
                     ),
                 ));
@@ -165,17 +163,78 @@ impl Workload {
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
-                    format!("workload {} exited before answering {line:?}", self.pid()),
+                    format!("{} exited before answering {line:?}", self.peer),
                 ));
             }
         };
         match reply.strip_prefix("ok ") {
             Some(text) => Ok(text.to_owned()),
             None => Err(io::Error::other(format!(
-                "workload {} answered {line:?} with {reply:?}",
-                self.pid()
+                "{} answered {line:?} with {reply:?}",
+                self.peer
             ))),
         }
+    }
+
+    fn command_u64(&mut self, line: &str) -> io::Result<u64> {
+        let text = self.command(line)?;
+        text.parse().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{line:?} answered {text:?}, not a number"),
+            )
+        })
+    }
+}
+
+impl Workload {
+    /// Starts the workload binary and moves it into `rel` of `tree` before it
+    /// is given any command, so everything it allocates or forks is charged
+    /// there. (What the process touched while starting up stays charged to
+    /// the test's own cgroup.)
+    ///
+    /// `binary` is `env!("CARGO_BIN_EXE_evictd-workload")`, which cargo
+    /// defines only when compiling this package's integration tests, not
+    /// this library.
+    pub fn spawn_in(
+        tree: &PrivateCgroupTree,
+        rel: &str,
+        binary: impl AsRef<Path>,
+    ) -> io::Result<Self> {
+        let binary = binary.as_ref();
+        let mut child = Command::new(binary)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("starting {}: {e}", binary.display())))?;
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(stdin), Some(stdout)) => (stdin, stdout),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other("workload started without pipes"));
+            }
+        };
+        let pid = child.id();
+        // From here on, drop kills the workload if anything fails.
+        let mut workload = Self {
+            child,
+            channel: WorkloadChannel::new(format!("workload {pid}"), stdin, stdout),
+        };
+        tree.move_pid(rel, workload.pid())?;
+        // One round trip: the workload runs its command loop, in the cgroup.
+        let reported = workload.reported_pid()?;
+        if reported != workload.pid() {
+            return Err(io::Error::other(format!(
+                "workload {} reports pid {reported}",
+                workload.pid()
+            )));
+        }
+        Ok(workload)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits up to `deadline` for the workload to exit on its own or be
@@ -189,15 +248,19 @@ impl Workload {
         });
         outcome
     }
+}
 
-    fn command_u64(&mut self, line: &str) -> io::Result<u64> {
-        let text = self.command(line)?;
-        text.parse().map_err(|_| {
-            io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!("{line:?} answered {text:?}, not a number"),
-            )
-        })
+impl std::ops::Deref for Workload {
+    type Target = WorkloadChannel;
+
+    fn deref(&self) -> &WorkloadChannel {
+        &self.channel
+    }
+}
+
+impl std::ops::DerefMut for Workload {
+    fn deref_mut(&mut self) -> &mut WorkloadChannel {
+        &mut self.channel
     }
 }
 

@@ -82,6 +82,8 @@ pub fn run(args: &FuzzArgs) -> Result<()> {
         );
     }
     let toolchain = setup::unstable_toolchain()?;
+    // The fuzz crate builds the agent's library, and with it the CRI API.
+    setup::ensure_protoc()?;
     ensure_cargo_fuzz(&toolchain)?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

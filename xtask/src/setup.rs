@@ -2,7 +2,9 @@
 //! nightly toolchain with rust-src (for `-Z build-std=core`), and bpf-linker
 //! built against that toolchain's own libLLVM (no system LLVM needed).
 //! Idempotent; takes well under a second when everything is there.
-//! [`ensure_static`] adds what the static (musl) build of the agent needs.
+//! It also installs `protoc` (Debian's protobuf-compiler) for the CRI API's
+//! build script. [`ensure_static`] adds what the static (musl) build of the
+//! agent needs.
 use std::{
     env,
     ffi::OsString,
@@ -31,6 +33,10 @@ pub const STATIC_TARGET: &str = "x86_64-unknown-linux-musl";
 /// Debian package with `musl-gcc`, the C compiler the cc crate uses for
 /// [`STATIC_TARGET`] (ring builds C and assembly).
 const MUSL_PACKAGE: &str = "musl-tools";
+
+/// Debian package with `protoc`, which the `k8s-cri` crate's build script
+/// runs to compile the CRI API's `.proto` files.
+const PROTOC_PACKAGE: &str = "protobuf-compiler";
 
 /// Toolchain that builds the eBPF crate.
 pub struct Toolchain {
@@ -136,6 +142,7 @@ pub fn ensure() -> Result<Toolchain> {
             Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", name]),
         )?;
     }
+    ensure_protoc()?;
     if !bpf_linker_works(&toolchain.path) {
         install_bpf_linker(&toolchain)?;
         if !bpf_linker_works(&toolchain.path) {
@@ -176,33 +183,47 @@ pub fn ensure_static(toolchain: &Toolchain) -> Result<()> {
             Command::new("rustup").args(["target", "add", STATIC_TARGET, "--toolchain", name]),
         )?;
     }
-    if which("musl-gcc").is_none() {
-        ensure!(
-            is_root() && which("apt-get").is_some(),
-            "the static build needs musl-gcc for the C in ring: install Debian's {MUSL_PACKAGE} \
-             (`apt-get install {MUSL_PACKAGE}`; as root on Debian, xtask installs it)"
-        );
-        step(
-            "apt-get update",
-            Command::new("apt-get").args(["update", "-qq"]),
-        )?;
-        step(
-            &format!("apt-get install {MUSL_PACKAGE}"),
-            Command::new("apt-get")
-                .args([
-                    "install",
-                    "-y",
-                    "-qq",
-                    "--no-install-recommends",
-                    MUSL_PACKAGE,
-                ])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
-        ensure!(
-            which("musl-gcc").is_some(),
-            "{MUSL_PACKAGE} is installed but musl-gcc is not on PATH"
-        );
+    ensure_debian_tool(
+        "musl-gcc",
+        MUSL_PACKAGE,
+        "the static build needs musl-gcc for the C in ring",
+    )
+}
+
+/// `protoc`, which building the agent needs for the CRI API (the `k8s-cri`
+/// crate's build script compiles its `.proto` files).
+pub fn ensure_protoc() -> Result<()> {
+    ensure_debian_tool(
+        "protoc",
+        PROTOC_PACKAGE,
+        "building the CRI API (crate k8s-cri, which the agent talks to container runtimes with) needs protoc",
+    )
+}
+
+/// `binary` on PATH, from Debian's `package`, installed with apt-get as
+/// root when missing; `why` says what needs it.
+fn ensure_debian_tool(binary: &str, package: &str, why: &str) -> Result<()> {
+    if which(binary).is_some() {
+        return Ok(());
     }
+    ensure!(
+        is_root() && which("apt-get").is_some(),
+        "{why}: install Debian's {package} (`apt-get install {package}`; as root on Debian, xtask installs it)"
+    );
+    step(
+        "apt-get update",
+        Command::new("apt-get").args(["update", "-qq"]),
+    )?;
+    step(
+        &format!("apt-get install {package}"),
+        Command::new("apt-get")
+            .args(["install", "-y", "-qq", "--no-install-recommends", package])
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )?;
+    ensure!(
+        which(binary).is_some(),
+        "{package} is installed but {binary} is not on PATH"
+    );
     Ok(())
 }
 

@@ -4,5 +4,6 @@
 pub mod cgroupfs;
 pub mod containers;
 pub mod inventory;
+pub mod runtime;
 pub mod snapshot;
 pub mod stats;

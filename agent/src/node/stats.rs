@@ -265,7 +265,8 @@ fn mem_total() -> Result<u64, SignalsError> {
 
 /// A filesystem's size and free space as kubelet's summary reports them:
 /// available bytes are what unprivileged users may still write.
-fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
+/// The filesystem holding `path`; `None` when `path` does not exist.
+pub fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
     match nix::sys::statvfs::statvfs(path) {
         Ok(stats) => {
             let fragment = stats.fragment_size();

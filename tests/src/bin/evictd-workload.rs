@@ -16,6 +16,10 @@
 //!   most; `ok <children>`.
 //! - `ignore-sigterm`: ignore SIGTERM from now on (children started later
 //!   inherit it); `ok ignoring`.
+//! - `exit-on-sigterm`: exit with status 143 (128 + SIGTERM, what a shell
+//!   reports for a process SIGTERM ended) on SIGTERM; `ok exiting`. As a
+//!   container's pid 1 the workload needs a handler for SIGTERM to reach
+//!   it at all: the kernel drops signals a namespace's init does not handle.
 //! - `bomb RATE LOG USAGE`: answers `ok bombing`, then allocates and
 //!   touches 1 MiB chunks at RATE bytes/s (0: as fast as it can) until
 //!   killed, appending after each 256 KiB touched a 24-byte record to the
@@ -26,8 +30,18 @@
 //!   fast as it can until killed, appending (ns, children) records to LOG;
 //!   a fork the kernel refuses (pids.max) is recorded with the top bit of
 //!   the count set, and retried.
+//! - `write BYTES PATH`: write BYTES to the file PATH (created or
+//!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
+//! - `log BYTES`: write BYTES of text to stderr (a container's log);
+//!   `ok <bytes>`.
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
+//!
+//! In a container (`cargo xtask test`'s containerd tier) the commands come
+//! over a unix socket instead: `evictd-workload connect SOCKET` connects to
+//! SOCKET, which the test listens on, and serves the same protocol there;
+//! `evictd-workload pause` sleeps until SIGTERM or SIGINT (a pod sandbox's
+//! process, as Kubernetes' pause).
 //!
 //! Children are this binary run as `evictd-workload sleep-child <parent pid>`:
 //! a fresh exec, so they share none of the parent's allocations (a plain
@@ -35,8 +49,8 @@
 //! memory).
 use std::{
     fs::{File, OpenOptions},
-    io::{self, BufRead as _, Write as _},
-    os::unix::fs::FileExt as _,
+    io::{self, BufRead, BufReader, Write},
+    os::unix::{fs::FileExt as _, net::UnixStream},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -63,12 +77,28 @@ fn main() {
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
             Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1)),
         ),
+        Some("pause") => sandbox_pause(),
+        Some("connect") => {
+            let Some(stream) = args.get(2).and_then(|path| UnixStream::connect(path).ok()) else {
+                std::process::exit(1);
+            };
+            let Ok(reader) = stream.try_clone() else {
+                std::process::exit(1);
+            };
+            return serve(BufReader::new(reader), stream);
+        }
         _ => {}
     }
+    serve(io::stdin().lock(), io::stdout().lock());
+}
+
+/// Answers the commands read from `input` on `output` until `exit` or the
+/// end of `input`.
+fn serve(input: impl BufRead, mut output: impl Write) {
     keep_large_allocations_mmapped();
     let mut workload = Workload::default();
-    let mut stdout = io::stdout().lock();
-    for line in io::stdin().lock().lines() {
+    let stdout = &mut output;
+    for line in input.lines() {
         let Ok(line) = line else { break };
         let (reply, done) = match workload.run(line.trim()) {
             Ok(Some(reply)) => (format!("ok {reply}"), false),
@@ -104,6 +134,29 @@ fn keep_large_allocations_mmapped() {
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
     }
+}
+
+/// What Kubernetes' pause binary does as a pod sandbox's pid 1: sleep until
+/// SIGTERM or SIGINT ends it (handled, or as pid 1 it would never see them).
+fn sandbox_pause() -> ! {
+    extern "C" fn exit_cleanly(_: libc::c_int) {
+        // SAFETY: _exit is async-signal-safe.
+        unsafe { libc::_exit(0) }
+    }
+    for sig in [Signal::SIGTERM, Signal::SIGINT] {
+        // SAFETY: the handler only calls _exit.
+        if unsafe { signal(sig, SigHandler::Handler(exit_cleanly)) }.is_err() {
+            std::process::exit(1);
+        }
+    }
+    loop {
+        pause();
+    }
+}
+
+extern "C" fn exit_on_sigterm(_: libc::c_int) {
+    // SAFETY: _exit is async-signal-safe and ends the process at once.
+    unsafe { libc::_exit(128 + libc::SIGTERM) }
 }
 
 /// Sleeps until killed, and is killed when the workload dies.
@@ -157,6 +210,33 @@ fn hop(until: Instant) -> ! {
             unsafe { libc::_exit(0) };
         }
     }
+}
+
+/// Writes `bytes` of non-zero data (no sparse file) to `path` and syncs it.
+fn write_file(path: &str, bytes: usize) -> io::Result<()> {
+    let mut file = File::create(path)?;
+    let chunk = vec![0x5a_u8; CHUNK];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(CHUNK);
+        file.write_all(&chunk[..n])?;
+        left -= n;
+    }
+    file.sync_all()
+}
+
+/// Writes `bytes` of log lines to stderr.
+fn write_log(bytes: usize) -> io::Result<()> {
+    let line = [b'x'; 1023];
+    let mut stderr = io::stderr().lock();
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(1024);
+        stderr.write_all(&line[..n - 1])?;
+        stderr.write_all(b"\n")?;
+        left -= n;
+    }
+    stderr.flush()
 }
 
 fn open_log(path: Option<&str>) -> Result<File, String> {
@@ -310,6 +390,13 @@ impl Workload {
                     .map_err(|e| format!("ignore-sigterm: {e}"))?;
                 "ignoring".to_owned()
             }
+            "exit-on-sigterm" => {
+                // SAFETY: the handler only calls _exit, which is
+                // async-signal-safe.
+                unsafe { signal(Signal::SIGTERM, SigHandler::Handler(exit_on_sigterm)) }
+                    .map_err(|e| format!("exit-on-sigterm: {e}"))?;
+                "exiting".to_owned()
+            }
             "bomb" => {
                 let rate = amount()?;
                 let log = open_log(words.next())?;
@@ -322,6 +409,17 @@ impl Workload {
                 let log = open_log(words.next())?;
                 self.bomb = Some(Bomb::Tasks { log });
                 "forking".to_owned()
+            }
+            "write" => {
+                let bytes = amount()?;
+                let path = words.next().ok_or("write needs a path")?;
+                write_file(path, bytes).map_err(|e| format!("write {path}: {e}"))?;
+                bytes.to_string()
+            }
+            "log" => {
+                let bytes = amount()?;
+                write_log(bytes).map_err(|e| format!("log: {e}"))?;
+                bytes.to_string()
             }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),

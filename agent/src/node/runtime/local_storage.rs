@@ -1,0 +1,184 @@
+//! kubelet's local-storage limit evictions
+//! (pkg/kubelet/eviction/eviction_manager.go `localStorageEviction`,
+//! `emptyDirLimitEviction`, `podEphemeralStorageLimitEviction`,
+//! `containerEphemeralStorageLimitEviction`; messages from helpers.go),
+//! which run before any threshold is looked at and need no node pressure:
+//!
+//! 1. an emptyDir volume using more than its `sizeLimit`;
+//! 2. the pod using more ephemeral storage (writable layers, logs, local
+//!    volumes, etc-hosts) than its containers' ephemeral-storage limits
+//!    add up to (kubelet's `PodLimits`);
+//! 3. a container whose logs (and writable layer, without a dedicated
+//!    imagefs) exceed its own ephemeral-storage limit.
+//!
+//! The first that applies evicts the pod, with no grace period
+//! (kubelet's `immediateEvictionGracePeriodSeconds`), even if the node is
+//! under no pressure at all.
+use serde::Serialize;
+
+use super::disk_usage::PodDiskUsage;
+use crate::{node::snapshot::ContainerSpec, quantity::Quantity};
+
+const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
+
+/// An emptyDir volume of the pod spec and its `sizeLimit`, if set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmptyDirVolume {
+    pub name: String,
+    pub size_limit: Option<Quantity>,
+}
+
+/// Why a pod is evicted for its local storage.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum LocalStorageViolation {
+    EmptyDir {
+        volume: String,
+        #[serde(serialize_with = "as_text")]
+        limit: Quantity,
+        used_bytes: u64,
+    },
+    Pod {
+        #[serde(serialize_with = "as_text")]
+        limit: Quantity,
+        used_bytes: u64,
+    },
+    Container {
+        container: String,
+        #[serde(serialize_with = "as_text")]
+        limit: Quantity,
+        used_bytes: u64,
+    },
+}
+
+fn as_text<S: serde::Serializer>(quantity: &Quantity, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(quantity)
+}
+
+impl LocalStorageViolation {
+    /// kubelet's message for the pod's status and event, word for word
+    /// (`emptyDirMessageFmt`, `podEphemeralStorageMessageFmt`,
+    /// `containerEphemeralStorageMessageFmt`), trailing space included.
+    pub fn message(&self) -> String {
+        match self {
+            Self::EmptyDir { volume, limit, .. } => format!(
+                "Usage of EmptyDir volume {} exceeds the limit {}. ",
+                go_quote(volume),
+                go_quote(&limit.to_string())
+            ),
+            Self::Pod { limit, .. } => format!(
+                "Pod ephemeral local storage usage exceeds the total limit of containers {limit}. "
+            ),
+            Self::Container {
+                container, limit, ..
+            } => format!(
+                "Container {container} exceeded its local ephemeral storage limit {}. ",
+                go_quote(&limit.to_string())
+            ),
+        }
+    }
+
+    /// The signal kubelet counts the eviction under in its
+    /// `evictions_total` metric.
+    pub fn signal(&self) -> &'static str {
+        match self {
+            Self::EmptyDir { .. } => "emptydirfs.limit",
+            Self::Pod { .. } => "ephemeralpodfs.limit",
+            Self::Container { .. } => "ephemeralcontainerfs.limit",
+        }
+    }
+}
+
+/// Go's `%q` for the names and quantities kubelet quotes (printable ASCII:
+/// DNS labels and quantity strings), escaping what Go escapes there.
+fn go_quote(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if c.is_ascii_graphic() || c == ' ' => quoted.push(c),
+            c => quoted.push_str(&c.escape_unicode().to_string()),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// kubelet's `PodLimits` for ephemeral storage over the pod's containers:
+/// the sum of the limits that are set; `None` when no container sets one.
+pub fn pod_limit(containers: &[ContainerSpec]) -> Option<Quantity> {
+    containers
+        .iter()
+        .filter_map(|c| c.limits.get(EPHEMERAL_STORAGE).copied())
+        .reduce(Quantity::saturating_add)
+}
+
+/// The local-storage eviction of one pod, if any: kubelet's order
+/// (emptyDir, then pod, then container) and its comparisons (strictly more
+/// than the limit). `dedicated_imagefs` is kubelet's: with one, writable
+/// layers do not count against a container's own limit.
+pub fn evaluate(
+    containers: &[ContainerSpec],
+    empty_dirs: &[EmptyDirVolume],
+    usage: &PodDiskUsage,
+    dedicated_imagefs: bool,
+) -> Option<LocalStorageViolation> {
+    for volume in empty_dirs {
+        let (Some(limit), Some(used)) = (volume.size_limit, usage.empty_dir(&volume.name)) else {
+            continue;
+        };
+        if is_positive(&limit) && exceeds(used.bytes, &limit) {
+            return Some(LocalStorageViolation::EmptyDir {
+                volume: volume.name.clone(),
+                limit,
+                used_bytes: used.bytes,
+            });
+        }
+    }
+    if let Some(limit) = pod_limit(containers) {
+        let used = usage.ephemeral_storage_bytes();
+        if exceeds(used, &limit) {
+            return Some(LocalStorageViolation::Pod {
+                limit,
+                used_bytes: used,
+            });
+        }
+    }
+    for measured in &usage.containers {
+        let Some(limit) = containers
+            .iter()
+            .find(|c| c.name == measured.name)
+            .and_then(|c| c.limits.get(EPHEMERAL_STORAGE))
+            .filter(|limit| limit.value() != 0)
+        else {
+            continue;
+        };
+        let mut used = measured.logs.map_or(0, |logs| logs.bytes);
+        if !dedicated_imagefs {
+            used = used.saturating_add(measured.rootfs.map_or(0, |rootfs| rootfs.bytes));
+        }
+        if exceeds(used, limit) {
+            return Some(LocalStorageViolation::Container {
+                container: measured.name.clone(),
+                limit: *limit,
+                used_bytes: used,
+            });
+        }
+    }
+    None
+}
+
+fn is_positive(quantity: &Quantity) -> bool {
+    !quantity.is_zero() && !quantity.is_negative()
+}
+
+/// `used > limit`, exactly as Kubernetes compares quantities.
+fn exceeds(used: u64, limit: &Quantity) -> bool {
+    let used = Quantity::from_units(i64::try_from(used).unwrap_or(i64::MAX), true);
+    used > *limit
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,176 @@
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::node::runtime::disk_usage::{ContainerDiskUsage, FsUsage, VolumeUsage};
+
+const MI: u64 = 1 << 20;
+
+fn q(text: &str) -> Quantity {
+    Quantity::parse(text).unwrap()
+}
+
+fn spec(name: &str, limit: Option<&str>) -> ContainerSpec {
+    ContainerSpec {
+        name: name.into(),
+        requests: BTreeMap::new(),
+        limits: limit
+            .map(|l| BTreeMap::from([(EPHEMERAL_STORAGE.to_owned(), q(l))]))
+            .unwrap_or_default(),
+    }
+}
+
+fn bytes(bytes: u64) -> Option<FsUsage> {
+    Some(FsUsage { bytes, inodes: 1 })
+}
+
+/// A pod with containers `(name, rootfs, logs)` and emptyDirs `(name, bytes)`.
+fn usage(containers: &[(&str, u64, u64)], empty_dirs: &[(&str, u64)]) -> PodDiskUsage {
+    PodDiskUsage {
+        namespace: "default".into(),
+        name: "p".into(),
+        containers: containers
+            .iter()
+            .map(|(name, rootfs, logs)| ContainerDiskUsage {
+                name: (*name).into(),
+                id: format!("id-{name}"),
+                rootfs: bytes(*rootfs),
+                logs: bytes(*logs),
+            })
+            .collect(),
+        volumes: empty_dirs
+            .iter()
+            .map(|(name, used)| VolumeUsage {
+                name: (*name).into(),
+                plugin: "kubernetes.io~empty-dir".into(),
+                usage: FsUsage {
+                    bytes: *used,
+                    inodes: 1,
+                },
+            })
+            .collect(),
+        etc_hosts: None,
+    }
+}
+
+fn empty_dir(name: &str, limit: Option<&str>) -> EmptyDirVolume {
+    EmptyDirVolume {
+        name: name.into(),
+        size_limit: limit.map(q),
+    }
+}
+
+#[test]
+fn an_empty_dir_over_its_size_limit_is_evicted_with_kubelets_message() {
+    let found = evaluate(
+        &[spec("app", None)],
+        &[empty_dir("scratch", Some("64Mi"))],
+        &usage(&[("app", 0, 0)], &[("scratch", 65 * MI)]),
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        found.message(),
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"64Mi\". "
+    );
+    assert_eq!(found.signal(), "emptydirfs.limit");
+    // At the limit exactly: not over it.
+    assert_eq!(
+        evaluate(
+            &[spec("app", None)],
+            &[empty_dir("scratch", Some("64Mi"))],
+            &usage(&[("app", 0, 0)], &[("scratch", 64 * MI)]),
+            false,
+        ),
+        None
+    );
+    // No limit, a zero limit, or a volume not on disk: nothing to enforce.
+    for volume in [empty_dir("scratch", None), empty_dir("scratch", Some("0"))] {
+        assert_eq!(
+            evaluate(
+                &[spec("app", None)],
+                &[volume],
+                &usage(&[("app", 0, 0)], &[("scratch", 900 * MI)]),
+                false
+            ),
+            None
+        );
+    }
+    assert_eq!(
+        evaluate(
+            &[],
+            &[empty_dir("memory", Some("1Mi"))],
+            &usage(&[], &[]),
+            false
+        ),
+        None
+    );
+}
+
+#[test]
+fn a_pod_over_the_sum_of_its_containers_limits_is_evicted_before_any_container() {
+    // Each container within its own limit, the pod over 1Gi + 512Mi.
+    let containers = [
+        spec("app", Some("1Gi")),
+        spec("side", Some("512Mi")),
+        spec("none", None),
+    ];
+    let found = evaluate(
+        &containers,
+        &[empty_dir("cache", None)],
+        &usage(
+            &[("app", 900 * MI, 0), ("side", 0, 100 * MI)],
+            &[("cache", 600 * MI)],
+        ),
+        false,
+    )
+    .unwrap();
+    assert_eq!(
+        found.message(),
+        "Pod ephemeral local storage usage exceeds the total limit of containers 1536Mi. "
+    );
+    assert_eq!(found.signal(), "ephemeralpodfs.limit");
+    // The sum keeps the first limit's units, as Kubernetes' Add does.
+    assert_eq!(
+        pod_limit(&[spec("a", Some("1G")), spec("b", Some("500M"))])
+            .unwrap()
+            .to_string(),
+        "1500M"
+    );
+    assert_eq!(pod_limit(&[spec("a", None)]), None);
+}
+
+#[test]
+fn a_container_over_its_limit_counts_its_writable_layer_only_without_an_imagefs() {
+    // The pod is within 100Mi + 10Gi; app is not: 80Mi layer + 30Mi logs.
+    let containers = [spec("app", Some("100Mi")), spec("big", Some("10Gi"))];
+    let pod = usage(&[("big", 0, 0), ("app", 80 * MI, 30 * MI)], &[]);
+    let found = evaluate(&containers, &[], &pod, false).unwrap();
+    assert_eq!(
+        found.message(),
+        "Container app exceeded its local ephemeral storage limit \"100Mi\". "
+    );
+    assert_eq!(found.signal(), "ephemeralcontainerfs.limit");
+    // With a dedicated imagefs only its 30Mi of logs count.
+    assert_eq!(evaluate(&containers, &[], &pod, true), None);
+}
+
+#[test]
+fn the_empty_dir_check_comes_first() {
+    let found = evaluate(
+        &[spec("app", Some("10Mi"))],
+        &[empty_dir("scratch", Some("20Mi"))],
+        &usage(&[("app", 50 * MI, 0)], &[("scratch", 30 * MI)]),
+        false,
+    )
+    .unwrap();
+    assert!(
+        matches!(found, LocalStorageViolation::EmptyDir { .. }),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn quotes_as_go_does() {
+    assert_eq!(go_quote("cache"), "\"cache\"");
+    assert_eq!(go_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+}
