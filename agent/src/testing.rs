@@ -93,7 +93,7 @@ pub(crate) mod fakes {
             wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
-        decide::engine::VictimPolicy,
+        decide::{engine::VictimPolicy, thresholds::Resource},
         kernel::bpf::{BpfError, DecodeError, Received},
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
@@ -135,6 +135,10 @@ pub(crate) mod fakes {
         pub page_cache: u64,
         /// The node's PID limit; 0 for the kernel's default (4194304).
         pub pid_max: u64,
+        /// Page cache each pod holds beside its working set.
+        pub pod_page_cache: u64,
+        /// Pods read exactly after a cheap listing.
+        pub refined: usize,
         pub pods: Vec<PodSnapshot>,
         /// Observations taken, and pod listings.
         pub observations: usize,
@@ -219,6 +223,28 @@ pub(crate) mod fakes {
             model.listings += 1;
             Ok(model.pods.clone())
         }
+
+        /// Memory bounds count each pod's page cache too, as bytes charged
+        /// do; the process count is left unknown (0).
+        fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+            let mut pods = self.pods()?;
+            if resource == Resource::Memory {
+                let model = self.0.borrow();
+                for pod in &mut pods {
+                    pod.usage.memory_working_set_bytes += model.pod_page_cache;
+                    pod.usage.pids = 0;
+                }
+            }
+            Ok(pods)
+        }
+
+        fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
+            let mut model = self.0.borrow_mut();
+            model.refined += 1;
+            Ok(model.pods.iter().find(|p| p.uid == pod.uid).cloned())
+        }
+
+        fn cgroups_changed(&mut self) {}
 
         fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
             let model = self.0.borrow();

@@ -26,10 +26,10 @@ use crate::{
         wake::{Clock, Wake},
     },
     decide::{
-        engine::{Assessment, Engine, Starvation, VictimPolicy},
-        thresholds::{EvictionConfig, NodeCondition},
+        engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
+        thresholds::{EvictionConfig, NodeCondition, Resource},
     },
-    node::snapshot::PodSnapshot,
+    node::{inventory::InventoryError, snapshot::PodSnapshot},
     report::metrics::Metrics,
     scopes::{monitor::Monitor, tripwires::tripwires},
 };
@@ -41,6 +41,21 @@ use crate::{
 /// allocating 1 GiB/s moves 20 MiB in that time, well inside kubelet's
 /// 100Mi default.
 pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Pods of the ranking a decision's log line explains.
+const CANDIDATES_LOGGED: usize = 5;
+
+/// Pods read one at a time for a memory decision before every pod is read
+/// at once: beyond a few, one pass is cheaper than ranking after each.
+const MAX_SINGLE_READS: usize = 16;
+
+/// A decision's pods, its choice, and which pods' usage was read exactly
+/// (the others' is a bound).
+pub(super) struct Ranking {
+    pods: Vec<PodSnapshot>,
+    choice: Choice,
+    exact: Vec<bool>,
+}
 
 /// What the loop does after an engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -140,6 +155,12 @@ impl<I: Io> Evictor<I> {
         &self.metrics
     }
 
+    /// Cgroups were created or removed (a kernel record), or may have been
+    /// (a resync): the pods are listed again before the next decision.
+    pub fn cgroups_changed(&mut self) {
+        self.node.cgroups_changed();
+    }
+
     /// The API side and the monitor back, for shutdown; evictions still
     /// under way are dropped (a soft one's SIGTERM has been sent; a pod a
     /// dropped kill froze is thawed as the kill is dropped).
@@ -223,33 +244,108 @@ impl<I: Io> Evictor<I> {
         assessment: &Assessment,
         starvation: &Starvation,
     ) -> Action {
-        let now_ns = self.clock.now_ns();
-        let pods = match self.node.pods() {
-            Ok(pods) => pods,
+        let ranking = match self.choose(assessment, starvation) {
+            Ok(ranking) => ranking,
             Err(e) => {
                 warn!(error = %e, "cannot list the node's pods");
                 return self.soon();
             }
         };
-        // Only running pods can give anything back (kubelet ranks its
-        // active pods); a killed pod's empty cgroup may linger. A pod whose
-        // last kill failed waits out its back-off and the next one is taken,
-        // as kubelet's synchronize moves on to the next pod.
-        let pods: Vec<PodSnapshot> = pods
-            .into_iter()
-            .filter(|pod| pod.usage.pids > 0)
-            .filter(|pod| !self.safeguards.backing_off(pod, now_ns))
-            .collect();
-        let choice = self.engine.choose_for(
-            starvation,
-            assessment.dedicated_imagefs,
-            &pods,
-            self.options.policy,
-        );
         self.metrics
             .decision_latency
             .observe(self.clock.since(wake.at_ns).as_secs_f64());
-        self.start_evictions(wake, starvation, &choice, &pods)
+        self.start_evictions(wake, starvation, &ranking)
+    }
+
+    /// Ranks the pods for `starvation` and picks the victims, reading no
+    /// more than the decision needs: a cheap listing first (for memory, the
+    /// bytes charged, an upper bound of the working set), then the exact
+    /// usage of the pods ranked up to the last victim, one at a time,
+    /// ranking again after each. An exact working set is never above its
+    /// bound, so a pod only moves down when read, and no pod left unread
+    /// can belong before the victim. Pods are near ties when many look
+    /// bigger than the biggest by their page cache alone; past
+    /// [`MAX_SINGLE_READS`] reads every pod is read at once.
+    ///
+    /// Only running pods can give anything back (kubelet ranks its active
+    /// pods; a killed pod's empty cgroup may linger), and a pod whose last
+    /// kill failed waits out its back-off while the next one is taken, as
+    /// kubelet's synchronize moves on to the next pod.
+    fn choose(
+        &mut self,
+        assessment: &Assessment,
+        starvation: &Starvation,
+    ) -> Result<Ranking, InventoryError> {
+        let now_ns = self.clock.now_ns();
+        let keep = |pod: &PodSnapshot, bounded: bool| {
+            (bounded || pod.usage.pids > 0) && !self.safeguards.backing_off(pod, now_ns)
+        };
+        let bounded = starvation.resource == Resource::Memory;
+        let mut pods: Vec<PodSnapshot> = self
+            .node
+            .pods_for(starvation.resource)?
+            .into_iter()
+            .filter(|pod| keep(pod, bounded))
+            .collect();
+        let mut exact = vec![!bounded; pods.len()];
+        let mut reads = 0;
+        loop {
+            let choice = self.engine.choose_for(
+                starvation,
+                assessment.dedicated_imagefs,
+                &pods,
+                self.options.policy,
+            );
+            let decided = choice
+                .victims
+                .iter()
+                .filter_map(|victim| choice.ranking.iter().position(|r| r.index == victim.index))
+                .max()
+                .map_or(choice.ranking.len(), |last| last + 1);
+            let Some(inexact) = choice.ranking[..decided]
+                .iter()
+                .map(|ranked| ranked.index)
+                .find(|&index| !exact[index])
+            else {
+                return Ok(Ranking {
+                    pods,
+                    choice,
+                    exact,
+                });
+            };
+            if reads == MAX_SINGLE_READS {
+                let pods: Vec<PodSnapshot> = self
+                    .node
+                    .pods()?
+                    .into_iter()
+                    .filter(|pod| keep(pod, false))
+                    .collect();
+                let choice = self.engine.choose_for(
+                    starvation,
+                    assessment.dedicated_imagefs,
+                    &pods,
+                    self.options.policy,
+                );
+                let exact = vec![true; pods.len()];
+                return Ok(Ranking {
+                    pods,
+                    choice,
+                    exact,
+                });
+            }
+            reads += 1;
+            match self.node.refine(&pods[inexact])? {
+                Some(pod) if pod.usage.pids > 0 => {
+                    pods[inexact] = pod;
+                    exact[inexact] = true;
+                }
+                // Gone, or not running.
+                _ => {
+                    pods.remove(inexact);
+                    exact.remove(inexact);
+                }
+            }
+        }
     }
 
     /// Look again soon, unless the timer is the only trigger (poll mode).

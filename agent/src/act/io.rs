@@ -7,6 +7,7 @@ use std::{future::Future, time::Duration};
 use crate::{
     act::kill::{KillError, KillReport, Killer},
     config::EvictionAction,
+    decide::thresholds::Resource,
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Received, ScopeMaps},
     node::{
         cgroupfs::CgroupError,
@@ -50,6 +51,14 @@ pub trait NodeSource {
     fn observe(&mut self) -> Result<NodeObservation, InventoryError>;
     /// Every pod, with its usage read now.
     fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError>;
+    /// Every pod with a cheap reading for a decision on `resource`: for
+    /// memory an upper bound of the working set (bytes charged) and no
+    /// process count, made exact by [`NodeSource::refine`].
+    fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError>;
+    /// `pod` with its usage read exactly; `None` once it is gone.
+    fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
+    /// Cgroups were created or removed (a kernel record, or a resync).
+    fn cgroups_changed(&mut self);
     /// A cgroup's working set now; 0 once the cgroup is gone.
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
     /// Each container's working set (by name), found below the pod's cgroup
@@ -109,6 +118,18 @@ impl NodeSource for Inventory {
 
     fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
         Inventory::pods(self)
+    }
+
+    fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+        Inventory::pods_for(self, resource)
+    }
+
+    fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
+        Inventory::refine(self, pod)
+    }
+
+    fn cgroups_changed(&mut self) {
+        Inventory::cgroups_changed(self);
     }
 
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {

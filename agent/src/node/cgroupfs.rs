@@ -205,6 +205,17 @@ impl CgroupFs {
         }
     }
 
+    /// Bytes charged to the cgroup alone: one small file, where
+    /// [`CgroupFs::read_memory`] also reads `memory.stat`.
+    pub fn read_memory_usage(&self, path: &str) -> Result<u64, CgroupError> {
+        let dir = self.memory_dir(path);
+        match self.version {
+            CgroupVersion::V1 => read_u64(&dir.join("memory.usage_in_bytes")),
+            CgroupVersion::V2 if is_root(path) => read_meminfo().map(|m| m.usage_bytes),
+            CgroupVersion::V2 => read_u64(&dir.join("memory.current")),
+        }
+    }
+
     pub fn read_pids(&self, path: &str) -> Result<u64, CgroupError> {
         read_u64(&self.pids_dir(path)?.join("pids.current"))
     }

@@ -22,6 +22,7 @@ use tracing::{debug, warn};
 
 use crate::{
     config::InventoryArgs,
+    decide::thresholds::Resource,
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
     node::snapshot::{PodSnapshot, PodUsage, QosClass, Snapshot},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path},
@@ -142,6 +143,9 @@ pub struct PodCgroup {
 
 pub struct Inventory {
     signals: NodeSignals,
+    /// The pod cgroups as last listed; `None` once a cgroup was created or
+    /// removed since (a kernel record says so), or at a resync.
+    listed: Option<Vec<PodCgroup>>,
     metadata: Option<Box<dyn PodMetadataSource>>,
     /// Where this process sits in the memory hierarchy, and the uid of its
     /// pod from the downward API, to recognise the pod evictd runs in.
@@ -164,6 +168,7 @@ impl Inventory {
             None => None,
         };
         Ok(Self {
+            listed: None,
             own_cgroup: own_memory_cgroup(),
             own_pod_uid: args.pod_uid.clone(),
             signals: NodeSignals {
@@ -204,16 +209,64 @@ impl Inventory {
     /// Every pod, with usage read now. A pod removed while it is read is
     /// left out.
     pub fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
-        let Some(kubepods) = self.kubepods_cgroup() else {
-            return Ok(Vec::new());
-        };
-        let found = find_pods(&self.signals.cgroupfs.memory_dir(&kubepods), &kubepods)?;
-        let mut pods = Vec::with_capacity(found.len());
-        for cgroup in found {
-            match self.pod(cgroup)? {
-                Some(pod) => pods.push(pod),
-                None => continue,
+        self.read_pods(Reads::Exact)
+    }
+
+    /// Every pod with what a decision on `resource` ranks it by, read
+    /// cheaply: for memory, the bytes charged (one small file per pod), an
+    /// upper bound of the working set the ranking compares, which
+    /// [`Inventory::refine`] makes exact for the pods a decision turns on;
+    /// every other resource's usage is exact.
+    pub fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+        match resource {
+            Resource::Memory => self.read_pods(Reads::MemoryBound),
+            Resource::Pids | Resource::EphemeralStorage | Resource::Inodes => {
+                self.read_pods(Reads::Exact)
             }
+        }
+    }
+
+    /// `pod` with its usage read exactly now; `None` once it is gone.
+    pub fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
+        let Some(path) = pod.cgroup.as_deref() else {
+            return Ok(Some(pod.clone()));
+        };
+        match self.usage(path, Reads::Exact) {
+            Ok(usage) => Ok(Some(PodSnapshot {
+                usage,
+                ..pod.clone()
+            })),
+            Err(CgroupError::Gone(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Cgroups were created or removed: the pods are listed again before
+    /// the next decision.
+    pub fn cgroups_changed(&mut self) {
+        self.listed = None;
+    }
+
+    fn read_pods(&mut self, reads: Reads) -> Result<Vec<PodSnapshot>, InventoryError> {
+        let listed = match self.listed.take() {
+            Some(listed) => listed,
+            None => match self.kubepods_cgroup() {
+                Some(kubepods) => {
+                    find_pods(&self.signals.cgroupfs.memory_dir(&kubepods), &kubepods)?
+                }
+                None => Vec::new(),
+            },
+        };
+        let mut pods = Vec::with_capacity(listed.len());
+        let mut gone = false;
+        for cgroup in &listed {
+            match self.pod(cgroup.clone(), reads)? {
+                Some(pod) => pods.push(pod),
+                None => gone = true,
+            }
+        }
+        if !gone {
+            self.listed = Some(listed);
         }
         Ok(pods)
     }
@@ -226,8 +279,8 @@ impl Inventory {
         })
     }
 
-    fn pod(&mut self, cgroup: PodCgroup) -> Result<Option<PodSnapshot>, InventoryError> {
-        let usage = match self.usage(&cgroup.path) {
+    fn pod(&mut self, cgroup: PodCgroup, reads: Reads) -> Result<Option<PodSnapshot>, InventoryError> {
+        let usage = match self.usage(&cgroup.path, reads) {
             Ok(usage) => usage,
             Err(CgroupError::Gone(_)) => {
                 debug!(pod = cgroup.path, "pod cgroup vanished while being read");
@@ -278,8 +331,15 @@ impl Inventory {
         Ok(Some(pod))
     }
 
-    fn usage(&self, path: &str) -> Result<PodUsage, CgroupError> {
+    fn usage(&self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
         let cgroupfs = &self.signals.cgroupfs;
+        if reads == Reads::MemoryBound {
+            // The process count, and so whether it runs, is read by `refine`.
+            return Ok(PodUsage {
+                memory_working_set_bytes: cgroupfs.read_memory_usage(path)?,
+                ..PodUsage::default()
+            });
+        }
         let memory = cgroupfs.read_memory(path)?;
         // Without the pod in a pids hierarchy, count its processes.
         let pids = match cgroupfs.read_pids(path) {
@@ -295,6 +355,15 @@ impl Inventory {
             ..PodUsage::default()
         })
     }
+}
+
+/// How much of a pod's usage a listing reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    /// The working set, and the process count.
+    Exact,
+    /// Only the bytes charged: an upper bound of the working set.
+    MemoryBound,
 }
 
 /// Fields a pod found only in cgroups carries as defaults, not knowledge.

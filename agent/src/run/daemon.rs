@@ -464,13 +464,20 @@ fn handle_records<I: Io>(
                     received.latency(),
                 );
             }
-            KernelEvent::CgroupCreated(change) => evictor.monitor().on_mkdir(change),
-            KernelEvent::CgroupRemoved(change) => evictor.monitor().on_rmdir(change),
+            KernelEvent::CgroupCreated(change) => {
+                evictor.cgroups_changed();
+                evictor.monitor().on_mkdir(change);
+            }
+            KernelEvent::CgroupRemoved(change) => {
+                evictor.cgroups_changed();
+                evictor.monitor().on_rmdir(change);
+            }
         }
     }
     // A lost record may be the pressure itself: resync at once rather than
     // at the next tick.
     if kernel.new_drops(evictor.metrics()) > 0 {
+        evictor.cgroups_changed();
         evictor.monitor().resync(true);
         if wake.is_none() {
             wake = Some(evictor.clock().wake(WakeCause::Resync));
@@ -483,6 +490,8 @@ fn handle_records<I: Io>(
 /// scope (a resync behind the programs, or the poll without them).
 fn resync<I: Io>(evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) {
     let lost = kernel.is_some_and(|kernel| kernel.refresh_counters(evictor.metrics()) > 0);
+    // Without the lifecycle programs, nothing else says pods came or went.
+    evictor.cgroups_changed();
     evictor.monitor().resync(lost);
 }
 

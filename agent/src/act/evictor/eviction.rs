@@ -11,7 +11,7 @@ use futures::{
 };
 use tracing::{error, info, warn};
 
-use super::{Action, Evictor};
+use super::{Action, CANDIDATES_LOGGED, Evictor, Ranking};
 use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
@@ -38,9 +38,6 @@ const DISK_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// of what it was, or below [`RECLAIM_FLOOR_BYTES`].
 const RECLAIM_REMAINING_SHARE: f64 = 0.05;
 const RECLAIM_FLOOR_BYTES: u64 = 1 << 20;
-
-/// Pods of the ranking a decision's log line explains.
-const CANDIDATES_LOGGED: usize = 5;
 
 /// How an eviction ended.
 #[derive(Debug)]
@@ -207,10 +204,14 @@ impl<I: Io> Evictor<I> {
         &mut self,
         wake: &Wake,
         starvation: &Starvation,
-        choice: &Choice,
-        pods: &[PodSnapshot],
+        ranking: &Ranking,
     ) -> Action {
-        let candidates = explain(choice);
+        let Ranking {
+            pods,
+            choice,
+            exact,
+        } = ranking;
+        let candidates = explain(choice, exact);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
             return self.soon();
@@ -503,14 +504,23 @@ impl<I: Io> Evictor<I> {
     }
 }
 
-/// The head of the ranking, one pod per line-part: where each stands and why.
-fn explain(choice: &Choice) -> String {
+/// The head of the ranking, one pod per line-part: where each stands and
+/// why. A pod whose memory was not read exactly (it ranks after every
+/// victim) shows its bytes charged, an upper bound of its working set.
+fn explain(choice: &Choice, exact: &[bool]) -> String {
     let mut text: Vec<String> = choice
         .ranking
         .iter()
         .take(CANDIDATES_LOGGED)
         .enumerate()
-        .map(|(place, ranked)| format!("{}. {}: {}", place + 1, ranked.pod, ranked.reason))
+        .map(|(place, ranked)| {
+            let bound = if exact[ranked.index] {
+                ""
+            } else {
+                " (bytes charged: at most this working set)"
+            };
+            format!("{}. {}: {}{bound}", place + 1, ranked.pod, ranked.reason)
+        })
         .collect();
     if choice.ranking.len() > CANDIDATES_LOGGED {
         text.push(format!(

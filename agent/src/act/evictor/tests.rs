@@ -372,3 +372,55 @@ async fn an_evict_set_without_a_covering_set_is_capped_by_the_budget() {
         "not all eight at once"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_memory_decision_reads_exactly_only_the_pods_it_turns_on() {
+    // 200 pods, each holding 1 MiB and 1 MiB of page cache, and a hog.
+    let mut pods: Vec<PodSnapshot> = (0..200).map(|i| pod(&format!("p{i:03}"), 1)).collect();
+    pods.push(pod("hog", 300));
+    let mut harness = Harness::new(HarnessOptions {
+        pods,
+        outside_pods: outside(500, 50),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pod_page_cache = MIB;
+    let (log, _guard) = LogCapture::start();
+    harness.evictor.evaluate(wake(&harness));
+    let refined = harness.node.0.borrow().refined;
+    assert_eq!(refined, 1, "the hog alone, not all 201");
+    let decided = log
+        .lines()
+        .into_iter()
+        .find(|line| line.contains("eviction decided"))
+        .unwrap();
+    assert!(decided.contains("victim=default/hog"), "{decided}");
+    // Exact numbers in the log: 300 MiB of working set, not 301 charged.
+    assert!(decided.contains("victim_usage=314572800"), "{decided}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn near_ties_fall_back_to_reading_every_pod_at_once() {
+    // Every pod looks bigger than it is by its page cache: reading them one
+    // by one would move each below the next, so past a few all are read.
+    let pods = (0..50).map(|i| pod(&format!("p{i:02}"), 10 + i % 3)).collect();
+    let mut harness = Harness::new(HarnessOptions {
+        pods,
+        outside_pods: outside(550, 50),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pod_page_cache = 5 * MIB;
+    harness.evictor.evaluate(wake(&harness));
+    let (listings, refined) = {
+        let model = harness.node.0.borrow();
+        (model.listings, model.refined)
+    };
+    assert_eq!(refined, MAX_SINGLE_READS);
+    assert_eq!(listings, 2, "the cheap listing, then every pod read at once");
+    let (id, ended) = harness.evictor.next_ended().await;
+    harness.evictor.end(id, ended);
+    let victim = killed(&harness);
+    assert!(
+        victim[0].ends_with("p02"),
+        "the largest (12 MiB) first of those tied: {victim:?}"
+    );
+}
