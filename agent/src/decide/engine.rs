@@ -223,7 +223,7 @@ impl Engine {
             thresholds_met: active.iter().map(|&i| thresholds[i].clone()).collect(),
             node_conditions,
             starvation,
-            dedicated_imagefs: node.imagefs.is_some() && node.imagefs != node.nodefs,
+            dedicated_imagefs: node.dedicated_imagefs(),
             observations,
         }
     }

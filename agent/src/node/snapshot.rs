@@ -41,6 +41,25 @@ pub struct NodeStats {
     pub containerfs: Option<FsStats>,
 }
 
+impl NodeStats {
+    /// Whether imagefs is a filesystem of its own, as kubelet's
+    /// `HasDedicatedImageFs` decides it (pkg/kubelet/stats/provider.go):
+    /// imagefs is on another device than nodefs. Two statistics of one
+    /// filesystem differ whenever anything writes between the readings, so
+    /// only a snapshot that does not say which devices (one written by
+    /// hand) is judged by its statistics.
+    pub fn dedicated_imagefs(&self) -> bool {
+        match (&self.nodefs, &self.imagefs) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(nodefs), Some(imagefs)) => match (nodefs.device, imagefs.device) {
+                (Some(nodefs_device), Some(imagefs_device)) => nodefs_device != imagefs_device,
+                _ => nodefs != imagefs,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryStats {
     pub capacity_bytes: u64,
@@ -59,6 +78,10 @@ pub struct FsStats {
     pub available_bytes: u64,
     pub inodes: u64,
     pub inodes_free: u64,
+    /// The filesystem's device (`st_dev`), which says whether imagefs is
+    /// nodefs. Live snapshots fill it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
