@@ -15,8 +15,9 @@
 //!   shell that reads, arms and reports them.
 //! * [`node`]: the node as cgroupfs shows it: `cgroupfs` mounts and reads,
 //!   the node's `stats` (one [`node::stats::NodeObservation`] per wake-up),
-//!   the pods' `inventory`, their `containers`, and the `snapshot` types the
-//!   engine decides on.
+//!   the pods' `inventory`, their `containers`, the `snapshot` types the
+//!   engine decides on, and Kubernetes' arithmetic on a pod's `resources`
+//!   (its requests and QoS class).
 //! * [`decide`]: kubelet's policy, pure: `thresholds`, the `engine`
 //!   (thresholds met, grace periods, node conditions, victims) and `rank`.
 //! * [`act`]: the `evictor` loop (one observation per [`act::wake::Wake`],

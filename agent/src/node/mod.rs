@@ -4,5 +4,6 @@
 pub mod cgroupfs;
 pub mod containers;
 pub mod inventory;
+pub mod resources;
 pub mod snapshot;
 pub mod stats;

@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use super::ApiErrors;
 use crate::{
     node::inventory::{InventoryError, PodMetadataSource},
-    node::snapshot::{ContainerSpec, PodSnapshot},
+    node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
     quantity::Quantity,
     report::metrics::Metrics,
 };
@@ -222,6 +222,11 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
     let containers = spec
         .map(|spec| spec.containers.iter().map(container_spec).collect())
         .unwrap_or_default();
+    let init_containers = spec
+        .and_then(|spec| spec.init_containers.as_ref())
+        .map(|init| init.iter().map(container_spec).collect())
+        .unwrap_or_default();
+    let context = format!("pod {}", meta.name.as_deref().unwrap_or(&uid));
     let container_ids = pod
         .status
         .as_ref()
@@ -250,6 +255,14 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
             is_static: mirror_of.is_some(),
             mirror: mirror_of.is_some(),
             containers,
+            init_containers,
+            overhead: quantities(&context, spec.and_then(|spec| spec.overhead.as_ref())),
+            resources: spec
+                .and_then(|spec| spec.resources.as_ref())
+                .map(|resources| Resources {
+                    requests: quantities(&context, resources.requests.as_ref()),
+                    limits: quantities(&context, resources.limits.as_ref()),
+                }),
             termination_grace_period_seconds: spec
                 .and_then(|spec| spec.termination_grace_period_seconds),
             usage: Default::default(),
@@ -265,27 +278,33 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
 
 fn container_spec(container: &Container) -> ContainerSpec {
     let resources = container.resources.as_ref();
-    let quantities = |map: Option<
-        &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >| {
-        map.into_iter()
-            .flatten()
-            .filter_map(|(resource, quantity)| match Quantity::parse(&quantity.0) {
-                Ok(parsed) => Some((resource.clone(), parsed)),
-                Err(e) => {
-                    // The API server validates quantities; this is a bug
-                    // somewhere, not a reason to drop the pod.
-                    warn!(container = container.name, error = %e, "unreadable quantity ignored");
-                    None
-                }
-            })
-            .collect()
-    };
+    let context = format!("container {}", container.name);
     ContainerSpec {
         name: container.name.clone(),
-        requests: quantities(resources.and_then(|r| r.requests.as_ref())),
-        limits: quantities(resources.and_then(|r| r.limits.as_ref())),
+        requests: quantities(&context, resources.and_then(|r| r.requests.as_ref())),
+        limits: quantities(&context, resources.and_then(|r| r.limits.as_ref())),
+        restart_policy: container.restart_policy.clone(),
     }
+}
+
+/// A resource map of the API, in evictd's quantities; `context` names the
+/// container or pod in the warning about a quantity that does not parse.
+fn quantities(
+    context: &str,
+    map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> ResourceList {
+    map.into_iter()
+        .flatten()
+        .filter_map(|(resource, quantity)| match Quantity::parse(&quantity.0) {
+            Ok(parsed) => Some((resource.clone(), parsed)),
+            Err(e) => {
+                // The API server validates quantities; this is a bug
+                // somewhere, not a reason to drop the pod.
+                warn!(context, error = %e, "unreadable quantity ignored");
+                None
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -322,6 +341,43 @@ mod tests {
             [("app".to_owned(), "abc123".to_owned())]
         );
         assert!(store.listed());
+    }
+
+    #[test]
+    fn an_api_pod_carries_init_containers_overhead_and_pod_level_resources() {
+        let store = PodStore::default();
+        store.apply(&pod(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {
+                "containers": [{"name": "app", "resources": {"requests": {"memory": "100Mi"}}}],
+                "initContainers": [
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "resources": {"requests": {"memory": "50Mi"}}},
+                    {"name": "migrate", "resources": {"limits": {"memory": "300Mi"}}}],
+                "overhead": {"memory": "10Mi"},
+                "resources": {"limits": {"cpu": "2"}}
+            }
+        })));
+        let pod = store.get("u-1").unwrap().snapshot;
+        let names: Vec<_> = pod
+            .init_containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["proxy", "migrate"]);
+        assert_eq!(
+            pod.init_containers[0].restart_policy.as_deref(),
+            Some("Always")
+        );
+        assert_eq!(pod.init_containers[1].restart_policy, None);
+        assert_eq!(pod.overhead["memory"], Quantity::parse("10Mi").unwrap());
+        let resources = pod.resources.as_ref().unwrap();
+        assert_eq!(resources.limits["cpu"], Quantity::parse("2").unwrap());
+        assert!(resources.requests.is_empty());
+        // Pod-level cpu limits: memory's pod-level request defaults to the
+        // containers' aggregate, max(100Mi + 50Mi, 50Mi + 300Mi), plus
+        // the overhead.
+        assert_eq!(pod.request("memory"), 360 << 20);
     }
 
     #[test]
