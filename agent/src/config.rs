@@ -11,7 +11,7 @@ use crate::{
 
 mod eviction;
 
-pub use eviction::{ConfigError, EvictionArgs};
+pub use eviction::{ConfigError, ConfigWarning, EvictionArgs};
 
 /// What `--mode event` uses on the kernels evictd is tested on
 /// (`triggers::choose`; README has the measurements behind it).

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use evictd::{
     config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
+    decide::thresholds::EvictionConfig,
     node::cgroupfs::CgroupFs,
     node::inventory::{Inventory, InventoryError},
     run::simulate,
@@ -31,8 +32,8 @@ fn main() -> ExitCode {
         Some(Command::Thresholds(args)) => return thresholds(&args),
     };
     // Bad configuration stops the agent before it touches anything.
-    let config = match args.eviction.resolve() {
-        Ok(config) => config,
+    let (config, warnings) = match args.eviction.resolve_with_warnings() {
+        Ok(resolved) => resolved,
         Err(e) => return usage_error(e),
     };
     let inventory = match open_inventory(&args.inventory) {
@@ -48,6 +49,9 @@ fn main() -> ExitCode {
     match args.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    for warning in warnings {
+        tracing::warn!("{warning}");
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,9 +81,9 @@ fn main() -> ExitCode {
 
 /// `evictd thresholds`: the parsed thresholds as one JSON array.
 fn thresholds(args: &EvictionArgs) -> ExitCode {
-    let config = match args.resolve() {
+    let config = match resolve(args) {
         Ok(config) => config,
-        Err(e) => return usage_error(e),
+        Err(code) => return code,
     };
     print_json(serde_json::to_string(&config.thresholds))
 }
@@ -117,9 +121,9 @@ fn print_json(json: serde_json::Result<String>) -> ExitCode {
 
 /// `evictd simulate`: decisions on stdout, one line per snapshot.
 fn simulate(args: &SimulateArgs) -> ExitCode {
-    let config = match args.eviction.resolve() {
+    let config = match resolve(&args.eviction) {
         Ok(config) => config,
-        Err(e) => return usage_error(e),
+        Err(code) => return code,
     };
     let mut stdout = std::io::stdout().lock();
     match simulate::run_file(&config, args.policy, &args.snapshot, &mut stdout) {
@@ -130,6 +134,16 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The eviction configuration of a command that runs once, its warnings on
+/// stderr; the exit status after reporting invalid configuration.
+fn resolve(args: &EvictionArgs) -> Result<EvictionConfig, ExitCode> {
+    let (config, warnings) = args.resolve_with_warnings().map_err(usage_error)?;
+    for warning in warnings {
+        eprintln!("evictd: warning: {warning}");
+    }
+    Ok(config)
 }
 
 /// One line on stderr, quoting the offending text, exit 2: what scripts and

@@ -119,6 +119,12 @@ impl WorkloadChannel {
         self.command_u64(&format!("fork {count}"))
     }
 
+    /// Starts one child running `count` threads besides its main one;
+    /// returns how many children the workload now has.
+    pub fn threads(&mut self, count: u32) -> io::Result<u64> {
+        self.command_u64(&format!("threads {count}"))
+    }
+
     /// Kills and reaps the `count` newest children; returns how many are
     /// left.
     pub fn reap(&mut self, count: u32) -> io::Result<u64> {

@@ -279,7 +279,11 @@ impl Inventory {
         })
     }
 
-    fn pod(&mut self, cgroup: PodCgroup, reads: Reads) -> Result<Option<PodSnapshot>, InventoryError> {
+    fn pod(
+        &mut self,
+        cgroup: PodCgroup,
+        reads: Reads,
+    ) -> Result<Option<PodSnapshot>, InventoryError> {
         let usage = match self.usage(&cgroup.path, reads) {
             Ok(usage) => usage,
             Err(CgroupError::Gone(_)) => {
@@ -321,6 +325,9 @@ impl Inventory {
                 priority: 0,
                 mirror: false,
                 containers: Vec::new(),
+                init_containers: Vec::new(),
+                overhead: Default::default(),
+                resources: None,
                 termination_grace_period_seconds: None,
                 usage,
                 cgroup: Some(cgroup.path),
@@ -341,14 +348,7 @@ impl Inventory {
             });
         }
         let memory = cgroupfs.read_memory(path)?;
-        // Without the pod in a pids hierarchy, count its processes.
-        let pids = match cgroupfs.read_pids(path) {
-            Ok(pids) => pids,
-            Err(CgroupError::Gone(_) | CgroupError::NoPidsController) => {
-                count_processes(&cgroupfs.memory_dir(path))?
-            }
-            Err(e) => return Err(e),
-        };
+        let pids = cgroupfs.count_processes(path)?;
         Ok(PodUsage {
             memory_working_set_bytes: memory.working_set_bytes(),
             pids,
@@ -452,26 +452,6 @@ fn pod_uid(name: &str) -> Option<String> {
         .into_iter()
         .find_map(|prefix| stem.strip_prefix(prefix))?;
     (!uid.is_empty()).then(|| uid.replace('_', "-"))
-}
-
-/// Processes in a cgroup and its descendants, where no pids controller
-/// counts them.
-fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
-    let procs = dir.join("cgroup.procs");
-    let text = fs::read_to_string(&procs).map_err(|e| CgroupError::io(&procs, e))?;
-    let mut count = text.lines().filter(|l| !l.trim().is_empty()).count() as u64;
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.filter_map(Result::ok) {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                match count_processes(&entry.path()) {
-                    Ok(n) => count += n,
-                    Err(CgroupError::Gone(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(count)
 }
 
 /// This process's memory cgroup from /proc/self/cgroup (the v1 memory line,

@@ -4,6 +4,7 @@
 pub mod cgroupfs;
 pub mod containers;
 pub mod inventory;
+pub mod resources;
 pub mod runtime;
 pub mod snapshot;
 pub mod stats;

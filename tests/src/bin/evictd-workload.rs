@@ -8,6 +8,9 @@
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
 //! - `fork N`: start N children that sleep until killed; `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
+//! - `threads N`: start one child that runs N threads beside its main one,
+//!   all sleeping until killed (one more process, N + 1 more tasks);
+//!   `ok <children>` once the threads run.
 //! - `hop N SECS`: start a fork bomb that does not grow but moves: N
 //!   processes, each forever forking a successor and exiting, so their pids
 //!   keep changing (what defeats killing by pid list without freezing).
@@ -73,6 +76,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("sleep-child") => sleep_child(args.get(2).and_then(|p| p.parse().ok())),
+        Some("threads-child") => threads_child(
+            args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0),
+            args.get(3).and_then(|p| p.parse().ok()),
+        ),
         Some("hop-root") => hop_root(
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
             Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1)),
@@ -165,6 +172,32 @@ fn sleep_child(parent: Option<i32>) -> ! {
     // died before it shows up as a different parent pid.
     let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
     if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
+        std::process::exit(1);
+    }
+    loop {
+        pause();
+    }
+}
+
+/// Starts `count` threads that sleep forever, says `ready` on stdout, and
+/// sleeps until killed, like [`sleep_child`].
+fn threads_child(count: usize, parent: Option<i32>) -> ! {
+    let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
+        std::process::exit(1);
+    }
+    for _ in 0..count {
+        std::thread::spawn(|| {
+            loop {
+                std::thread::park();
+            }
+        });
+    }
+    let mut stdout = io::stdout().lock();
+    if writeln!(stdout, "ready")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
         std::process::exit(1);
     }
     loop {
@@ -378,6 +411,11 @@ impl Workload {
                 self.reap(amount()?).map_err(|e| format!("reap: {e}"))?;
                 self.children.len().to_string()
             }
+            "threads" => {
+                self.threads(amount()?)
+                    .map_err(|e| format!("threads: {e}"))?;
+                self.children.len().to_string()
+            }
             "hop" => {
                 let count = amount()?;
                 let seconds = amount()?;
@@ -459,6 +497,32 @@ impl Workload {
                 .spawn()?;
             self.children.push(child);
         }
+        Ok(())
+    }
+
+    fn threads(&mut self, count: usize) -> io::Result<()> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "threads-child",
+                &count.to_string(),
+                &std::process::id().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        // The child says `ready` once every thread has been spawned: a
+        // thread exists (and is counted) when spawn returns.
+        let mut ready = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            io::BufReader::new(stdout).read_line(&mut ready)?;
+        }
+        if ready.trim() != "ready" {
+            child.kill()?;
+            child.wait()?;
+            return Err(io::Error::other("the child did not start its threads"));
+        }
+        self.children.push(child);
         Ok(())
     }
 

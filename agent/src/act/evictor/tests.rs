@@ -402,7 +402,9 @@ async fn a_memory_decision_reads_exactly_only_the_pods_it_turns_on() {
 async fn near_ties_fall_back_to_reading_every_pod_at_once() {
     // Every pod looks bigger than it is by its page cache: reading them one
     // by one would move each below the next, so past a few all are read.
-    let pods = (0..50).map(|i| pod(&format!("p{i:02}"), 10 + i % 3)).collect();
+    let pods = (0..50)
+        .map(|i| pod(&format!("p{i:02}"), 10 + i % 3))
+        .collect();
     let mut harness = Harness::new(HarnessOptions {
         pods,
         outside_pods: outside(550, 50),
@@ -415,7 +417,10 @@ async fn near_ties_fall_back_to_reading_every_pod_at_once() {
         (model.listings, model.refined)
     };
     assert_eq!(refined, MAX_SINGLE_READS);
-    assert_eq!(listings, 2, "the cheap listing, then every pod read at once");
+    assert_eq!(
+        listings, 2,
+        "the cheap listing, then every pod read at once"
+    );
     let (id, ended) = harness.evictor.next_ended().await;
     harness.evictor.end(id, ended);
     let victim = killed(&harness);

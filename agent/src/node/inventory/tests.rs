@@ -6,14 +6,17 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
-/// A v1 pod cgroup with `bytes` charged, no page cache, `tasks` tasks.
-fn v1_pod(root: &Path, path: &str, bytes: u64, tasks: u64) {
+/// A v1 pod cgroup with `bytes` charged, no page cache, `processes`
+/// processes of ten threads each.
+fn v1_pod(root: &Path, path: &str, bytes: u64, processes: u64) {
     let memory = root.join("memory").join(path);
     write(&memory.join("memory.usage_in_bytes"), &format!("{bytes}\n"));
     write(&memory.join("memory.stat"), "total_inactive_file 0\n");
+    let pids: String = (1..=processes).map(|pid| format!("{pid}\n")).collect();
+    write(&memory.join("cgroup.procs"), &pids);
     write(
         &root.join("pids").join(path).join("pids.current"),
-        &format!("{tasks}\n"),
+        &format!("{}\n", processes * 10),
     );
 }
 
@@ -91,7 +94,11 @@ fn cgroupfs_driver_pods_with_qos_from_the_path() {
         ]
     );
     assert_eq!(pods[0].usage.memory_working_set_bytes, 300);
-    assert_eq!(pods[0].usage.pids, 3);
+    assert_eq!(
+        pods[0].usage.pids, 3,
+        "processes, not pids.current's threads"
+    );
+    assert_eq!(pods[2].usage.pids, 2, "the pod's and its container's");
 }
 
 #[test]
