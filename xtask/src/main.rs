@@ -4,6 +4,7 @@ mod bench;
 mod deploy;
 mod fuzz;
 mod setup;
+mod supply_chain;
 mod vm;
 
 use std::{
@@ -34,9 +35,14 @@ enum Task {
         /// Build one statically linked binary for x86_64-unknown-linux-musl,
         /// the container image's (installs that Rust target, and as root
         /// Debian's musl-tools, when missing); checks it needs no dynamic
-        /// loader and runs `--version`, and prints its path.
+        /// loader and runs `--version`, writes its CycloneDX SBOM beside it
+        /// (`evictd.cdx.json`), and prints both paths.
         #[arg(long = "static")]
         static_link: bool,
+        /// Build exactly what Cargo.lock pins (cargo's --locked): fail
+        /// rather than resolve anew. The image build uses it.
+        #[arg(long)]
+        locked: bool,
     },
     /// Build and run the agent (needs root). Arguments after `--` go to evictd.
     Run {
@@ -113,7 +119,8 @@ enum Task {
     /// the Kubernetes OpenAPI schemas (installs the pinned tools under
     /// target/deploy-check on first use).
     DeployCheck,
-    /// fmt check, clippy, unit tests, the deploy/ check, then the privileged
+    /// fmt check, clippy, cargo-deny (licenses, bans, sources; installs it
+    /// when missing), unit tests, the deploy/ check, then the privileged
     /// integration tests.
     /// With --vm: only the privileged integration tests, inside a QEMU guest
     /// on another kernel with pure cgroup v2.
@@ -152,18 +159,26 @@ fn run(task: Task) -> Result<ExitCode> {
         Task::Build {
             release,
             static_link,
+            locked,
         } => {
             let toolchain = setup::ensure()?;
             if static_link {
-                let binary = build_static(&toolchain, release)?;
+                let binary = build_static(&toolchain, release, locked)?;
                 println!("xtask: static evictd: {}", binary.display());
+                let sbom = binary.with_file_name("evictd.cdx.json");
+                let components =
+                    supply_chain::sbom(&toolchain, &workspace_root(), setup::STATIC_TARGET, &sbom)?;
+                println!(
+                    "xtask: its SBOM (CycloneDX 1.5, {components} crates): {}",
+                    sbom.display()
+                );
             } else {
-                build(&toolchain, release)?;
+                build(&toolchain, release, locked)?;
             }
         }
         Task::Run { release, args } => {
             let toolchain = setup::ensure()?;
-            build(&toolchain, release)?;
+            build(&toolchain, release, false)?;
             if !setup::is_root() {
                 bail!(
                     "evictd loads BPF programs: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)"
@@ -257,7 +272,7 @@ fn build_debug_tools(why_root: &str) -> Result<PathBuf> {
 
 fn build_tools(release: bool, why_root: &str) -> Result<PathBuf> {
     let toolchain = setup::ensure()?;
-    build(&toolchain, release)?;
+    build(&toolchain, release, false)?;
     let mut cargo = toolchain.cargo_host();
     cargo.args(["build", "--package", "evictd-integration", "--bins"]);
     if release {
@@ -270,11 +285,14 @@ fn build_tools(release: bool, why_root: &str) -> Result<PathBuf> {
     Ok(target_dir()?.join(if release { "release" } else { "debug" }))
 }
 
-fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
+fn build(toolchain: &Toolchain, release: bool, locked: bool) -> Result<()> {
     let mut cargo = toolchain.cargo_host();
     cargo.args(["build", "--package", "evictd"]);
     if release {
         cargo.arg("--release");
+    }
+    if locked {
+        cargo.arg("--locked");
     }
     setup::step("build evictd", &mut cargo)
 }
@@ -282,7 +300,7 @@ fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 /// Builds the agent for [`setup::STATIC_TARGET`], checks that it needs no
 /// dynamic loader (the image is `FROM scratch`) and that it runs, and
 /// returns its path.
-fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
+fn build_static(toolchain: &Toolchain, release: bool, locked: bool) -> Result<PathBuf> {
     setup::ensure_static(toolchain)?;
     let mut cargo = toolchain.cargo_host();
     cargo.args([
@@ -294,6 +312,9 @@ fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
     ]);
     if release {
         cargo.arg("--release");
+    }
+    if locked {
+        cargo.arg("--locked");
     }
     setup::step("build evictd (static)", &mut cargo)?;
     let binary = target_dir()?
@@ -344,6 +365,7 @@ fn test(no_privileged: bool) -> Result<()> {
             .arg(target.join("ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
     )?;
+    supply_chain::deny(&toolchain, &workspace_root())?;
     setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
     deploy::check(&toolchain, &workspace_root(), &target)?;
     if no_privileged {
@@ -357,7 +379,7 @@ fn test(no_privileged: bool) -> Result<()> {
         );
     }
     // The end-to-end tests run the agent binary itself.
-    build(&toolchain, false)?;
+    build(&toolchain, false, false)?;
     setup::step(
         "privileged integration tests",
         toolchain.cargo_host().args([
