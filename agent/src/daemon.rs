@@ -93,6 +93,7 @@ pub async fn run(
 ) -> Result<(), RunError> {
     let started = Instant::now();
     let metrics = Metrics::new()?;
+    inventory.set_metrics(metrics.clone());
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
             let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())?;

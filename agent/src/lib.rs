@@ -19,6 +19,7 @@ pub mod levels;
 pub mod metrics;
 pub mod monitor;
 pub mod notify;
+pub mod pod_metadata;
 pub mod quantity;
 pub mod rank;
 pub mod signals;

@@ -97,6 +97,12 @@ pub struct Metrics {
     /// Eviction reports by --eviction-action and result (`reported`,
     /// `pod-gone`, `failed`, `dropped`).
     pub eviction_reports: IntCounterVec,
+    /// Versions of the --pod-metadata file that could not be used, by
+    /// reason (`unreadable`, `malformed`); the last good copy answered.
+    pub pod_metadata_reload_failures: IntCounterVec,
+    /// 1 while lookups are answered from the last good copy of the
+    /// --pod-metadata file because the current one cannot be used.
+    pub pod_metadata_stale: IntGauge,
 }
 
 impl Metrics {
@@ -260,6 +266,19 @@ impl Metrics {
                 "Evictions reported to the Kubernetes API by action and result",
                 &["action", "result"],
             )?,
+            pod_metadata_reload_failures: counter_vec(
+                "pod_metadata_reload_failures_total",
+                "Versions of the --pod-metadata file that could not be used (the last good copy answered), by reason",
+                &["reason"],
+            )?,
+            pod_metadata_stale: {
+                let metric = IntGauge::new(
+                    "pod_metadata_stale",
+                    "1 while pod metadata comes from the last good copy of the --pod-metadata file",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             registry,
         }))
     }
@@ -385,7 +404,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 26] = [
+        let collectors: [&dyn Collector; 28] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -412,6 +431,8 @@ mod tests {
             &metrics.kube_pods,
             &metrics.kube_api_errors,
             &metrics.eviction_reports,
+            &metrics.pod_metadata_reload_failures,
+            &metrics.pod_metadata_stale,
         ];
         collectors
             .iter()
