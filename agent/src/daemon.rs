@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{sync::watch, time::MissedTickBehavior};
+use tokio::time::MissedTickBehavior;
 use tracing::{error, info, warn};
 
 use crate::{
@@ -18,6 +18,7 @@ use crate::{
     capabilities::Capabilities,
     cgroup::{CgroupError, CgroupFs},
     config::RunArgs,
+    endpoint::{Endpoint, EndpointError, EndpointLimits},
     engine::VictimPolicy,
     evictor::{Evictor, EvictorOptions, Trigger},
     inventory::Inventory,
@@ -36,6 +37,8 @@ pub enum RunError {
     Cgroup(#[from] CgroupError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Bpf(#[from] BpfError),
     #[error(transparent)]
@@ -180,21 +183,14 @@ pub async fn run(
     }
     monitor.install_all();
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut server_stop = stop_rx.clone();
     let ready = Arc::new(AtomicBool::new(false));
-    let (address, server) = crate::metrics::serve(
+    let endpoint = Endpoint::start(
         metrics.clone(),
         ready.clone(),
         args.metrics_address,
-        async move {
-            // Either a stop or the sender dropping ends the server.
-            let _ = server_stop.wait_for(|stop| *stop).await;
-        },
-    )
-    .await?;
-    let server = tokio::spawn(server);
-    info!(%address, "serving /metrics and /healthz");
+        EndpointLimits::default(),
+    )?;
+    info!(address = %endpoint.address(), "serving /metrics and /healthz");
     evictor.thaw_abandoned_pods();
     // What a restart costs the node: from here on the engine decides (the
     // first run follows at once) and the kernel watches.
@@ -222,10 +218,7 @@ pub async fn run(
     .await;
     info!("shutting down");
     evictor.shutdown_kubernetes(REPORT_FLUSH);
-    let _ = stop_tx.send(true);
-    if let Ok(Err(e)) = server.await {
-        warn!(error = %e, "metrics endpoint");
-    }
+    drop(endpoint);
     if let Some(task) = kernel_log {
         task.abort();
     }

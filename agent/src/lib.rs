@@ -9,6 +9,7 @@ pub mod cgroup;
 pub mod config;
 pub mod daemon;
 pub mod duration;
+pub mod endpoint;
 pub mod engine;
 pub mod evictor;
 pub mod inventory;
