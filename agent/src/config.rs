@@ -199,8 +199,8 @@ pub struct KubernetesArgs {
     #[arg(long, value_enum, default_value_t = EvictionAction::Status)]
     pub eviction_action: EvictionAction,
 
-    /// Longest wait for one API request (each report is retried, a few
-    /// times, when the API does not answer).
+    /// Longest wait for one API request (a report is retried, with
+    /// backoff, until the API takes it).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_period)]
     pub api_timeout: Duration,
 }
@@ -324,6 +324,12 @@ pub struct RunArgs {
     /// nothing to the Kubernetes API (the pod watch still reads).
     #[arg(long)]
     pub dry_run: bool,
+
+    /// Where the agent keeps what must outlive a restart: the journal of
+    /// eviction reports not yet made final in the Kubernetes API (with
+    /// --node-name). Created if missing; a hostPath in the DaemonSet.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/evictd")]
+    pub state_dir: PathBuf,
 
     /// After a kill, how long to wait for the starved resource to come back
     /// before choosing the next victim anyway.

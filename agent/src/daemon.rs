@@ -99,7 +99,12 @@ pub async fn run(
     inventory.set_metrics(metrics.clone());
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
-            let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())?;
+            let kubernetes = Kubernetes::start(
+                &args.kubernetes,
+                node_name,
+                &args.state_dir,
+                metrics.clone(),
+            )?;
             inventory.set_metadata(Box::new(kubernetes.store().clone()));
             info!(
                 node = node_name,

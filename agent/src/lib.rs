@@ -26,6 +26,7 @@ pub mod rank;
 pub mod signals;
 pub mod simulate;
 pub mod snapshot;
+pub mod state;
 #[cfg(test)]
 mod testing;
 pub mod thresholds;

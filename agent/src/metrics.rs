@@ -76,6 +76,8 @@ pub struct Metrics {
     /// Eviction reports by --eviction-action and result (`reported`,
     /// `pod-gone`, `failed`, `dropped`).
     pub eviction_reports: IntCounterVec,
+    /// Eviction reports in the journal, not yet final in the API.
+    pub eviction_reports_pending: IntGauge,
     /// Versions of the --pod-metadata file that could not be used, by
     /// reason (`unreadable`, `malformed`); the last good copy answered.
     pub pod_metadata_reload_failures: IntCounterVec,
@@ -256,6 +258,14 @@ impl Metrics {
                 "Versions of the --pod-metadata file that could not be used (the last good copy answered), by reason",
                 &["reason"],
             )?,
+            eviction_reports_pending: {
+                let metric = IntGauge::new(
+                    "eviction_reports_pending",
+                    "Eviction reports in the journal, waiting for the Kubernetes API",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             http_connections: {
                 let metric = IntGauge::new(
                     "http_connections",
@@ -317,7 +327,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 30] = [
+        let collectors: [&dyn Collector; 31] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -344,6 +354,7 @@ mod tests {
             &metrics.kube_pods,
             &metrics.kube_api_errors,
             &metrics.eviction_reports,
+            &metrics.eviction_reports_pending,
             &metrics.pod_metadata_reload_failures,
             &metrics.pod_metadata_stale,
             &metrics.http_connections,
