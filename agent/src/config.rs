@@ -44,6 +44,17 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the live node (signals and pods) as a snapshot `simulate` reads.
     Snapshot(InventoryArgs),
+    /// Print the seccomp profile the agent runs under, or install it where
+    /// kubelet finds Localhost profiles (the DaemonSet's init container).
+    SeccompProfile(SeccompProfileArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SeccompProfileArgs {
+    /// Write it as DIR/evictd.json (atomically; DIR is created if missing)
+    /// instead of printing it. kubelet's directory is /var/lib/kubelet/seccomp.
+    #[arg(long, value_name = "DIR")]
+    pub install: Option<PathBuf>,
 }
 
 /// kubelet's eviction flags, with kubelet's names, formats and meanings.

@@ -23,6 +23,7 @@ pub mod notify;
 pub mod pod_metadata;
 pub mod quantity;
 pub mod rank;
+pub mod seccomp;
 pub mod signals;
 pub mod simulate;
 pub mod snapshot;

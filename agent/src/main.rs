@@ -3,7 +3,9 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use evictd::{
     cgroup::CgroupFs,
-    config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
+    config::{
+        Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SeccompProfileArgs, SimulateArgs,
+    },
     inventory::{Inventory, InventoryError},
     simulate,
 };
@@ -29,6 +31,7 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => return simulate(&args),
         Some(Command::Snapshot(args)) => return snapshot(&args),
         Some(Command::Thresholds(args)) => return thresholds(&args),
+        Some(Command::SeccompProfile(args)) => return seccomp_profile(&args),
     };
     // Bad configuration stops the agent before it touches anything.
     let config = match args.eviction.resolve() {
@@ -82,6 +85,26 @@ fn thresholds(args: &EvictionArgs) -> ExitCode {
         Err(e) => return usage_error(e),
     };
     print_json(serde_json::to_string(&config.thresholds))
+}
+
+/// `evictd seccomp-profile`: the embedded profile, printed or installed.
+fn seccomp_profile(args: &SeccompProfileArgs) -> ExitCode {
+    match &args.install {
+        None => {
+            print!("{}", evictd::seccomp::PROFILE);
+            ExitCode::SUCCESS
+        }
+        Some(dir) => match evictd::seccomp::install(dir) {
+            Ok(path) => {
+                println!("evictd: seccomp profile installed as {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("evictd: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
 }
 
 /// `evictd snapshot`: the live node as one JSON object on stdout.

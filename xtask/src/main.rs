@@ -181,7 +181,7 @@ fn run(task: Task) -> Result<ExitCode> {
             build(&toolchain, release, false)?;
             if !setup::is_root() {
                 bail!(
-                    "evictd loads BPF programs: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)"
+                    "evictd loads BPF programs and signals pods: run as root (or with CAP_BPF, CAP_PERFMON and CAP_KILL)"
                 );
             }
             let binary = target_dir()?
