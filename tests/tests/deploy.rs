@@ -170,8 +170,9 @@ fn the_seccomp_profile_is_enforced() {
         profile, without_bpf,
         "the profile allows no bpf() to take away"
     );
-    let dir = tempfile_dir();
-    let path = dir.join("without-bpf.json");
+    // Removed when the test ends, however it ends.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("without-bpf.json");
     std::fs::write(&path, serde_json::to_vec(&without_bpf).unwrap()).unwrap();
     let node = SandboxNode::new(memory_pods(), 512 * MIB, WORKLOAD).unwrap();
     let mut agent_line = vec![
@@ -197,12 +198,4 @@ fn the_seccomp_profile_is_enforced() {
     );
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
-    let _ = std::fs::remove_dir_all(dir);
-}
-
-/// A directory of this test's own under the temporary directory.
-fn tempfile_dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("evictd-deploy-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
