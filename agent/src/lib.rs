@@ -41,5 +41,6 @@ pub mod quantity;
 pub mod report;
 pub mod run;
 pub mod scopes;
+pub mod state;
 #[cfg(test)]
 mod testing;

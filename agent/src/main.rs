@@ -2,11 +2,13 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use evictd::{
-    config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
+    config::{
+        Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SeccompProfileArgs, SimulateArgs,
+    },
     decide::thresholds::EvictionConfig,
     node::cgroupfs::CgroupFs,
     node::inventory::{Inventory, InventoryError},
-    run::simulate,
+    run::{seccomp, simulate},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => return simulate(&args),
         Some(Command::Snapshot(args)) => return snapshot(&args),
         Some(Command::Thresholds(args)) => return thresholds(&args),
+        Some(Command::SeccompProfile(args)) => return seccomp_profile(&args),
     };
     // Bad configuration stops the agent before it touches anything.
     let (config, warnings) = match args.eviction.resolve_with_warnings() {
@@ -86,6 +89,26 @@ fn thresholds(args: &EvictionArgs) -> ExitCode {
         Err(code) => return code,
     };
     print_json(serde_json::to_string(&config.thresholds))
+}
+
+/// `evictd seccomp-profile`: the embedded profile, printed or installed.
+fn seccomp_profile(args: &SeccompProfileArgs) -> ExitCode {
+    match &args.install {
+        None => {
+            print!("{}", seccomp::PROFILE);
+            ExitCode::SUCCESS
+        }
+        Some(dir) => match seccomp::install(dir) {
+            Ok(path) => {
+                println!("evictd: seccomp profile installed as {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("evictd: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
 }
 
 /// `evictd snapshot`: the live node as one JSON object on stdout.

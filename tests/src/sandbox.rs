@@ -132,6 +132,9 @@ pub struct SandboxNode {
     pub tree: PrivateCgroupTree,
     pub pods: Vec<PodSpec>,
     metadata_file: PathBuf,
+    /// The agent's --state-dir: private to this node, kept across agent
+    /// restarts, removed with the node.
+    state_dir: PathBuf,
 }
 
 impl SandboxNode {
@@ -143,6 +146,7 @@ impl SandboxNode {
         tree.set_memory_limit("node", memory_limit)?;
         let metadata: Vec<&Value> = pods.iter().map(|p| &p.metadata).collect();
         let metadata_file = std::env::temp_dir().join(format!("evictd-pods-{}.json", tree.name()));
+        let state_dir = std::env::temp_dir().join(format!("evictd-state-{}", tree.name()));
         fs::write(&metadata_file, serde_json::to_vec(&metadata)?)?;
         let mut workloads = Vec::new();
         for pod in &pods {
@@ -154,6 +158,7 @@ impl SandboxNode {
             tree,
             pods,
             metadata_file,
+            state_dir,
             workloads,
         })
     }
@@ -192,8 +197,15 @@ impl SandboxNode {
             node_name.into(),
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
         ]);
         args
+    }
+
+    /// The agent's --state-dir (with [`Self::api_agent_args`]).
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 
     fn node_args(&self) -> Vec<String> {
@@ -247,5 +259,6 @@ impl SandboxNode {
 impl Drop for SandboxNode {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.metadata_file);
+        let _ = fs::remove_dir_all(&self.state_dir);
     }
 }

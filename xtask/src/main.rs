@@ -6,6 +6,7 @@ mod bench;
 mod deploy;
 mod fuzz;
 mod setup;
+mod supply_chain;
 mod test;
 mod tools;
 mod vm;
@@ -58,7 +59,8 @@ enum Task {
     /// the Kubernetes OpenAPI schemas (installs the pinned tools under
     /// target/deploy-check on first use).
     DeployCheck,
-    /// fmt check, clippy, unit tests, the deploy/ check, then the privileged
+    /// fmt check, clippy, cargo-deny (licenses, bans, sources; installs it
+    /// when missing), unit tests, the deploy/ check, then the privileged
     /// integration tests.
     /// With --vm: only the privileged integration tests, inside a QEMU guest
     /// on another kernel with pure cgroup v2.

@@ -12,20 +12,21 @@
 //! Containers are cgroups below the pod's; usage is read at the pod's level,
 //! which counts them all.
 use std::{
-    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
-    time::SystemTime,
+    sync::Arc,
 };
 
 use tracing::{debug, warn};
 
+pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
     decide::thresholds::Resource,
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
     node::snapshot::{PodSnapshot, PodUsage, QosClass, Snapshot},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path},
+    report::metrics::Metrics,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -74,62 +75,9 @@ impl InventoryError {
 pub trait PodMetadataSource: Send {
     /// The pod with this uid, if the source knows it.
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError>;
-}
 
-/// `--pod-metadata FILE`: a JSON list of pods in the snapshot schema,
-/// re-read whenever the file changes.
-pub struct MetadataFile {
-    path: PathBuf,
-    modified: Option<SystemTime>,
-    pods: HashMap<String, PodSnapshot>,
-}
-
-impl MetadataFile {
-    pub fn open(path: &Path) -> Result<Self, InventoryError> {
-        let mut file = Self {
-            path: path.to_owned(),
-            modified: None,
-            pods: HashMap::new(),
-        };
-        file.reload_if_changed()?;
-        Ok(file)
-    }
-
-    fn reload_if_changed(&mut self) -> Result<(), InventoryError> {
-        let read_error = |source| InventoryError::MetadataRead {
-            path: self.path.clone(),
-            source,
-        };
-        let modified = fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .map_err(read_error)?;
-        if self.modified == Some(modified) {
-            return Ok(());
-        }
-        let text = fs::read(&self.path).map_err(|source| InventoryError::MetadataRead {
-            path: self.path.clone(),
-            source,
-        })?;
-        let pods: Vec<PodSnapshot> =
-            serde_json::from_slice(&text).map_err(|source| InventoryError::MetadataParse {
-                path: self.path.clone(),
-                source,
-            })?;
-        self.pods = pods
-            .into_iter()
-            .filter(|pod| !pod.uid.is_empty())
-            .map(|pod| (pod.uid.clone(), pod))
-            .collect();
-        self.modified = Some(modified);
-        Ok(())
-    }
-}
-
-impl PodMetadataSource for MetadataFile {
-    fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
-        self.reload_if_changed()?;
-        Ok(self.pods.get(uid).cloned())
-    }
+    /// Where the source counts its own troubles, once the metrics exist.
+    fn set_metrics(&mut self, _metrics: Arc<Metrics>) {}
 }
 
 /// A pod cgroup found on the node.
@@ -179,6 +127,13 @@ impl Inventory {
             },
             metadata,
         })
+    }
+
+    /// Hands the metrics to the pod metadata source.
+    pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
+        if let Some(source) = self.metadata.as_mut() {
+            source.set_metrics(metrics);
+        }
     }
 
     /// Replaces the pod metadata source (the Kubernetes API's pod store,
