@@ -284,6 +284,58 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
     let _ = std::fs::remove_file(kubeconfig);
 }
 
+/// node-exporter (BestEffort, system-node-critical priority) holds more
+/// than the hog will: ranked on cgroups alone it would die first.
+const CRITICAL_POD_MEMORY: u64 = 240 * MIB;
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_critical_pod_stays_protected_through_an_api_outage_and_an_agent_restart() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[("node-exporter", CRITICAL_POD_MEMORY)])
+        .unwrap();
+    let mut server = api_server(&node, Faults::default());
+    let args = [
+        "--eviction-hard",
+        "memory.available<96Mi",
+        "--api-timeout",
+        "1s",
+    ];
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    let cache = node.state_dir().join("pod-metadata.json");
+    wait_until(REPORT_DEADLINE, "the pods in the metadata cache", || {
+        std::fs::read_to_string(&cache).is_ok_and(|text| text.contains("\"node-exporter\""))
+    })
+    .unwrap();
+
+    // The API goes away, then the agent, killed outright: the new one
+    // never sees a pod list.
+    server.go_down();
+    agent.signal(Signal::SIGKILL).unwrap();
+    agent.wait_exit().unwrap();
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    let loaded = agent.log.expect(
+        "pod metadata from the last agent's cache, until the API lists the pods",
+        &[],
+    );
+    assert_eq!(loaded["pods"], node.pods.len(), "{loaded}");
+
+    run_hog_until_stopped(&mut node);
+    agent.log.expect_eviction("default/hog", "memory");
+    assert!(node.alive("node-exporter"), "the critical pod was killed");
+    assert!(
+        agent
+            .log
+            .all("pods listed from the Kubernetes API")
+            .is_empty(),
+        "the API was down throughout"
+    );
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn a_slow_api_holds_up_no_kill() {
@@ -473,7 +525,7 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
     // Final exactly once, then the events, in that order.
     server
         .wait_for_request(REPORT_DEADLINE, "the pod's Evicted event", |r| {
-            r.method == "POST" && r.body["reason"] == "Evicted"
+            r.method == "POST" && r.body["reason"] == "Evicted" && r.status != 0
         })
         .unwrap();
     agent.log.expect(
@@ -500,16 +552,19 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
     assert_eq!(writes[1].body["reason"], "EvictionThresholdMet");
     assert_eq!(writes[2].body["involvedObject"]["name"], "hog");
 
-    // Nothing is left pending, on disk or in the metrics.
+    // Nothing is left pending, on disk or in the metrics (the gauge follows
+    // the file's write).
     wait_until(REPORT_DEADLINE, "an empty journal", || {
         std::fs::read_to_string(&journal).is_ok_and(|text| text.contains("\"reports\":[]"))
     })
     .unwrap();
-    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
-    assert_eq!(
-        metric(&metrics, "evictd_eviction_reports_pending"),
-        Some(0.0)
-    );
+    let address = agent.log.metrics_address();
+    wait_until(REPORT_DEADLINE, "no report pending in the metrics", || {
+        http_get(&address, "/metrics")
+            .is_ok_and(|metrics| metric(&metrics, "evictd_eviction_reports_pending") == Some(0.0))
+    })
+    .unwrap();
+    let metrics = http_get(&address, "/metrics").unwrap();
     assert_eq!(
         metric(
             &metrics,

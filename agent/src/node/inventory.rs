@@ -24,8 +24,9 @@ use crate::{
     config::InventoryArgs,
     decide::thresholds::Resource,
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
-    node::snapshot::{PodSnapshot, PodUsage, QosClass, Snapshot},
-    node::stats::{NodeObservation, NodeSignals, SignalsError, child_path},
+    node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
+    node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
+    quantity::Quantity,
     report::metrics::Metrics,
 };
 
@@ -257,6 +258,10 @@ impl Inventory {
             || self.own_cgroup.as_deref().is_some_and(|own| {
                 own == cgroup.path || own.starts_with(&format!("{}/", cgroup.path))
             });
+        let guaranteed_shape = match known {
+            Some(_) => None,
+            None => self.guaranteed_shape(&cgroup),
+        };
         let pod = match known {
             Some(pod) => PodSnapshot {
                 uid: cgroup.uid,
@@ -282,7 +287,7 @@ impl Inventory {
                 containers: Vec::new(),
                 init_containers: Vec::new(),
                 overhead: Default::default(),
-                resources: None,
+                resources: guaranteed_shape,
                 termination_grace_period_seconds: None,
                 usage,
                 cgroup: Some(cgroup.path),
@@ -291,6 +296,30 @@ impl Inventory {
             },
         };
         Ok(Some(pod))
+    }
+
+    /// A pod without metadata in kubelet's Guaranteed cgroup has requests
+    /// equal to its limits: its cgroup's memory limit is its memory
+    /// request, so it ranks as Guaranteed within its request rather than as
+    /// a pod that requests nothing. `None` for any other pod, or when the
+    /// limit cannot be read.
+    fn guaranteed_shape(&self, cgroup: &PodCgroup) -> Option<Resources> {
+        if cgroup.qos != QosClass::Guaranteed {
+            return None;
+        }
+        let limit = match memory_limit(&self.signals.cgroupfs, &cgroup.path) {
+            Ok(Some(limit)) => i64::try_from(limit).ok()?,
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(pod = cgroup.path, error = %e, "no memory limit for a pod without metadata");
+                return None;
+            }
+        };
+        let memory = ResourceList::from([("memory".to_owned(), Quantity::from_units(limit, true))]);
+        Some(Resources {
+            requests: memory.clone(),
+            limits: memory,
+        })
     }
 
     fn usage(&self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
@@ -322,7 +351,8 @@ enum Reads {
 }
 
 /// Fields a pod found only in cgroups carries as defaults, not knowledge.
-/// Its requests count as zero in rankings, as for a pod that has none.
+/// Its requests count as zero in rankings, as for a pod that has none,
+/// unless its cgroup is Guaranteed-shaped (`guaranteed_shape`).
 const UNKNOWN_WITHOUT_METADATA: [&str; 7] = [
     "namespace",
     "name",

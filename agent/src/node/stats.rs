@@ -211,7 +211,7 @@ fn lowest_pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, Sig
 const UNLIMITED_MEMORY: u64 = 1 << 62;
 
 /// The cgroup's hard memory limit; `None` when unlimited.
-fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+pub fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
     let file = match cgroupfs.version {
         CgroupVersion::V1 => "memory.limit_in_bytes",
         CgroupVersion::V2 => "memory.max",

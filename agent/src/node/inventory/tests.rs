@@ -275,3 +275,41 @@ fn own_cgroup_from_proc_self_cgroup() {
         Some("/kubepods.slice/kubepods-podx.slice/cri-containerd-1.scope")
     );
 }
+
+#[test]
+fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let guaranteed = "sandbox/kubepods/pod00000000-0000-4000-8000-00000000000a";
+    v1_pod(root, guaranteed, 300 << 20, 1);
+    write(
+        &root
+            .join("memory")
+            .join(guaranteed)
+            .join("memory.limit_in_bytes"),
+        "536870912\n",
+    );
+    v1_pod(
+        root,
+        "sandbox/kubepods/burstable/pod00000000-0000-4000-8000-00000000000b",
+        100 << 20,
+        1,
+    );
+    let mut inventory = inventory(root, "/sandbox", None);
+    let pods = inventory.pods().unwrap();
+    let by_qos = |qos| pods.iter().find(|p| p.cgroup_qos == Some(qos)).unwrap();
+    let guaranteed = by_qos(QosClass::Guaranteed);
+    assert_eq!(guaranteed.request("memory"), 512 << 20);
+    assert!(guaranteed.metadata_missing());
+    let burstable = by_qos(QosClass::Burstable);
+    assert_eq!(burstable.resources, None);
+
+    // Ranked within its request: the smaller pod that requests nothing goes
+    // first, as kubelet would rank them had it their specs.
+    let ranking = crate::decide::rank::rank(
+        &pods,
+        crate::decide::thresholds::Signal::MemoryAvailable,
+        false,
+    );
+    assert_eq!(ranking[0].pod, burstable.key());
+}

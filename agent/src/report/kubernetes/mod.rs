@@ -7,6 +7,7 @@
 //! answer.
 mod journal;
 mod message;
+mod pod_cache;
 mod pods;
 mod report;
 
@@ -92,7 +93,7 @@ impl Kubernetes {
         let state = match StateDir::open(state_dir) {
             Ok(state) => Some(state),
             Err(e) => {
-                warn!(error = %e, "no state directory: eviction reports pending at a restart will be lost");
+                warn!(error = %e, "no state directory: eviction reports pending and pod metadata known at a restart will be lost");
                 None
             }
         };
@@ -101,6 +102,14 @@ impl Kubernetes {
         let (started_tx, started_rx) = std_mpsc::channel();
         let (finished_tx, finished) = std_mpsc::channel();
         let store = PodStore::default();
+        // Before the first decision: a restart during an API outage keeps
+        // the protections the last agent knew.
+        let cache = state.clone().map(|state| {
+            let mut cache = pod_cache::PodCache::new(state, node_name);
+            cache.load_into(&store);
+            cache
+        });
+        metrics.kube_pods.set(store.len() as i64);
         let context = report::Context {
             node_name: node_name.to_owned(),
             action: args.eviction_action,
@@ -137,6 +146,7 @@ impl Kubernetes {
                         client.clone(),
                         context.node_name.clone(),
                         thread_store,
+                        cache,
                         context.metrics.clone(),
                         context.errors.clone(),
                     ));

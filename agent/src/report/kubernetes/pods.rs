@@ -1,8 +1,9 @@
 //! The node's pods as the API server knows them, kept in memory by a watch
 //! on `spec.nodeName=<node>` and looked up by the uid in a pod's cgroup
 //! name. Lookups never touch the network: when the API is slow or down the
-//! store answers with what it last saw, and a pod it has never seen gets
-//! the cgroup-derived defaults (inventory.rs).
+//! store answers with what it last saw (after a restart, what the last
+//! agent saw: pod_cache.rs), and a pod it has never seen gets the
+//! cgroup-derived defaults (inventory.rs), ranked after every pod it knows.
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, PoisonError, RwLock},
@@ -14,9 +15,13 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
 };
+use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::ApiErrors;
+use super::{
+    ApiErrors,
+    pod_cache::{PodCache, SAVE_PERIOD},
+};
 use crate::{
     node::inventory::{InventoryError, PodMetadataSource},
     node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
@@ -33,8 +38,8 @@ use crate::{
 const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// A pod from the API: what the engine ranks by, and what the eviction
-/// report needs.
-#[derive(Debug, Clone, PartialEq)]
+/// report needs (also the pod metadata cache's record of it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KnownPod {
     pub snapshot: PodSnapshot,
     /// (container name, runtime id) from `status.containerStatuses`, to find
@@ -52,6 +57,8 @@ struct State {
     mirrors: HashMap<String, String>,
     /// Whether a full list has arrived since the agent started.
     listed: bool,
+    /// Counts changes, so the metadata cache is written only after one.
+    generation: u64,
 }
 
 impl State {
@@ -64,6 +71,7 @@ impl State {
     }
 
     fn insert(&mut self, pod: KnownPod) {
+        self.generation += 1;
         if let Some(mirrored) = &pod.mirror_of {
             self.mirrors
                 .insert(mirrored.clone(), pod.snapshot.uid.clone());
@@ -72,6 +80,7 @@ impl State {
     }
 
     fn remove(&mut self, uid: &str) {
+        self.generation += 1;
         if let Some(pod) = self.pods.remove(uid)
             && let Some(mirrored) = &pod.mirror_of
         {
@@ -109,6 +118,24 @@ impl PodStore {
         state.listed
     }
 
+    /// Fills a store no list has reached yet with the pods a previous agent
+    /// knew (the metadata cache); returns the store's generation after.
+    pub fn preload(&self, pods: Vec<KnownPod>) -> u64 {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        if !state.listed {
+            for pod in pods {
+                state.insert(pod);
+            }
+        }
+        state.generation
+    }
+
+    /// Every pod, with the store's generation.
+    pub fn pods(&self) -> (u64, Vec<KnownPod>) {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        (state.generation, state.pods.values().cloned().collect())
+    }
+
     fn apply(&self, pod: &Pod) {
         let Some(known) = known_pod(pod) else {
             return;
@@ -128,14 +155,15 @@ impl PodStore {
     /// A fresh list replaces everything: pods deleted while the watch was
     /// down disappear.
     fn replace(&self, pods: &[Pod]) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         let mut fresh = State {
             listed: true,
+            generation: state.generation + 1,
             ..State::default()
         };
         for known in pods.iter().filter_map(known_pod) {
             fresh.insert(known);
         }
-        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         *state = fresh;
     }
 }
@@ -150,10 +178,13 @@ impl PodMetadataSource for PodStore {
 /// until the task is dropped. The watcher resumes from its last resource
 /// version after an error, relisting when the server says it is too old,
 /// with kube-runtime's backoff between attempts (no retry storm).
+/// The pods are written to `cache` after the first list and then at most
+/// every [`SAVE_PERIOD`] while they change.
 pub async fn watch(
     client: Client,
     node_name: String,
     store: PodStore,
+    mut cache: Option<PodCache>,
     metrics: Arc<Metrics>,
     errors: ApiErrors,
 ) {
@@ -162,7 +193,21 @@ pub async fn watch(
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Vec<Pod> = Vec::new();
     let mut failing = false;
-    while let Some(event) = events.next().await {
+    let mut save = tokio::time::interval(SAVE_PERIOD);
+    save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let event = tokio::select! {
+            event = events.next() => match event {
+                Some(event) => event,
+                None => break,
+            },
+            _ = save.tick() => {
+                if let Some(cache) = cache.as_mut() {
+                    cache.save(&store);
+                }
+                continue;
+            }
+        };
         match event {
             Ok(watcher::Event::Init) => listing.clear(),
             Ok(watcher::Event::InitApply(pod)) => listing.push(pod),
@@ -170,6 +215,9 @@ pub async fn watch(
                 let first = !store.listed();
                 store.replace(&listing);
                 listing.clear();
+                if first && let Some(cache) = cache.as_mut() {
+                    cache.save(&store);
+                }
                 if first {
                     info!(
                         node = node_name,
