@@ -28,6 +28,31 @@ const RESTART_ALWAYS: &str = "Always";
 /// aggregate ([`aggregate_requests`]). Then `spec.overhead` is added, only to a
 /// request that is not zero. `None` where the pod requests none.
 pub fn request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
+    let request = if pod.resources.is_none() && pod.init_containers.is_empty() {
+        regular_containers_request(pod, resource)?
+    } else {
+        defaulted_request(pod, resource)?
+    };
+    match pod.overhead.get(resource) {
+        Some(overhead) if !request.is_zero() => Some(request.saturating_add(*overhead)),
+        _ => Some(request),
+    }
+}
+
+/// [`defaulted_request`] for a pod of regular containers only, the common
+/// case, without building the defaulted spec: the sum of each container's
+/// request, defaulted to its limit. Rankings ask this of every pod.
+fn regular_containers_request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
+    pod.containers
+        .iter()
+        .filter_map(|c| c.requests.get(resource).or_else(|| c.limits.get(resource)))
+        .copied()
+        .reduce(Quantity::saturating_add)
+}
+
+/// The request before overhead, through the API server's defaulting and
+/// kubelet's `PodRequests`.
+fn defaulted_request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
     let spec = DefaultedSpec::of(pod);
     let mut requests = match &spec.pod_level {
         // PodRequests with SkipContainerLevelResources.
@@ -43,11 +68,7 @@ pub fn request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
             }
         }
     }
-    let request = requests.remove(resource)?;
-    match pod.overhead.get(resource) {
-        Some(overhead) if !request.is_zero() => Some(request.saturating_add(*overhead)),
-        _ => Some(request),
-    }
+    requests.remove(resource)
 }
 
 /// The QoS class as Kubernetes' `ComputePodQOS` derives it (the API server

@@ -207,3 +207,43 @@ fn the_new_fields_round_trip_and_stay_out_of_json_when_unset() {
     }
     assert!(plain["containers"][0].get("restart_policy").is_none());
 }
+
+/// A container's memory: request and limit, each absent or a quantity in
+/// units that sum exactly or round.
+fn container_memory() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let quantity = prop_oneof![
+        (0u32..4096).prop_map(|mib| format!("{mib}Mi")),
+        (0u32..4000).prop_map(|m| format!("{m}M")),
+        (1u32..999).prop_map(|m| format!("{m}m")),
+    ];
+    (
+        proptest::option::of(quantity.clone()),
+        proptest::option::of(quantity),
+    )
+        .prop_map(|(request, limit)| {
+            let mut container = json!({"name": "c", "requests": {}, "limits": {}});
+            if let Some(request) = request {
+                container["requests"]["memory"] = json!(request);
+            }
+            if let Some(limit) = limit {
+                container["limits"]["memory"] = json!(limit);
+            }
+            container
+        })
+}
+
+proptest::proptest! {
+    /// The shortcut for pods of regular containers only is the defaulted
+    /// arithmetic, exactly (value and format).
+    #[test]
+    fn regular_containers_take_the_shortcut_to_the_same_request(
+        containers in proptest::collection::vec(container_memory(), 0..6),
+    ) {
+        let pod = pod(json!({"containers": containers}));
+        proptest::prop_assert_eq!(
+            regular_containers_request(&pod, MEMORY),
+            defaulted_request(&pod, MEMORY)
+        );
+    }
+}
