@@ -92,6 +92,17 @@ impl ProcessMemory {
             regions,
         })
     }
+
+    /// Resident memory the process allocated (heap, anonymous mappings,
+    /// stacks), as opposed to the pages of files it maps: what a leak or
+    /// a heap that is never given back shows in, whatever the build's code
+    /// size.
+    pub fn allocated_bytes(&self) -> u64 {
+        [Region::Heap, Region::Anonymous, Region::Stack]
+            .iter()
+            .filter_map(|region| self.regions.get(region))
+            .sum()
+    }
 }
 
 impl fmt::Display for ProcessMemory {

@@ -2,8 +2,8 @@
 //! (event mode, default flags), with pod metadata from a file and from the
 //! stand-in API server (`--node-name`, as a DaemonSet runs). The bounds are
 //! guards against the old shape coming back (the whole vmlinux BTF decoded
-//! at startup: 68 MiB peak, 33 MiB resident), not the goals (32 / 24 MiB,
-//! measured by `cargo xtask bench` on the release build); `--nocapture`
+//! at startup: 68 MiB peak, 33 MiB resident in the release build), not the
+//! goals (32 / 24 MiB, measured by `cargo xtask bench`); `--nocapture`
 //! prints where the resident memory goes.
 use std::time::Duration;
 
@@ -15,10 +15,14 @@ use rstest::rstest;
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
 const NODE_NAME: &str = "node-a";
-/// Above the goals by the debug build's larger code and a margin for the
-/// allocator; below what decoding the kernel's BTF costs.
-const PEAK_GUARD: u64 = 48 * MIB;
-const RESIDENT_GUARD: u64 = 28 * MIB;
+/// Far above the goal (32 MiB, release build): the debug build's code
+/// alone is 21-27 MiB resident; decoding the kernel's whole BTF again
+/// would add tens of MiB.
+const PEAK_GUARD: u64 = 64 * MIB;
+/// Heap, arenas and stacks once armed: 2-16 MiB depending on how much
+/// freed startup memory glibc keeps (docs/design.md), against the 26.6 MiB
+/// of heap the decoded BTF left behind.
+const ALLOCATED_GUARD: u64 = 20 * MIB;
 
 #[rstest]
 #[case::pod_metadata_file(false)]
@@ -49,8 +53,8 @@ fn startup_peak(#[case] api: bool) {
     println!("{memory}");
     assert!(memory.peak_bytes <= PEAK_GUARD, "startup peak: {memory}");
     assert!(
-        memory.rss_bytes <= RESIDENT_GUARD,
-        "resident once armed: {memory}"
+        memory.allocated_bytes() <= ALLOCATED_GUARD,
+        "allocated once armed: {memory}"
     );
     drop(agent);
 }
