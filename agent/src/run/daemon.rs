@@ -132,7 +132,7 @@ pub async fn run(
         kernel_log: args.bpf_log,
     };
     let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, options);
-    // The parsed BTF (tens of MiB) was only needed to load the programs.
+    // The kernel's answers were only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
     let notifier =
