@@ -1,7 +1,8 @@
 //! `cargo xtask bench`: builds the agent and the bench tools, runs
-//! evictd-bench on a sandbox node, draws the plots, and with `--quick`
-//! checks that every scenario and mode produced results (a smoke test for
-//! CI, not a timing test).
+//! evictd-bench on a sandbox node and the ranking micro-benchmark
+//! (evictd-rank-bench), draws the plots, and with `--quick` checks that
+//! every scenario and mode produced results (a smoke test for CI, not a
+//! timing test). `--rank` runs the micro-benchmark alone.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -45,6 +46,11 @@ pub struct BenchArgs {
     /// fails unless every scenario and mode produced results.
     #[arg(long)]
     quick: bool,
+    /// Only the ranking micro-benchmark (kubelet's ranking of 1,000 pods,
+    /// timed against its 1 ms goal; release build, no root, no sandbox):
+    /// prints its table and writes rank.md to the results directory.
+    #[arg(long, conflicts_with = "quick")]
+    rank: bool,
     /// Where the results go.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -54,7 +60,15 @@ pub struct BenchArgs {
     bench_args: Vec<String>,
 }
 
+/// Rankings the micro-benchmark times per signal: its default in the full
+/// bench, fewer on the smoke test's debug build.
+const RANK_RUNS: &str = "1000";
+const QUICK_RANK_RUNS: &str = "50";
+
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.rank {
+        return rank_only(args);
+    }
     let quick = args.quick;
     // The smoke test runs the debug build `cargo xtask test` already made;
     // published numbers come from release builds.
@@ -79,16 +93,78 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bench.args(QUICK_ARGS);
     }
     setup::step("bench", bench.args(&args.bench_args))?;
+    let ranking = rank_bench(
+        &tools,
+        &out,
+        if quick { QUICK_RANK_RUNS } else { RANK_RUNS },
+    )?;
+    // bench.md ends with the micro-benchmark, run on the same machine.
+    let bench_md = out.join("bench.md");
+    let mut tables =
+        fs::read_to_string(&bench_md).with_context(|| format!("reading {}", bench_md.display()))?;
+    tables += &format!("\n## {RANK_SECTION}\n\n{ranking}");
+    fs::write(&bench_md, tables).with_context(|| format!("writing {}", bench_md.display()))?;
     plot(&out, workspace)?;
     if quick {
         check_every_scenario_produced_results(&out)?;
     }
     println!(
-        "xtask: results in {}: bench.json, bench.md, {}",
+        "xtask: results in {}: bench.json, bench.md, rank.md, {}",
         out.display(),
         PLOTS.join(", ")
     );
     Ok(())
+}
+
+const RANK_SECTION: &str = "Ranking of 1,000 pods (micro-benchmark, `cargo xtask bench --rank`)";
+
+/// `--rank`: the micro-benchmark alone, on a release build.
+fn rank_only(args: &BenchArgs) -> Result<()> {
+    let toolchain = setup::ensure()?;
+    let mut cargo = toolchain.cargo_host();
+    cargo.args([
+        "build",
+        "--release",
+        "--package",
+        "evictd-tools",
+        "--bin",
+        "evictd-rank-bench",
+    ]);
+    setup::step("build evictd-rank-bench", &mut cargo)?;
+    let tools = crate::target_dir()?.join(crate::agent::profile_dir(true));
+    let out = match args.out.clone() {
+        Some(out) => out,
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("xtask has no parent directory")?
+            .join("results"),
+    };
+    let ranking = rank_bench(&tools, &out, RANK_RUNS)?;
+    println!("{RANK_SECTION}\n\n{ranking}");
+    println!("xtask: {}", out.join("rank.md").display());
+    Ok(())
+}
+
+/// Runs evictd-rank-bench from `tools` with `runs` rankings per signal,
+/// writes its table to `out`/rank.md and returns it.
+fn rank_bench(tools: &Path, out: &Path, runs: &str) -> Result<String> {
+    println!("xtask: == ranking micro-benchmark");
+    let output = Command::new(tools.join("evictd-rank-bench"))
+        .args(["--runs", runs])
+        .output()
+        .context("running evictd-rank-bench")?;
+    if !output.status.success() {
+        bail!(
+            "evictd-rank-bench failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let table = String::from_utf8(output.stdout).context("evictd-rank-bench's table")?;
+    fs::create_dir_all(out)?;
+    fs::write(out.join("rank.md"), &table)
+        .with_context(|| format!("writing {}", out.join("rank.md").display()))?;
+    Ok(table)
 }
 
 /// What bench_plot.py draws.

@@ -157,9 +157,19 @@ fn decided_to_back(runs: &Runs) -> Vec<Option<f64>> {
         .collect()
 }
 
+/// p50 / p90 / p99; a p99 that is the largest of the runs (fewer than
+/// 100) says so.
 fn triple(values: &[Option<f64>]) -> String {
     let p = |q| format_ms(percentile(values, q));
-    format!("{} / {} / {}", p(0.5), p(0.9), p(0.99))
+    let n = values.len();
+    let largest = n > 0 && rank(n, 0.99) == n;
+    format!(
+        "{} / {} / {}{}",
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        if largest { " (max)" } else { "" }
+    )
 }
 
 fn kernel_won(runs: &Runs) -> usize {
@@ -460,6 +470,14 @@ mod tests {
                 "99th", "101st"
             ]
         );
+    }
+
+    #[test]
+    fn a_p99_resting_on_fewer_than_100_runs_is_called_the_maximum() {
+        let five: Vec<Option<f64>> = (1..=5).map(|ms| Some(f64::from(ms) * 1e3)).collect();
+        assert_eq!(triple(&five), "3.00 / 5.00 / 5.00 (max)");
+        let hundred: Vec<Option<f64>> = (1..=100).map(|ms| Some(f64::from(ms) * 1e3)).collect();
+        assert_eq!(triple(&hundred), "50 / 90 / 99");
     }
 
     #[test]
