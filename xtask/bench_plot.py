@@ -8,8 +8,9 @@ the panel. A run without memory back by the agent (the kernel OOM killer
 struck first) is an x at the top.
 
 pod-count.png: event mode's time from the trigger that woke its deciding
-run (the kernel record) to the decision, against the pods on the node:
-every run, the median and the p99, with the goal where the issue sets one.
+run to the decision, against the pods on the node: every run (filled when
+the trigger was the kernel record, hollow for a timer), the median and the
+p99, with the goal where the issue sets one.
 
 Usage: python3 bench_plot.py RESULTS_DIR
 """
@@ -54,7 +55,8 @@ def subtitle(results, width):
     """The command and the machine, wrapped to `width` characters."""
     text = (
         f"{command(results)} — Linux {results['kernel']} ({results['cgroup']}, "
-        f"{results['cpus']} CPUs), {results['rounds']} rounds"
+        f"{results['cpus']} CPUs), {results['rounds']} "
+        f"round{'' if results['rounds'] == 1 else 's'}"
     )
     return textwrap.fill(text, width)
 
@@ -130,11 +132,20 @@ def pod_count(results, out):
     for scenario in scenarios:
         count = scenario["pods"]
         runs = runs_of(results, scenario, "event")
-        decided = [max(r["decision_us"] / 1e3, 0.01) for r in runs if r["decision_us"] is not None]
+        timed = [r for r in runs if r["decision_us"] is not None]
+        decided = [max(r["decision_us"] / 1e3, 0.01) for r in timed]
         if not decided:
             continue
         jitter = [count * (1 + 0.04 * ((i % 5) - 2)) for i in range(len(decided))]
-        axis.scatter(jitter, decided, s=12, alpha=0.5, color="tab:blue")
+        # Filled: woken by a kernel record; hollow: by anything else (the
+        # resync timer, a close watch), which the table counts per trigger.
+        kernel = [r["trigger"] == "kernel" for r in timed]
+        axis.scatter([x for x, k in zip(jitter, kernel) if k],
+                     [y for y, k in zip(decided, kernel) if k],
+                     s=12, alpha=0.5, color="tab:blue")
+        axis.scatter([x for x, k in zip(jitter, kernel) if not k],
+                     [y for y, k in zip(decided, kernel) if not k],
+                     s=12, alpha=0.7, facecolors="none", edgecolors="tab:blue")
         counts.append(count)
         medians.append(nearest_rank(decided, 0.5))
         tails.append(nearest_rank(decided, 0.99))
@@ -154,11 +165,12 @@ def pod_count(results, out):
     axis.set_xticks(counts)
     axis.set_xticklabels([str(c) for c in counts])
     axis.set_xlabel("pods on the node")
-    axis.set_ylabel("kernel record → eviction decided (ms, log)")
+    axis.set_ylabel("woken → eviction decided (ms, log)")
     axis.grid(which="both", alpha=0.25)
     axis.legend(fontsize=8)
-    fig.suptitle("event mode: decision latency against pod count\n" + subtitle(results, 80),
-                 fontsize=9)
+    fig.suptitle(textwrap.fill("event mode: decision latency against pod count (filled: woken "
+                               "by the kernel record, hollow: by a timer)", 80)
+                 + "\n" + subtitle(results, 80), fontsize=9)
     fig.tight_layout()
     fig.savefig(out / "pod-count.png", dpi=110)
 
