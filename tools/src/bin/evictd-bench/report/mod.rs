@@ -206,9 +206,27 @@ fn agent_cost(mode: &str, runs: &Runs) -> String {
     format!("{cpu:.1} | {:.1}", rss / MIB as f64)
 }
 
+/// The agent's own `memory back` line (from the crossing) and the bytes it
+/// says were freed; `–` for the oracle.
+fn agent_memory_back(mode: &str, runs: &Runs) -> String {
+    if mode == ORACLE {
+        return "–".to_owned();
+    }
+    let freed: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r["agent_freed_bytes"].as_f64())
+        .map(|bytes| bytes / MIB as f64)
+        .collect();
+    format!(
+        "{}, {}",
+        triple(&field(runs, "agent_back_us")),
+        median(&freed).map_or("–".to_owned(), |mib| format!("{mib:.0}"))
+    )
+}
+
 fn memory_table(results: &Value) -> String {
-    let mut text = "| scenario | mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | decided → memory back p50 / p90 / p99 | crossing → memory back p50 / p90 / p99 | kernel won | wrong victim | decided, no crossing | agent CPU per run (ms) | peak RSS (MiB) |\n\
-                    |---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|\n"
+    let mut text = "| scenario | mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | decided → memory back p50 / p90 / p99 | crossing → memory back p50 / p90 / p99 | agent's `memory back` p50 / p90 / p99, freed p50 (MiB) | kernel won | wrong victim | decided, no crossing | agent CPU per run (ms) | peak RSS (MiB) |\n\
+                    |---|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|\n"
         .to_owned();
     for scenario in scenarios(results, "memory") {
         for mode in modes(scenario) {
@@ -218,13 +236,14 @@ fn memory_table(results: &Value) -> String {
             }
             let n = these.len();
             text += &format!(
-                "| {} | {} | {n} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {} |\n",
+                "| {} | {} | {n} | {} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {} |\n",
                 scenario["name"].as_str().unwrap_or_default(),
                 mode,
                 triple(&field(&these, "noticed_us")),
                 triple(&field(&these, "decided_us")),
                 triple(&decided_to_back(&these)),
                 triple(&field(&these, "back_us")),
+                agent_memory_back(mode, &these),
                 kernel_won(&these),
                 wrong_victim(&these),
                 early(results, scenario, mode),
