@@ -390,15 +390,16 @@ fn overhead_table(results: &Value) -> String {
                     }
                 })
                 .collect();
+            // A run whose metrics could not be read has no BPF entry: left
+            // out, not counted as zero.
             let bpf_runs: Vec<f64> = these
                 .iter()
-                .map(|r| {
-                    r["bpf"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
+                .filter_map(|r| r["bpf"].as_array().filter(|programs| !programs.is_empty()))
+                .map(|programs| {
+                    programs
+                        .iter()
                         .filter_map(|entry| entry[1].as_f64())
-                        .sum()
+                        .fold(0.0, |total, runs| total + runs)
                 })
                 .collect();
             let cpu: Vec<f64> = these
