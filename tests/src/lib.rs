@@ -47,7 +47,7 @@ pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
 pub use oci_image::OciImage;
 pub use sandbox::{
-    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, systemd_path,
+    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, quiet_pods, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};

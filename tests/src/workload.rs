@@ -131,6 +131,26 @@ impl WorkloadChannel {
         self.command_u64(&format!("reap {count}"))
     }
 
+    /// Maps `bytes` of fresh anonymous memory and faults in every 4 KiB
+    /// page; returns how long the faults took. Kept until [`Self::unmap`].
+    pub fn touch(&mut self, bytes: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("touch {bytes}"))
+            .map(Duration::from_nanos)
+    }
+
+    /// Unmaps what [`Self::touch`] mapped; returns how long munmap took.
+    pub fn unmap(&mut self) -> io::Result<Duration> {
+        self.command_u64("unmap").map(Duration::from_nanos)
+    }
+
+    /// Starts a child that faults in `bytes`, SIGKILLs it once it holds
+    /// them, and returns the time from the signal until it was reaped (its
+    /// memory freed).
+    pub fn kill_large(&mut self, bytes: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("kill-large {bytes}"))
+            .map(Duration::from_nanos)
+    }
+
     /// The pid as the workload itself reports it (the `pid` command).
     pub fn reported_pid(&mut self) -> io::Result<u32> {
         let text = self.command("pid")?;

@@ -48,7 +48,7 @@ fn usage_of(node: &CriNode, name: &str) -> Option<PodDiskUsage> {
         .containerd
         .block_on(disk_usage::read(&mut client, &pods_dir))
         .unwrap();
-    pods.remove(node.pod(name).unwrap().spec.uid)
+    pods.remove(node.pod(name).unwrap().spec.uid.as_str())
 }
 
 #[test]

@@ -37,6 +37,16 @@
 //!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
 //! - `log BYTES`: write BYTES of text to stderr (a container's log);
 //!   `ok <bytes>`.
+//! - `touch BYTES`: map BYTES of fresh anonymous memory (4 KiB pages: no
+//!   transparent huge pages) and write one byte of every page, so each page
+//!   is one page fault and one charge; answers `ok <ns the touching took>`.
+//!   The mapping is kept until `unmap`; one at a time.
+//! - `unmap`: munmap what `touch` mapped; `ok <ns the munmap took>`.
+//! - `kill-large BYTES`: start a child that touches BYTES as `touch` does
+//!   and waits; once it holds them, SIGKILL it and wait for it;
+//!   `ok <ns from the SIGKILL until it was reaped>` (by then the kernel has
+//!   freed its memory: a process's address space is torn down before its
+//!   parent can reap it).
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
 //!
@@ -46,7 +56,8 @@
 //! `evictd-workload pause` sleeps until SIGTERM or SIGINT (a pod sandbox's
 //! process, as Kubernetes' pause).
 //!
-//! Children are this binary run as `evictd-workload sleep-child <parent pid>`:
+//! Children are this binary run as `evictd-workload sleep-child <parent pid>`
+//! (or `hold-child <parent pid> <bytes>` for `kill-large`):
 //! a fresh exec, so they share none of the parent's allocations (a plain
 //! fork would keep copy-on-write references that stop `free` from returning
 //! memory).
@@ -55,6 +66,7 @@ use std::{
     io::{self, BufRead, BufReader, Write},
     os::unix::{fs::FileExt as _, net::UnixStream},
     process::{Child, Command, Stdio},
+    ptr::NonNull,
     time::{Duration, Instant},
 };
 
@@ -79,6 +91,10 @@ fn main() {
         Some("threads-child") => threads_child(
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0),
             args.get(3).and_then(|p| p.parse().ok()),
+        ),
+        Some("hold-child") => hold_child(
+            args.get(2).and_then(|p| p.parse().ok()),
+            args.get(3).and_then(|b| b.parse().ok()).unwrap_or(0),
         ),
         Some("hop-root") => hop_root(
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
@@ -168,10 +184,35 @@ extern "C" fn exit_on_sigterm(_: libc::c_int) {
 
 /// Sleeps until killed, and is killed when the workload dies.
 fn sleep_child(parent: Option<i32>) -> ! {
+    die_with(parent);
+    loop {
+        pause();
+    }
+}
+
+/// Exits unless `parent` is still this process's parent, and arranges to be
+/// killed when it dies.
+fn die_with(parent: Option<i32>) {
     // PDEATHSIG fires when the parent dies after this call; a parent that
     // died before it shows up as a different parent pid.
     let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
     if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
+        std::process::exit(1);
+    }
+}
+
+/// Touches `bytes`, says `ready` on stdout, and holds them until killed.
+fn hold_child(parent: Option<i32>, bytes: usize) -> ! {
+    die_with(parent);
+    // Named, not `_`: the mapping lives until the process is killed.
+    let Ok(_held) = Mapping::touch(bytes) else {
+        std::process::exit(1);
+    };
+    let mut stdout = io::stdout().lock();
+    if writeln!(stdout, "ready")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
         std::process::exit(1);
     }
     loop {
@@ -202,6 +243,58 @@ fn threads_child(count: usize, parent: Option<i32>) -> ! {
     }
     loop {
         pause();
+    }
+}
+
+/// Fresh anonymous memory, every page touched once; unmapped on drop.
+struct Mapping {
+    start: NonNull<libc::c_void>,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `bytes` (whole pages) and writes one byte of each page: one
+    /// page fault and one memcg charge per 4 KiB page (huge pages are
+    /// refused for the range, so the count does not depend on the
+    /// machine's transparent huge page setting).
+    fn touch(bytes: usize) -> io::Result<Self> {
+        let len = bytes.div_ceil(PAGE).max(1) * PAGE;
+        // SAFETY: a new private anonymous mapping at an address the kernel
+        // picks; no existing memory is affected.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if start == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let start = NonNull::new(start).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let mapping = Self { start, len };
+        // SAFETY: the range is exactly the mapping just made.
+        if unsafe { libc::madvise(start.as_ptr(), len, libc::MADV_NOHUGEPAGE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let base = start.as_ptr().cast::<u8>();
+        for offset in (0..len).step_by(PAGE) {
+            // SAFETY: offset < len, inside the writable mapping; volatile so
+            // the write (the page fault) is not optimised away.
+            unsafe { base.add(offset).write_volatile(1) };
+        }
+        Ok(mapping)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping this value owns; nothing
+        // refers to it afterwards.
+        unsafe { libc::munmap(self.start.as_ptr(), self.len) };
     }
 }
 
@@ -379,6 +472,8 @@ struct Workload {
     chunks: Vec<Vec<u8>>,
     children: Vec<Child>,
     bomb: Option<Bomb>,
+    /// What `touch` mapped, until `unmap`.
+    touched: Option<Mapping>,
 }
 
 impl Workload {
@@ -458,6 +553,30 @@ impl Workload {
                 let bytes = amount()?;
                 write_log(bytes).map_err(|e| format!("log: {e}"))?;
                 bytes.to_string()
+            }
+            "touch" => {
+                if self.touched.is_some() {
+                    return Err("touch: unmap the last one first".into());
+                }
+                let bytes = amount()?;
+                let started = Instant::now();
+                let mapping = Mapping::touch(bytes).map_err(|e| format!("touch: {e}"))?;
+                let took = started.elapsed();
+                self.touched = Some(mapping);
+                took.as_nanos().to_string()
+            }
+            "unmap" => {
+                let mapping = self.touched.take().ok_or("unmap: nothing touched")?;
+                let started = Instant::now();
+                drop(mapping);
+                started.elapsed().as_nanos().to_string()
+            }
+            "kill-large" => {
+                let bytes = amount()?;
+                kill_large(bytes)
+                    .map_err(|e| format!("kill-large: {e}"))?
+                    .as_nanos()
+                    .to_string()
             }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),
@@ -545,4 +664,35 @@ impl Workload {
         }
         Ok(())
     }
+}
+
+/// Starts a child holding `bytes`, SIGKILLs it once it holds them, and
+/// returns how long it took from the signal until it was reaped.
+fn kill_large(bytes: usize) -> io::Result<Duration> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([
+            "hold-child",
+            &std::process::id().to_string(),
+            &bytes.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut ready = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        BufReader::new(stdout).read_line(&mut ready)?;
+    }
+    if ready.trim() != "ready" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::other(format!(
+            "the child did not get its {bytes} bytes"
+        )));
+    }
+    let started = Instant::now();
+    // Child::kill is SIGKILL to a child not yet reaped: never another process.
+    child.kill()?;
+    child.wait()?;
+    Ok(started.elapsed())
 }
