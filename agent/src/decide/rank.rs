@@ -2,7 +2,7 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc` in
 //! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
 //! reason for every pod's place so a decision can be explained.
-use std::cmp::Ordering;
+use std::cmp::Reverse;
 
 use crate::{
     decide::thresholds::{Resource, Signal},
@@ -124,33 +124,24 @@ pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Ve
         .map(|(index, pod)| measure(index, pod, signal, dedicated_imagefs))
         .collect();
     // A stable sort keeps the input order among equals: kubelet's
-    // sort.Sort is not stable, so its tie order is arbitrary.
+    // sort.Sort is not stable, so its tie order is arbitrary. Keys of plain
+    // numbers, made once per pod: the sort moves them, not the entries.
     match signal.resource() {
-        Resource::Pids => entries.sort_by(|(a, a_usage), (b, b_usage)| {
-            known_first(a, b)
-                .then_with(|| a.priority.cmp(&b.priority))
-                .then_with(|| b_usage.cmp(a_usage))
+        Resource::Pids => entries.sort_by_cached_key(|(ranked, usage)| {
+            (Reverse(ranked.known), ranked.priority, Reverse(*usage))
         }),
         Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
-            entries.sort_by(|(a, a_excess), (b, b_excess)| {
-                known_first(a, b)
-                    .then_with(|| exceeds_first(a, b))
-                    .then_with(|| a.priority.cmp(&b.priority))
-                    .then_with(|| b_excess.cmp(a_excess))
+            entries.sort_by_cached_key(|(ranked, excess)| {
+                (
+                    Reverse(ranked.known),
+                    Reverse(ranked.exceeds_request),
+                    ranked.priority,
+                    Reverse(*excess),
+                )
             });
         }
     }
     entries.into_iter().map(|(ranked, _)| ranked).collect()
-}
-
-/// Pods evictd knows before pods it does not.
-fn known_first(a: &Ranked, b: &Ranked) -> Ordering {
-    b.known.cmp(&a.known)
-}
-
-/// Pods above their request before pods within it.
-fn exceeds_first(a: &Ranked, b: &Ranked) -> Ordering {
-    b.exceeds_request.cmp(&a.exceeds_request)
 }
 
 /// The pod's explanation and its sort key after "exceeds" and priority:
