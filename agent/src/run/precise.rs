@@ -58,16 +58,18 @@ impl PreciseHooks {
     /// Attaches or detaches the hooks; true when that changed them.
     fn set<K: KernelRecords>(&self, kernel: Option<&mut K>, armed: bool, reason: &str) -> bool {
         let Some(kernel) = kernel else { return false };
+        let started = std::time::Instant::now();
         match kernel.set_memory_hooks(armed) {
             Ok(false) => false,
             Ok(true) => {
+                let took_us = started.elapsed().as_micros() as u64;
                 let state = if armed { "armed" } else { "disarmed" };
                 self.metrics.precise_hooks_armed.set(i64::from(armed));
                 self.metrics
                     .precise_hooks_transitions
                     .with_label_values(&[state, reason])
                     .inc();
-                info!(state, reason, "precise memory hooks");
+                info!(state, reason, took_us, "precise memory hooks");
                 true
             }
             Err(e) => {

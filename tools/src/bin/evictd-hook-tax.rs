@@ -122,7 +122,10 @@ fn start_agent(node: &SandboxNode, config: &Config, extra: &[&str]) -> Result<Ag
     let mut agent = Agent::start(&args)?;
     agent.log.expect("protection armed", &[]);
     if let Some((message, state)) = config.ready {
-        agent.log.expect(message, &[("state", state)]);
+        let line = agent.log.expect(message, &[("state", state)]);
+        if let Some(took) = line["took_us"].as_u64() {
+            println!("{}: detaching the memory hooks took {took} µs", config.name);
+        }
     }
     Ok(agent)
 }
