@@ -1,15 +1,24 @@
-"""Draws bench.png from bench.json (cargo xtask bench runs this).
+"""Draws the bench's plots from bench.json (cargo xtask bench runs this).
 
-One panel per scenario; per mode, every run's time from the node's real
-threshold crossing to the agent's decision, on a log scale. A run the agent
-never decided (the kernel OOM killer or pids.max got there first) is drawn
-as an x at the top of its panel.
+memory-back.png: one panel per memory scenario; per mode, every run's time
+from the node's real threshold crossing until the memory is back, on a log
+scale, its median (black bar) and p99 (red tick); the oracle's median (no
+agent: the bench kills at the crossing, the kernel's floor) is drawn across
+the panel. A run without memory back by the agent (the kernel OOM killer
+struck first) is an x at the top.
+
+pod-count.png: event mode's time from the trigger that woke its deciding
+run to the decision, against the pods on the node: every run (filled when
+the trigger was the kernel record, hollow for a timer), the median and the
+p99, with the goal where the issue sets one.
 
 Usage: python3 bench_plot.py RESULTS_DIR
 """
 
 import json
+import math
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -17,49 +26,159 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+NEVER_MS = 1e5
+# Issue 13's goals for woken → decided p99, by pod count.
+DECISION_GOALS_MS = {100: 2.0, 250: 5.0}
+
+
+def nearest_rank(values, q):
+    """The q quantile of the sorted values, nearest rank (as bench.md)."""
+    ordered = sorted(values)
+    return ordered[min(max(math.ceil(q * len(ordered)), 1), len(ordered)) - 1]
+
+
+def command(results):
+    """The cargo xtask command equivalent to the bench's own command line."""
+    words = results["command"].split()[1:]
+    kept, skip = [], False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--evictd", "--workload", "--out"):
+            skip = True
+        else:
+            kept.append(word)
+    return "cargo xtask bench" + (" -- " + " ".join(kept) if kept else "")
+
+
+def subtitle(results, width):
+    """The command and the machine, wrapped to `width` characters."""
+    text = (
+        f"{command(results)} — Linux {results['kernel']} ({results['cgroup']}, "
+        f"{results['cpus']} CPUs), {results['rounds']} "
+        f"round{'' if results['rounds'] == 1 else 's'}"
+    )
+    return textwrap.fill(text, width)
+
+
+def runs_of(results, scenario, mode):
+    return [
+        r["run"] for r in results["runs"]
+        if r["scenario"] == scenario["name"] and r["mode"] == mode
+    ]
+
+
+def memory_back(results, out):
+    scenarios = [s for s in results["scenarios"] if s["kind"] == "memory"]
+    if not scenarios:
+        return
+    fig, axes = plt.subplots(
+        1, len(scenarios), figsize=(max(6.4, 4.4 * len(scenarios)), 5.2), sharey=True,
+        squeeze=False,
+    )
+    lowest = NEVER_MS
+    for axis, scenario in zip(axes[0], scenarios):
+        modes = scenario["modes"]
+        for position, mode in enumerate(modes):
+            runs = runs_of(results, scenario, mode)
+            back = [r["back_us"] / 1e3 for r in runs if r["back_us"] is not None]
+            lowest = min([lowest] + back)
+            never = len(runs) - len(back)
+            offsets = [position + 0.25 * ((i % 5) - 2) / 2 for i in range(len(back))]
+            color = "tab:green" if mode == "oracle" else "tab:blue"
+            axis.scatter(offsets, back, s=14, alpha=0.6, color=color)
+            if back:
+                axis.hlines(nearest_rank(back, 0.5), position - 0.3, position + 0.3, colors="black")
+                if not never:
+                    axis.hlines(nearest_rank(back, 0.99), position - 0.15, position + 0.15,
+                                colors="red")
+                if mode == "oracle":
+                    floor = nearest_rank(back, 0.5)
+                    axis.axhline(floor, color="tab:green", linestyle="--", linewidth=1)
+                    # The goal: event within 10 ms of the floor (p50).
+                    axis.axhspan(floor, floor + 10, color="tab:green", alpha=0.15)
+                    axis.annotate(f"oracle floor (p50) {floor:.0f} ms; band: +10 ms", (-0.45, floor),
+                                  textcoords="offset points", xytext=(0, -10), ha="left",
+                                  fontsize=7, color="tab:green")
+            if never:
+                axis.scatter([position], [NEVER_MS], marker="x", color="red", s=40)
+                axis.annotate(f"{never} never", (position, NEVER_MS), textcoords="offset points",
+                              xytext=(0, 6), ha="center", fontsize=7, color="red")
+        axis.set_yscale("log")
+        axis.set_xticks(range(len(modes)))
+        axis.set_xticklabels(modes, rotation=45, ha="right", fontsize=8)
+        axis.set_title(scenario["name"], fontsize=10)
+        axis.grid(axis="y", which="both", alpha=0.25)
+    axes[0][0].set_ylim(max(lowest / 2, 1), NEVER_MS * 3)
+    axes[0][0].set_ylabel("threshold crossed → memory back (ms, log)")
+    width = max(70, 40 * len(scenarios))
+    fig.suptitle(
+        textwrap.fill(
+            "crossing → memory back per mode; black: median, red: p99, "
+            "x: the kernel OOM killer first", width)
+        + "\n" + subtitle(results, width),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(out / "memory-back.png", dpi=110)
+
+
+def pod_count(results, out):
+    scenarios = [s for s in results["scenarios"] if s["kind"] == "pods"]
+    if not scenarios:
+        return
+    fig, axis = plt.subplots(figsize=(6.4, 4.6))
+    counts, medians, tails = [], [], []
+    for scenario in scenarios:
+        count = scenario["pods"]
+        runs = runs_of(results, scenario, "event")
+        timed = [r for r in runs if r["decision_us"] is not None]
+        decided = [max(r["decision_us"] / 1e3, 0.01) for r in timed]
+        if not decided:
+            continue
+        jitter = [count * (1 + 0.04 * ((i % 5) - 2)) for i in range(len(decided))]
+        # Filled: woken by a kernel record; hollow: by anything else (the
+        # resync timer, a close watch), which the table counts per trigger.
+        kernel = [r["trigger"] == "kernel" for r in timed]
+        axis.scatter([x for x, k in zip(jitter, kernel) if k],
+                     [y for y, k in zip(decided, kernel) if k],
+                     s=12, alpha=0.5, color="tab:blue")
+        axis.scatter([x for x, k in zip(jitter, kernel) if not k],
+                     [y for y, k in zip(decided, kernel) if not k],
+                     s=12, alpha=0.7, facecolors="none", edgecolors="tab:blue")
+        counts.append(count)
+        medians.append(nearest_rank(decided, 0.5))
+        tails.append(nearest_rank(decided, 0.99))
+        if count in DECISION_GOALS_MS:
+            goal = DECISION_GOALS_MS[count]
+            axis.hlines(goal, count * 0.8, count * 1.25, colors="red", linestyles="dotted")
+            axis.annotate(f"goal p99 ≤ {goal:g} ms", (count * 0.8, goal), fontsize=7,
+                          color="red", va="bottom")
+    axis.plot(counts, medians, "o-", color="black", label="median")
+    axis.plot(counts, tails, "s--", color="tab:red", label="p99")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlim(min(counts) * 0.6, max(counts) * 1.6)
+    low, high = axis.get_ylim()
+    goals = [g for c, g in DECISION_GOALS_MS.items() if c in counts]
+    axis.set_ylim(min([low] + [g / 2 for g in goals]), max([high] + [g * 2 for g in goals]))
+    axis.set_xticks(counts)
+    axis.set_xticklabels([str(c) for c in counts])
+    axis.set_xlabel("pods on the node")
+    axis.set_ylabel("woken → eviction decided (ms, log)")
+    axis.grid(which="both", alpha=0.25)
+    axis.legend(fontsize=8)
+    fig.suptitle(textwrap.fill("event mode: decision latency against pod count (filled: woken "
+                               "by the kernel record, hollow: by a timer)", 80)
+                 + "\n" + subtitle(results, 80), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "pod-count.png", dpi=110)
+
 
 def main(results_dir: Path) -> None:
     results = json.loads((results_dir / "bench.json").read_text())
-    scenarios = results["scenarios"]
-    modes = results["modes"]
-    fig, axes = plt.subplots(
-        1, len(scenarios), figsize=(4.2 * len(scenarios), 4.8), sharey=True, squeeze=False
-    )
-    never_ms = 1e5
-    for axis, scenario in zip(axes[0], scenarios):
-        for position, mode in enumerate(modes):
-            runs = [
-                r["run"] for r in results["runs"]
-                if r["scenario"] == scenario and r["mode"] == mode
-            ]
-            decided = [r["decided_us"] / 1e3 for r in runs if r["decided_us"] is not None]
-            # A decision can precede the logged crossing by less than the
-            # log's resolution; clip at 10 µs to keep it on a log axis.
-            decided = [max(ms, 0.01) for ms in decided]
-            never = len(runs) - len(decided)
-            offsets = [position + 0.25 * ((i % 5) - 2) / 2 for i in range(len(decided))]
-            axis.scatter(offsets, decided, s=14, alpha=0.7)
-            if decided:
-                median = sorted(decided)[len(decided) // 2]
-                axis.hlines(median, position - 0.3, position + 0.3, colors="black")
-            if never:
-                axis.scatter([position], [never_ms], marker="x", color="red", s=40)
-                axis.annotate(f"{never} never", (position, never_ms), textcoords="offset points",
-                              xytext=(0, 6), ha="center", fontsize=7, color="red")
-        axis.set_yscale("log")
-        axis.set_ylim(0.005, never_ms * 3)
-        axis.set_xticks(range(len(modes)))
-        axis.set_xticklabels(modes, rotation=45, ha="right", fontsize=8)
-        axis.set_title(scenario, fontsize=10)
-        axis.grid(axis="y", which="major", alpha=0.3)
-    axes[0][0].set_ylabel("threshold crossed → agent decided (ms, log)")
-    fig.suptitle(
-        f"evictd bench on Linux {results['kernel']} ({results['cgroup']}, {results['cpus']} CPUs): "
-        "x = kernel won, never decided",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(results_dir / "bench.png", dpi=110)
+    memory_back(results, results_dir)
+    pod_count(results, results_dir)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ use crate::{
 
 mod eviction;
 
-pub use eviction::{ConfigError, EvictionArgs};
+pub use eviction::{ConfigError, ConfigWarning, EvictionArgs};
 
 /// What `--mode event` uses on the kernels evictd is tested on
 /// (`triggers::choose`; README has the measurements behind it).
@@ -51,6 +51,17 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the live node (signals and pods) as a snapshot `simulate` reads.
     Snapshot(InventoryArgs),
+    /// Print the seccomp profile the agent runs under, or install it where
+    /// kubelet finds Localhost profiles (the DaemonSet's init container).
+    SeccompProfile(SeccompProfileArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct SeccompProfileArgs {
+    /// Write it as DIR/evictd.json (atomically; DIR is created if missing)
+    /// instead of printing it. kubelet's directory is /var/lib/kubelet/seccomp.
+    #[arg(long, value_name = "DIR")]
+    pub install: Option<PathBuf>,
 }
 
 /// Where the node and its pods are found.
@@ -179,8 +190,8 @@ pub struct KubernetesArgs {
     #[arg(long, value_enum, default_value_t = EvictionAction::Status)]
     pub eviction_action: EvictionAction,
 
-    /// Longest wait for one API request (each report is retried, a few
-    /// times, when the API does not answer).
+    /// Longest wait for one API request (a report is retried, with
+    /// backoff, until the API takes it).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_period)]
     pub api_timeout: Duration,
 }
@@ -321,6 +332,12 @@ pub struct RunArgs {
     /// nothing to the Kubernetes API (the pod watch still reads).
     #[arg(long)]
     pub dry_run: bool,
+
+    /// Where the agent keeps what must outlive a restart: the journal of
+    /// eviction reports not yet made final in the Kubernetes API (with
+    /// --node-name). Created if missing; a hostPath in the DaemonSet.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/evictd")]
+    pub state_dir: PathBuf,
 
     /// After a kill, how long to wait for the starved resource to come back
     /// before choosing the next victim anyway.

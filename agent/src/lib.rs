@@ -16,8 +16,9 @@
 //! * [`node`]: the node as cgroupfs shows it: `cgroupfs` mounts and reads,
 //!   the node's `stats` (one [`node::stats::NodeObservation`] per wake-up),
 //!   the pods' `inventory`, their `containers`, the container `runtime`
-//!   through CRI (kubelet's disk side), and the `snapshot` types the engine
-//!   decides on.
+//!   through CRI (kubelet's disk side), Kubernetes' arithmetic on a pod's
+//!   `resources` (its requests and QoS class), and the `snapshot` types the
+//!   engine decides on.
 //! * [`decide`]: kubelet's policy, pure: `thresholds`, the `engine`
 //!   (thresholds met, grace periods, node conditions, victims) and `rank`.
 //! * [`act`]: the `evictor` loop (one observation per [`act::wake::Wake`],
@@ -40,5 +41,6 @@ pub mod quantity;
 pub mod report;
 pub mod run;
 pub mod scopes;
+pub mod state;
 #[cfg(test)]
 mod testing;

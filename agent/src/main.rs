@@ -2,10 +2,13 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 use evictd::{
-    config::{Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SimulateArgs},
+    config::{
+        Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SeccompProfileArgs, SimulateArgs,
+    },
+    decide::thresholds::EvictionConfig,
     node::cgroupfs::CgroupFs,
     node::inventory::{Inventory, InventoryError},
-    run::simulate,
+    run::{seccomp, simulate},
 };
 use tracing_subscriber::EnvFilter;
 
@@ -29,10 +32,11 @@ fn main() -> ExitCode {
         Some(Command::Simulate(args)) => return simulate(&args),
         Some(Command::Snapshot(args)) => return snapshot(&args),
         Some(Command::Thresholds(args)) => return thresholds(&args),
+        Some(Command::SeccompProfile(args)) => return seccomp_profile(&args),
     };
     // Bad configuration stops the agent before it touches anything.
-    let config = match args.eviction.resolve() {
-        Ok(config) => config,
+    let (config, warnings) = match args.eviction.resolve_with_warnings() {
+        Ok(resolved) => resolved,
         Err(e) => return usage_error(e),
     };
     let inventory = match open_inventory(&args.inventory) {
@@ -48,6 +52,9 @@ fn main() -> ExitCode {
     match args.log_format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+    for warning in warnings {
+        tracing::warn!("{warning}");
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,11 +84,31 @@ fn main() -> ExitCode {
 
 /// `evictd thresholds`: the parsed thresholds as one JSON array.
 fn thresholds(args: &EvictionArgs) -> ExitCode {
-    let config = match args.resolve() {
+    let config = match resolve(args) {
         Ok(config) => config,
-        Err(e) => return usage_error(e),
+        Err(code) => return code,
     };
     print_json(serde_json::to_string(&config.thresholds))
+}
+
+/// `evictd seccomp-profile`: the embedded profile, printed or installed.
+fn seccomp_profile(args: &SeccompProfileArgs) -> ExitCode {
+    match &args.install {
+        None => {
+            print!("{}", seccomp::PROFILE);
+            ExitCode::SUCCESS
+        }
+        Some(dir) => match seccomp::install(dir) {
+            Ok(path) => {
+                println!("evictd: seccomp profile installed as {}", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("evictd: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
 }
 
 /// `evictd snapshot`: the live node as one JSON object on stdout.
@@ -117,9 +144,9 @@ fn print_json(json: serde_json::Result<String>) -> ExitCode {
 
 /// `evictd simulate`: decisions on stdout, one line per snapshot.
 fn simulate(args: &SimulateArgs) -> ExitCode {
-    let config = match args.eviction.resolve() {
+    let config = match resolve(&args.eviction) {
         Ok(config) => config,
-        Err(e) => return usage_error(e),
+        Err(code) => return code,
     };
     let mut stdout = std::io::stdout().lock();
     match simulate::run_file(&config, args.policy, &args.snapshot, &mut stdout) {
@@ -130,6 +157,16 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The eviction configuration of a command that runs once, its warnings on
+/// stderr; the exit status after reporting invalid configuration.
+fn resolve(args: &EvictionArgs) -> Result<EvictionConfig, ExitCode> {
+    let (config, warnings) = args.resolve_with_warnings().map_err(usage_error)?;
+    for warning in warnings {
+        eprintln!("evictd: warning: {warning}");
+    }
+    Ok(config)
 }
 
 /// One line on stderr, quoting the offending text, exit 2: what scripts and

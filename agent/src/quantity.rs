@@ -124,9 +124,10 @@ impl Quantity {
         }
     }
 
-    /// The sum, in `self`'s suffix family unless `self` is zero, as
+    /// The exact sum, in `self`'s suffix family unless `self` is zero, as
     /// Kubernetes' `Quantity.Add` keeps the receiver's format (so a sum of
-    /// limits prints in the first one's units).
+    /// limits prints in the first one's units); saturates where Kubernetes'
+    /// arbitrary precision would not, far past any resource a node has.
     pub fn saturating_add(self, other: Self) -> Self {
         Self {
             nanos: self.nanos.saturating_add(other.nanos),
@@ -479,6 +480,20 @@ mod tests {
         // Rounded up to 1n when parsing, so not zero.
         assert!(!parse("1e-30").is_zero());
         assert!(parse("-1e-30").is_negative());
+    }
+
+    #[test]
+    fn sums_are_exact_before_rounding() {
+        // Rounded one by one, each would be 1 and the sum 2.
+        let sum = parse("0.4").saturating_add(parse("0.4"));
+        assert_eq!((sum.value(), sum.milli_value()), (1, 800));
+        assert_eq!(parse("1Gi").saturating_add(parse("-1Gi")), parse("0"));
+        assert_eq!(
+            parse("1Mi").saturating_add(parse("1Ki")).to_string(),
+            "1025Ki"
+        );
+        let huge = parse("1e29");
+        assert_eq!(huge.saturating_add(huge).value(), i64::MAX);
     }
 
     #[test]

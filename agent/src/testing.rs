@@ -167,6 +167,9 @@ pub(crate) mod fakes {
             is_static: false,
             mirror: false,
             containers: Vec::new(),
+            init_containers: Vec::new(),
+            overhead: Default::default(),
+            resources: None,
             termination_grace_period_seconds: None,
             usage: PodUsage {
                 memory_working_set_bytes: mib * MIB,

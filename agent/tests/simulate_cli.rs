@@ -64,6 +64,29 @@ fn memory_ranking_follows_the_documented_order() {
     assert_eq!(decisions("memory-ranking.json", &[]), [expected]);
 }
 
+/// Requests as kubelet's `GetResourceRequestQuantity` computes them: a
+/// sidecar beside the containers, an init container alone, overhead on top,
+/// pod-level requests instead of the containers'. Only `plain` is above its
+/// request; the rest go by usage − request, closest to their request first.
+#[test]
+fn memory_ranking_counts_sidecars_init_containers_overhead_and_pod_level_requests() {
+    let lines = decisions("pod-requests.json", &[]);
+    assert_eq!(lines.len(), 1);
+    let decision: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+    assert_eq!(
+        decision["ranking"],
+        serde_json::json!([
+            "default/plain",
+            "default/overhead",
+            "default/sidecar",
+            "default/init",
+            "default/pod-level"
+        ]),
+        "{decision}"
+    );
+    assert_eq!(decision["victims"], serde_json::json!(["default/plain"]));
+}
+
 /// --evict-set: 600Mi must come back; burstable-over (500Mi) cannot do it
 /// alone, the first pod in the ranking that can is burstable-over-important.
 #[test]

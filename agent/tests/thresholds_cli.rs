@@ -137,6 +137,20 @@ fn bad_input_is_one_line_quoting_it_and_exit_2() {
             &["thresholds", "--eviction-hard=nodefs.available<101%"],
             "101%",
         ),
+        // kubelet's parseThresholdStatement: a quantity must be positive.
+        (
+            &["thresholds", "--eviction-hard=memory.available<0"],
+            "\"0\"",
+        ),
+        (
+            &[
+                "simulate",
+                "--snapshot",
+                "/nonexistent/snapshot.json",
+                "--eviction-hard=pid.available<0Ki",
+            ],
+            "\"0Ki\"",
+        ),
         (
             &["thresholds", "--eviction-soft=memory.available<1Gi"],
             "memory.available<1Gi",
@@ -157,6 +171,35 @@ fn bad_input_is_one_line_quoting_it_and_exit_2() {
         let line = usage_error(args);
         assert!(line.contains(quoted), "{args:?}: {line}");
     }
+}
+
+/// As kubelet's map flags do, the last value of a signal given twice wins;
+/// evictd warns on stderr and goes on.
+#[test]
+fn a_signal_given_twice_keeps_its_last_value_with_a_warning() {
+    let output = evictd(&[
+        "thresholds",
+        "--eviction-hard=memory.available<1Gi",
+        "--eviction-hard=memory.available<2Gi",
+    ]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one warning: {stderr}");
+    assert!(
+        stderr.contains("warning") && stderr.contains("memory.available"),
+        "{stderr}"
+    );
+    let printed: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        printed,
+        json!([
+            hard("memory.available", json!({"quantity": 2147483648_u64})),
+            hard(
+                "allocatableMemory.available",
+                json!({"quantity": 2147483648_u64})
+            ),
+        ])
+    );
 }
 
 #[test]

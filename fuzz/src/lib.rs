@@ -131,7 +131,8 @@ fn check_config(text: &str, resolved: Result<EvictionConfig, ConfigError>) {
     };
     for threshold in &config.thresholds {
         let valid_value = match threshold.value {
-            ThresholdValue::Quantity(value) => value >= 0,
+            // kubelet's parseThresholdStatement: a quantity must be positive.
+            ThresholdValue::Quantity(value) => value > 0,
             ThresholdValue::Percentage(share) => share > 0.0 && share < 1.0,
         };
         let valid_reclaim = match threshold.min_reclaim {

@@ -1,14 +1,19 @@
 //! A stand-in for the Kubernetes API server (none can run here): serves
 //! real API JSON (PodList, an open watch stream, the pod after a status
 //! patch, created Events, Eviction answers and `Status` errors) on
-//! loopback, records every request, and fails on demand: 403 for a route,
-//! 429 for evictions (a PodDisruptionBudget), or no answer for a while.
+//! loopback, keeps the pods' state as the API server would (a status patch
+//! changes the stored pod, a delete removes it, uid preconditions and
+//! duplicate event names are 409s), records every request with its answer,
+//! and fails on demand: 403 for a route, 429 for evictions (a
+//! PodDisruptionBudget), no answer for a while, or down altogether
+//! (connections refused) until it comes back on the same address.
 use std::{
+    collections::HashSet,
     convert::Infallible,
     io,
     net::SocketAddr,
     path::PathBuf,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
 
@@ -32,6 +37,8 @@ pub struct Recorded {
     pub content_type: String,
     pub authorization: String,
     pub body: Value,
+    /// The HTTP status answered; 0 while the answer is pending.
+    pub status: u16,
 }
 
 impl Recorded {
@@ -53,16 +60,36 @@ pub struct Faults {
 }
 
 struct Shared {
-    pods: Vec<Value>,
+    state: Mutex<Stored>,
     faults: Faults,
     requests: Mutex<Vec<Recorded>>,
 }
 
+/// What the stand-in stores, as the API server's storage would.
+#[derive(Default)]
+struct Stored {
+    pods: Vec<Value>,
+    /// (namespace, name) of every event created.
+    events: HashSet<(String, String)>,
+    /// Status patches that moved a pod's phase to Failed.
+    failed_transitions: usize,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The serving thread of one "up" period.
+struct Serving {
+    stop: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
 pub struct ApiServer {
     shared: Arc<Shared>,
+    address: SocketAddr,
     kubeconfig: PathBuf,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    serving: Option<Serving>,
 }
 
 /// The bearer token the kubeconfig carries.
@@ -72,40 +99,58 @@ impl ApiServer {
     /// Serves `pods` (API Pod objects) with `faults`.
     pub fn start(pods: Vec<Value>, faults: Faults) -> io::Result<Self> {
         let shared = Arc::new(Shared {
-            pods,
+            state: Mutex::new(Stored {
+                pods,
+                ..Stored::default()
+            }),
             faults,
             requests: Mutex::new(Vec::new()),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
         let address = listener.local_addr()?;
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let app = Router::new().fallback(handle).with_state(shared.clone());
-        let thread = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                    return;
-                };
-                let _ = axum::serve(listener, app)
-                    .with_graceful_shutdown(async {
-                        let _ = stopped.await;
-                    })
-                    .await;
-            });
-        });
+        let serving = serve(listener, shared.clone())?;
         let kubeconfig = write_kubeconfig(&format!("http://{address}"))?;
         Ok(Self {
             shared,
+            address,
             kubeconfig,
-            stop: Some(stop),
-            thread: Some(thread),
+            serving: Some(serving),
         })
+    }
+
+    /// Stops answering: open connections (the pod watch) are cut and new
+    /// ones refused, as when the API server's process or its network is
+    /// gone. What it stores is kept.
+    pub fn go_down(&mut self) {
+        if let Some(serving) = self.serving.take() {
+            let _ = serving.stop.send(());
+            let _ = serving.thread.join();
+        }
+    }
+
+    /// Serves again on the same address, with the same state.
+    pub fn come_back(&mut self) -> io::Result<()> {
+        if self.serving.is_none() {
+            // The listener closed with the old thread; its address is free
+            // again (std sets SO_REUSEADDR, so TIME_WAIT does not hold it).
+            let listener = std::net::TcpListener::bind(self.address)?;
+            self.serving = Some(serve(listener, self.shared.clone())?);
+        }
+        Ok(())
+    }
+
+    /// The pod as the stand-in now stores it; `None` once deleted.
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        lock(&self.shared.state)
+            .pods
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
+            .cloned()
+    }
+
+    /// How many status patches moved a pod to phase Failed.
+    pub fn failed_transitions(&self) -> usize {
+        lock(&self.shared.state).failed_transitions
     }
 
     /// A kubeconfig naming this server (`--kubeconfig`).
@@ -114,11 +159,7 @@ impl ApiServer {
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.shared
-            .requests
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        lock(&self.shared.requests).clone()
     }
 
     /// Waits until a request matches `matches` (described by `what`);
@@ -141,14 +182,35 @@ impl ApiServer {
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        // An open watch holds graceful shutdown until its client goes; the
-        // agent is gone by now in every test, and the thread ends with it.
-        drop(self.thread.take());
+        self.go_down();
         let _ = std::fs::remove_file(&self.kubeconfig);
     }
+}
+
+/// Serves `listener` on a thread of its own until told to stop; stopping
+/// drops the runtime, and with it every open connection.
+fn serve(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<Serving> {
+    listener.set_nonblocking(true)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = Router::new().fallback(handle).with_state(shared);
+    let thread = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                return;
+            };
+            tokio::select! {
+                _ = axum::serve(listener, app) => {}
+                _ = stopped => {}
+            }
+        });
+    });
+    Ok(Serving { stop, thread })
 }
 
 /// A kubeconfig for `server` with a bearer token.
@@ -239,14 +301,17 @@ async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response
         content_type: header(header::CONTENT_TYPE),
         authorization: header(header::AUTHORIZATION),
         body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        status: 0,
     };
-    shared
-        .requests
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(recorded.clone());
+    let index = {
+        let mut requests = lock(&shared.requests);
+        requests.push(recorded.clone());
+        requests.len() - 1
+    };
     tokio::time::sleep(shared.faults.delay).await;
-    respond(&shared, &parts.method, &recorded)
+    let response = respond(&shared, &parts.method, &recorded);
+    lock(&shared.requests)[index].status = response.status().as_u16();
+    response
 }
 
 fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
@@ -264,12 +329,12 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
         return json_response(403, status_failure(403, "Forbidden", &message));
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let pod_named = |namespace: &str, name: &str| {
-        shared
+    let mut state = lock(&shared.state);
+    let pod_index = |state: &Stored, namespace: &str, name: &str| {
+        state
             .pods
             .iter()
-            .find(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
-            .cloned()
+            .position(|p| p["metadata"]["namespace"] == namespace && p["metadata"]["name"] == name)
     };
     match (method.as_str(), segments.as_slice()) {
         ("GET", ["api", "v1", "pods"]) if request.query.contains("watch=true") => {
@@ -285,23 +350,42 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
         ("GET", ["api", "v1", "pods"]) => json_response(
             200,
             json!({"kind": "PodList", "apiVersion": "v1",
-                   "metadata": {"resourceVersion": "100"}, "items": shared.pods}),
+                   "metadata": {"resourceVersion": "100"}, "items": state.pods}),
         ),
         ("PATCH", ["api", "v1", "namespaces", namespace, "pods", name, "status"]) => {
-            match pod_named(namespace, name) {
-                Some(mut pod) => {
-                    pod["status"]["phase"] = request.body["status"]["phase"].clone();
-                    pod["status"]["reason"] = request.body["status"]["reason"].clone();
-                    json_response(200, pod)
-                }
-                None => not_found(name),
+            let Some(index) = pod_index(&state, namespace, name) else {
+                return not_found(name);
+            };
+            let stored_uid = state.pods[index]["metadata"]["uid"].clone();
+            let wanted_uid = &request.body["metadata"]["uid"];
+            if !wanted_uid.is_null() && *wanted_uid != stored_uid {
+                return conflict(&format!(
+                    "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {stored_uid}"
+                ));
             }
+            let status = &mut state.pods[index]["status"];
+            let was_failed = status["phase"] == "Failed";
+            for field in ["phase", "reason", "message", "conditions"] {
+                if !request.body["status"][field].is_null() {
+                    status[field] = request.body["status"][field].clone();
+                }
+            }
+            let now_failed = status["phase"] == "Failed";
+            let pod = state.pods[index].clone();
+            if now_failed && !was_failed {
+                state.failed_transitions += 1;
+            }
+            json_response(200, pod)
         }
         ("DELETE", ["api", "v1", "namespaces", namespace, "pods", name]) => {
-            match pod_named(namespace, name) {
-                Some(pod) => json_response(200, pod),
-                None => not_found(name),
+            let Some(index) = pod_index(&state, namespace, name) else {
+                return not_found(name);
+            };
+            let wanted_uid = &request.body["preconditions"]["uid"];
+            if !wanted_uid.is_null() && *wanted_uid != state.pods[index]["metadata"]["uid"] {
+                return conflict("Precondition failed: UID in precondition does not match");
             }
+            json_response(200, state.pods.remove(index))
         }
         ("POST", ["api", "v1", "namespaces", _, "pods", name, "eviction"]) => {
             if shared.faults.budget_refuses_evictions {
@@ -320,13 +404,31 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
                        "status": "Success", "code": 201, "details": {"name": name, "kind": "pods"}}),
             )
         }
-        ("POST", ["api", "v1", "namespaces", _, "events"]) => {
+        ("POST", ["api", "v1", "namespaces", namespace, "events"]) => {
+            let name = request.body["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if !state.events.insert(((*namespace).to_owned(), name.clone())) {
+                return json_response(
+                    409,
+                    status_failure(
+                        409,
+                        "AlreadyExists",
+                        &format!("events \"{name}\" already exists"),
+                    ),
+                );
+            }
             let mut event = request.body.clone();
             event["metadata"]["resourceVersion"] = json!("200");
             json_response(201, event)
         }
         _ => not_found(path),
     }
+}
+
+fn conflict(message: &str) -> Response {
+    json_response(409, status_failure(409, "Conflict", message))
 }
 
 fn not_found(name: &str) -> Response {

@@ -149,7 +149,7 @@ impl CriNode {
     pub fn scratch_dir(&self, name: &str) -> io::Result<PathBuf> {
         Ok(self
             .pods_dir()
-            .join(self.pod(name)?.spec.uid)
+            .join(&self.pod(name)?.spec.uid)
             .join("volumes/kubernetes.io~empty-dir")
             .join(SCRATCH_VOLUME))
     }
@@ -248,11 +248,11 @@ impl CriNode {
             self.tree
                 .set_memory_limit(&cgroup, u64::try_from(total).map_err(io::Error::other)?)?;
         }
-        let control = self.dir.join("control").join(spec.name);
+        let control = self.dir.join("control").join(&spec.name);
         fs::create_dir_all(&control)?;
         let scratch = self
             .pods_dir()
-            .join(spec.uid)
+            .join(&spec.uid)
             .join("volumes/kubernetes.io~empty-dir")
             .join(SCRATCH_VOLUME);
         fs::create_dir_all(&scratch)?;
@@ -417,9 +417,9 @@ fn namespace_options() -> NamespaceOption {
 /// kubelet's labels on sandboxes (and containers, which add their name).
 fn pod_labels(spec: &PodSpec) -> std::collections::HashMap<String, String> {
     [
-        ("io.kubernetes.pod.name", spec.name),
+        ("io.kubernetes.pod.name", spec.name.as_str()),
         ("io.kubernetes.pod.namespace", "default"),
-        ("io.kubernetes.pod.uid", spec.uid),
+        ("io.kubernetes.pod.uid", spec.uid.as_str()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

@@ -26,6 +26,7 @@ mod cgroup_tree;
 mod containerd;
 mod cri_node;
 mod layout;
+mod memory;
 mod oci_image;
 mod sandbox;
 mod wait;
@@ -43,9 +44,10 @@ pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PID
 pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
+pub use memory::{ProcessMemory, Region};
 pub use oci_image::OciImage;
 pub use sandbox::{
-    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, systemd_path,
+    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, quiet_pods, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};

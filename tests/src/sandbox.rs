@@ -14,8 +14,8 @@ use crate::{Agent, PrivateCgroupTree, Workload};
 /// One pod of the sandbox node with a single container.
 #[derive(Debug, Clone)]
 pub struct PodSpec {
-    pub name: &'static str,
-    pub uid: &'static str,
+    pub name: String,
+    pub uid: String,
     /// Container cgroup relative to the node cgroup.
     pub container: String,
     /// The pod in the snapshot schema (--pod-metadata).
@@ -25,26 +25,28 @@ pub struct PodSpec {
 impl PodSpec {
     /// `resources`: the container's `requests`/`limits` object.
     pub fn new(
-        name: &'static str,
-        uid: &'static str,
+        name: impl Into<String>,
+        uid: impl Into<String>,
         container: String,
         priority: i32,
         resources: Value,
     ) -> Self {
+        let (name, uid) = (name.into(), uid.into());
         let mut container_spec = json!({"name": "main"});
         if let Value::Object(fields) = resources {
             for (key, value) in fields {
                 container_spec[key] = value;
             }
         }
+        let metadata = json!({
+            "namespace": "default", "name": name, "uid": uid,
+            "priority": priority, "containers": [container_spec],
+        });
         Self {
             name,
             uid,
             container,
-            metadata: json!({
-                "namespace": "default", "name": name, "uid": uid,
-                "priority": priority, "containers": [container_spec],
-            }),
+            metadata,
         }
     }
 }
@@ -114,6 +116,31 @@ pub fn memory_pods() -> Vec<PodSpec> {
     ]
 }
 
+/// `count` small pods to stand beside [`memory_pods`] on a node with many
+/// pods, cgroupfs driver: `quiet-1`, `quiet-2`, ... in turn Guaranteed
+/// (16Mi), Burstable (requests 8Mi) and BestEffort, priorities 0 to 90.
+/// Under memory pressure each ranks after a hog that holds more than they
+/// do.
+pub fn quiet_pods(count: usize) -> Vec<PodSpec> {
+    (1..=count)
+        .map(|n| {
+            let uid = format!("00000000-0000-4000-8001-{n:012x}");
+            let priority = (n % 10) as i32 * 10;
+            let (qos_dir, resources) = match n % 3 {
+                0 => (
+                    "",
+                    json!({"requests": {"cpu": "10m", "memory": "16Mi"},
+                           "limits": {"cpu": "10m", "memory": "16Mi"}}),
+                ),
+                1 => ("burstable/", json!({"requests": {"memory": "8Mi"}})),
+                _ => ("besteffort/", json!({})),
+            };
+            let container = cgroupfs_path(qos_dir, &uid);
+            PodSpec::new(format!("quiet-{n}"), uid, container, priority, resources)
+        })
+        .collect()
+}
+
 const MIB: u64 = 1 << 20;
 
 /// What the steady pods of [`memory_pods`] hold in `cargo xtask demo` and
@@ -128,10 +155,13 @@ pub const STEADY_POD_MEMORY: [(&str, u64); 4] = [
 /// The node: cgroups for every pod, a process in each, the metadata file.
 pub struct SandboxNode {
     // Declared first so the processes die before their cgroups go.
-    workloads: Vec<(&'static str, Workload)>,
+    workloads: Vec<(String, Workload)>,
     pub tree: PrivateCgroupTree,
     pub pods: Vec<PodSpec>,
     metadata_file: PathBuf,
+    /// The agent's --state-dir: private to this node, kept across agent
+    /// restarts, removed with the node.
+    state_dir: PathBuf,
 }
 
 impl SandboxNode {
@@ -143,17 +173,22 @@ impl SandboxNode {
         tree.set_memory_limit("node", memory_limit)?;
         let metadata: Vec<&Value> = pods.iter().map(|p| &p.metadata).collect();
         let metadata_file = std::env::temp_dir().join(format!("evictd-pods-{}.json", tree.name()));
+        let state_dir = std::env::temp_dir().join(format!("evictd-state-{}", tree.name()));
         fs::write(&metadata_file, serde_json::to_vec(&metadata)?)?;
         let mut workloads = Vec::new();
         for pod in &pods {
             let rel = format!("node/{}", pod.container);
             tree.create(&rel)?;
-            workloads.push((pod.name, Workload::spawn_in(&tree, &rel, workload_binary)?));
+            workloads.push((
+                pod.name.clone(),
+                Workload::spawn_in(&tree, &rel, workload_binary)?,
+            ));
         }
         Ok(Self {
             tree,
             pods,
             metadata_file,
+            state_dir,
             workloads,
         })
     }
@@ -167,7 +202,7 @@ impl SandboxNode {
     pub fn workload(&mut self, name: &str) -> io::Result<&mut Workload> {
         self.workloads
             .iter_mut()
-            .find(|(n, _)| *n == name)
+            .find(|(n, _)| n == name)
             .map(|(_, w)| w)
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no pod {name}")))
     }
@@ -192,8 +227,15 @@ impl SandboxNode {
             node_name.into(),
             "--kubeconfig".into(),
             kubeconfig.display().to_string(),
+            "--state-dir".into(),
+            self.state_dir.display().to_string(),
         ]);
         args
+    }
+
+    /// The agent's --state-dir (with [`Self::api_agent_args`]).
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
     }
 
     fn node_args(&self) -> Vec<String> {
@@ -247,5 +289,6 @@ impl SandboxNode {
 impl Drop for SandboxNode {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.metadata_file);
+        let _ = fs::remove_dir_all(&self.state_dir);
     }
 }

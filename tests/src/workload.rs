@@ -119,10 +119,36 @@ impl WorkloadChannel {
         self.command_u64(&format!("fork {count}"))
     }
 
+    /// Starts one child running `count` threads besides its main one;
+    /// returns how many children the workload now has.
+    pub fn threads(&mut self, count: u32) -> io::Result<u64> {
+        self.command_u64(&format!("threads {count}"))
+    }
+
     /// Kills and reaps the `count` newest children; returns how many are
     /// left.
     pub fn reap(&mut self, count: u32) -> io::Result<u64> {
         self.command_u64(&format!("reap {count}"))
+    }
+
+    /// Maps `bytes` of fresh anonymous memory and faults in every 4 KiB
+    /// page; returns how long the faults took. Kept until [`Self::unmap`].
+    pub fn touch(&mut self, bytes: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("touch {bytes}"))
+            .map(Duration::from_nanos)
+    }
+
+    /// Unmaps what [`Self::touch`] mapped; returns how long munmap took.
+    pub fn unmap(&mut self) -> io::Result<Duration> {
+        self.command_u64("unmap").map(Duration::from_nanos)
+    }
+
+    /// Starts a child that faults in `bytes`, SIGKILLs it once it holds
+    /// them, and returns the time from the signal until it was reaped (its
+    /// memory freed).
+    pub fn kill_large(&mut self, bytes: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("kill-large {bytes}"))
+            .map(Duration::from_nanos)
     }
 
     /// The pid as the workload itself reports it (the `pid` command).

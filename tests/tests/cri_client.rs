@@ -48,7 +48,7 @@ fn usage_of(node: &CriNode, name: &str) -> Option<PodDiskUsage> {
         .containerd
         .block_on(disk_usage::read(&mut client, &pods_dir))
         .unwrap();
-    pods.remove(node.pod(name).unwrap().spec.uid)
+    pods.remove(node.pod(name).unwrap().spec.uid.as_str())
 }
 
 #[test]
@@ -155,6 +155,7 @@ fn each_pods_disk_usage_is_counted_as_kubelet_counts_it() {
             "ephemeral-storage".to_owned(),
             Quantity::parse("16Mi").unwrap(),
         )]),
+        restart_policy: None,
     }];
     let over = local_storage::evaluate(&containers, &[], &writer, false).unwrap();
     // The pod (layer + scratch) is over the sum of its limits first.

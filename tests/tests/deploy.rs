@@ -1,28 +1,45 @@
-//! What deploy/daemonset.yaml grants is enough: the agent, run as root with
-//! only the capabilities the DaemonSet adds (everything else dropped from
-//! its bounding set, as a container runtime does), loads and attaches its
-//! programs and evicts a memory hog from a sandbox node, freezer writes and
-//! all.
+//! What deploy/daemonset.yaml grants is enough, and no more is needed: the
+//! agent, run as root with only the capabilities the DaemonSet adds
+//! (everything else dropped from its bounding set, as a container runtime
+//! does), under the seccomp profile it names (deploy/seccomp, applied as a
+//! runtime applies a Localhost profile), with every cgroup filesystem
+//! read-only but for the pods' cgroups (as its volume mounts have it), loads
+//! and attaches its programs and evicts a memory hog from a sandbox node,
+//! freezer writes and all. And the profile is enforced: without `bpf` in
+//! it, the agent cannot load its programs.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
-use evictd_integration::{Agent, SandboxNode, agent_binary, memory_pods};
+use evictd_integration::{Agent, Controller, SandboxNode, agent_binary, memory_pods};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const MIB: u64 = 1 << 20;
 
-/// The capabilities the DaemonSet's container adds, as setpriv names them.
-fn daemonset_capabilities() -> Vec<String> {
+/// The DaemonSet's agent container.
+fn agent_container() -> Value {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
     let text = std::fs::read_to_string(manifest).unwrap();
     let daemonset: Value = serde_yaml_ng::from_str(&text).unwrap();
-    let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+    let containers = daemonset["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    containers
+        .iter()
+        .find(|c| c["name"] == "evictd")
+        .unwrap()
+        .clone()
+}
+
+/// The capabilities the agent container adds, as setpriv names them.
+fn daemonset_capabilities(container: &Value) -> Vec<String> {
     let security = &container["securityContext"];
     assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
     assert_eq!(security["capabilities"]["drop"][0], "ALL");
     security["capabilities"]["add"]
         .as_array()
@@ -32,21 +49,86 @@ fn daemonset_capabilities() -> Vec<String> {
         .collect()
 }
 
+/// The Localhost seccomp profile the agent container names, from deploy/.
+fn daemonset_seccomp_profile(container: &Value) -> PathBuf {
+    let profile = &container["securityContext"]["seccompProfile"];
+    assert_eq!(profile["type"], "Localhost");
+    let name = profile["localhostProfile"].as_str().unwrap();
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/seccomp")).join(name)
+}
+
+/// `setpriv` keeping only `capabilities` (uid 0 keeps exactly what the
+/// bounding set allows across exec), then `command`.
+fn with_capabilities(capabilities: &[String], command: &[String]) -> Vec<String> {
+    let keep: String = capabilities.iter().map(|cap| format!(",+{cap}")).collect();
+    let mut line = vec![
+        "setpriv".to_owned(),
+        format!("--bounding-set=-all{keep}"),
+        format!("--inh-caps=-all{keep}"),
+    ];
+    line.extend(command.iter().cloned());
+    line
+}
+
+/// A shell that, in a mount namespace of its own (gone when the agent
+/// exits), makes every cgroup filesystem read-only except `writable` (a
+/// path relative to each hierarchy's root, where it exists), checks that
+/// `read_only_file` is not writable any more, then runs `command`.
+fn in_narrowed_cgroupfs(writable: &str, read_only_file: &str, command: &[String]) -> Command {
+    let script = r#"
+set -eu
+writable=$1 probe=$2; shift 2
+for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+  mount -o remount,bind,ro "$target"
+done
+for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+  if [ -d "$target/$writable" ]; then
+    mount --bind "$target/$writable" "$target/$writable"
+    mount -o remount,bind,rw "$target/$writable"
+  fi
+done
+if [ -w "$probe" ]; then echo "$probe is still writable" >&2; exit 97; fi
+exec "$@"
+"#;
+    let mut shell = Command::new("unshare");
+    shell
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .args([writable, read_only_file])
+        .args(command);
+    shell
+}
+
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
-fn the_daemonsets_capabilities_are_enough_to_attach_and_evict() {
-    let capabilities = daemonset_capabilities();
+fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
+    let container = agent_container();
+    let capabilities = daemonset_capabilities(&container);
     assert!(!capabilities.is_empty());
-    let keep: String = capabilities.iter().map(|cap| format!(",+{cap}")).collect();
+    let profile = daemonset_seccomp_profile(&container);
     let mut node = SandboxNode::new(memory_pods(), 512 * MIB, WORKLOAD).unwrap();
-    // uid 0 keeps exactly what the bounding set allows across exec.
-    let mut command = Command::new("setpriv");
-    command
-        .arg(format!("--bounding-set=-all{keep}"))
-        .arg(format!("--inh-caps=-all{keep}"))
-        .arg(agent_binary())
-        .args(node.agent_args())
-        .args(["--eviction-hard", "memory.available<96Mi"]);
+    let mut agent_line = vec![
+        SECCOMP.to_owned(),
+        profile.display().to_string(),
+        agent_binary().display().to_string(),
+    ];
+    agent_line.extend(node.agent_args());
+    agent_line.extend(["--eviction-hard".into(), "memory.available<96Mi".into()]);
+    let node_cgroup = node.node_cgroup();
+    let node_dir = node.tree.dir(Controller::Memory, "node");
+    let command = in_narrowed_cgroupfs(
+        &format!("{}/kubepods", node_cgroup.trim_start_matches('/')),
+        &node_dir.join("cgroup.procs").display().to_string(),
+        &with_capabilities(&capabilities, &agent_line),
+    );
     let mut agent = Agent::spawn(command).unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     assert!(
@@ -57,7 +139,7 @@ fn the_daemonsets_capabilities_are_enough_to_attach_and_evict() {
     );
     agent.log.expect(
         "watching scope",
-        &[("scope", &node.node_cgroup()), ("trigger", "bpf")],
+        &[("scope", &node_cgroup), ("trigger", "bpf")],
     );
     node.grow_until_stopped("hog", 16 * MIB, 512 * MIB).unwrap();
     agent.log.expect_eviction("default/hog", "memory");
@@ -66,4 +148,54 @@ fn the_daemonsets_capabilities_are_enough_to_attach_and_evict() {
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
     assert!(log.problems().is_empty(), "{:#?}", log.problems());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn the_seccomp_profile_is_enforced() {
+    let container = agent_container();
+    let capabilities = daemonset_capabilities(&container);
+    let profile: Value = serde_json::from_str(
+        &std::fs::read_to_string(daemonset_seccomp_profile(&container)).unwrap(),
+    )
+    .unwrap();
+    let mut without_bpf = profile.clone();
+    for rule in without_bpf["syscalls"].as_array_mut().unwrap() {
+        rule["names"]
+            .as_array_mut()
+            .unwrap()
+            .retain(|name| name != "bpf");
+    }
+    assert_ne!(
+        profile, without_bpf,
+        "the profile allows no bpf() to take away"
+    );
+    // Removed when the test ends, however it ends.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("without-bpf.json");
+    std::fs::write(&path, serde_json::to_vec(&without_bpf).unwrap()).unwrap();
+    let node = SandboxNode::new(memory_pods(), 512 * MIB, WORKLOAD).unwrap();
+    let mut agent_line = vec![
+        SECCOMP.to_owned(),
+        path.display().to_string(),
+        agent_binary().display().to_string(),
+    ];
+    agent_line.extend(node.agent_args());
+    let line = with_capabilities(&capabilities, &agent_line);
+    let mut command = Command::new(&line[0]);
+    command.args(&line[1..]);
+    let mut agent = Agent::spawn(command).unwrap();
+    let refused = agent.log.expect(
+        "eBPF programs unavailable: POLLING cgroupfs instead of kernel events",
+        &[],
+    );
+    // The agent names EPERM from bpf() as a matter of privilege.
+    assert!(
+        refused["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("loading BPF needs root")),
+        "{refused}"
+    );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
 }

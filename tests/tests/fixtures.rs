@@ -138,6 +138,37 @@ fn memory_is_charged_to_the_leaf_and_its_ancestors_and_returned_on_free() {
 
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn touch_unmap_and_kill_large_charge_and_return_what_they_say() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
+    let before = tree.memory_usage("pod").unwrap();
+    let faults = workload.touch(32 * MIB).unwrap();
+    let touched = tree.memory_usage("pod").unwrap();
+    assert!(touched >= before + 32 * MIB, "{before} -> {touched}");
+    assert!(faults > Duration::ZERO);
+    // One mapping at a time: the bench times each on its own.
+    let err = workload.touch(MIB).unwrap_err();
+    assert!(err.to_string().contains("unmap"), "{err}");
+
+    workload.unmap().unwrap();
+    let unmapped = tree.memory_usage("pod").unwrap();
+    assert!(unmapped + 30 * MIB <= touched, "{touched} -> {unmapped}");
+    assert!(workload.unmap().is_err(), "nothing left to unmap");
+
+    // The child held its memory in the pod, and is reaped with it freed.
+    workload.kill_large(32 * MIB).unwrap();
+    assert_eq!(
+        tree.procs(Controller::Pids, "pod").unwrap(),
+        [workload.pid()]
+    );
+    let after_kill = tree.memory_usage("pod").unwrap();
+    assert!(after_kill < before + 8 * MIB, "{before} -> {after_kill}");
+    assert_eq!(tree.oom_kill_count("pod").unwrap(), 0);
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn pids_current_counts_the_workload_and_each_child() {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();

@@ -1,21 +1,23 @@
 //! evictd beside a Kubernetes API server (a stand-in serving real API JSON):
 //! pod metadata comes from the API's pod list, a real kill on the sandbox
-//! node is reported as kubelet reports it (node event, pod event, status
-//! patch, in that order, with kubelet's message), a refused permission is
-//! one clear log line and no retries, a PodDisruptionBudget stops a soft
-//! eviction, and with the API down or slow the node is protected all the
-//! same.
+//! node is reported as kubelet reports it (the status patch first, then the
+//! node event and the pod event, with kubelet's message), a report survives
+//! an API outage longer than any fixed retry budget and an agent restart in
+//! the middle of it, a refused permission is one clear log line and no
+//! retries, a PodDisruptionBudget stops a soft eviction, and with the API
+//! down or slow the node is protected all the same.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use evictd::quantity::Quantity;
 use evictd_integration::{
     Agent, ApiServer, Faults, Recorded, SandboxNode, api_pod, closed_port, http_get, memory_pods,
-    metric, write_kubeconfig,
+    metric, wait_until, write_kubeconfig,
 };
+use nix::sys::signal::Signal;
 use serde_json::{Value, json};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -133,8 +135,13 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
         "container usage {usage} vs the pod's {hog_usage} at the decision"
     );
 
-    // Exactly these writes, in kubelet's order, and nothing about any
-    // other pod.
+    // Exactly these writes, the one that stops the pod being restarted in
+    // place first, and nothing about any other pod.
+    server
+        .wait_for_request(REPORT_DEADLINE, "the pod's Evicted event", |r| {
+            r.method == "POST" && r.body["reason"] == "Evicted"
+        })
+        .unwrap();
     let writes = writes(&server);
     let summary: Vec<(&str, &str)> = writes
         .iter()
@@ -143,18 +150,18 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
     assert_eq!(
         summary,
         [
-            ("POST", "/api/v1/namespaces/default/events"),
-            ("POST", "/api/v1/namespaces/default/events"),
             ("PATCH", "/api/v1/namespaces/default/pods/hog/status"),
+            ("POST", "/api/v1/namespaces/default/events"),
+            ("POST", "/api/v1/namespaces/default/events"),
         ]
     );
-    let node_event = &writes[0].body;
+    let node_event = &writes[1].body;
     assert_eq!(node_event["involvedObject"]["kind"], "Node");
     assert_eq!(node_event["involvedObject"]["name"], NODE_NAME);
     assert_eq!(node_event["reason"], "EvictionThresholdMet");
     assert_eq!(node_event["message"], "Attempting to reclaim memory");
     assert_eq!(node_event["type"], "Warning");
-    let pod_event = &writes[1].body;
+    let pod_event = &writes[2].body;
     assert_eq!(
         pod_event["involvedObject"],
         json!({"apiVersion": "v1", "kind": "Pod", "namespace": "default", "name": "hog",
@@ -275,6 +282,58 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
     let _ = std::fs::remove_file(kubeconfig);
+}
+
+/// node-exporter (BestEffort, system-node-critical priority) holds more
+/// than the hog will: ranked on cgroups alone it would die first.
+const CRITICAL_POD_MEMORY: u64 = 240 * MIB;
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_critical_pod_stays_protected_through_an_api_outage_and_an_agent_restart() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[("node-exporter", CRITICAL_POD_MEMORY)])
+        .unwrap();
+    let mut server = api_server(&node, Faults::default());
+    let args = [
+        "--eviction-hard",
+        "memory.available<96Mi",
+        "--api-timeout",
+        "1s",
+    ];
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    let cache = node.state_dir().join("pod-metadata.json");
+    wait_until(REPORT_DEADLINE, "the pods in the metadata cache", || {
+        std::fs::read_to_string(&cache).is_ok_and(|text| text.contains("\"node-exporter\""))
+    })
+    .unwrap();
+
+    // The API goes away, then the agent, killed outright: the new one
+    // never sees a pod list.
+    server.go_down();
+    agent.signal(Signal::SIGKILL).unwrap();
+    agent.wait_exit().unwrap();
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    let loaded = agent.log.expect(
+        "pod metadata from the last agent's cache, until the API lists the pods",
+        &[],
+    );
+    assert_eq!(loaded["pods"], node.pods.len(), "{loaded}");
+
+    run_hog_until_stopped(&mut node);
+    agent.log.expect_eviction("default/hog", "memory");
+    assert!(node.alive("node-exporter"), "the critical pod was killed");
+    assert!(
+        agent
+            .log
+            .all("pods listed from the Kubernetes API")
+            .is_empty(),
+        "the API was down throughout"
+    );
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
 }
 
 #[test]
@@ -400,4 +459,122 @@ fn dry_run_reads_the_api_and_writes_nothing() {
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
     assert!(writes(&server).is_empty(), "{:#?}", writes(&server));
+}
+
+/// How long the old reporter kept a report before giving up, with
+/// --api-timeout 1s against an API that refuses connections: five tries
+/// with 1, 2, 4 and 8 s between them, each failing at once.
+const OLD_RETRY_WINDOW: Duration = Duration::from_secs(15);
+/// The outage in the next test: longer than that window, with the margin
+/// of a try that times out instead of failing at once.
+const OUTAGE: Duration = Duration::from_secs(22);
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
+    const {
+        assert!(OUTAGE.as_secs() > OLD_RETRY_WINDOW.as_secs() + 5);
+    }
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let mut server = api_server(&node, Faults::default());
+    let args = [
+        "--eviction-hard",
+        "memory.available<96Mi",
+        "--api-timeout",
+        "1s",
+    ];
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+
+    server.go_down();
+    let outage = Instant::now();
+    run_hog_until_stopped(&mut node);
+    agent.log.expect_eviction("default/hog", "memory");
+    agent.log.expect(
+        "eviction report waits for the Kubernetes API; retrying with backoff",
+        &[("pod", "default/hog"), ("step", "MakeFinal")],
+    );
+    // The report is on disk before the agent goes.
+    let journal = node.state_dir().join("reports.json");
+    wait_until(REPORT_DEADLINE, "the report in the journal", || {
+        std::fs::read_to_string(&journal).is_ok_and(|text| text.contains("\"name\":\"hog\""))
+    })
+    .unwrap();
+    // Killed outright, as the OOM killer or a node reboot would: no
+    // shutdown path runs.
+    agent.signal(Signal::SIGKILL).unwrap();
+    let (status, _) = agent.wait_exit().unwrap();
+    assert!(!status.success());
+
+    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    let replayed = agent.log.expect(
+        "eviction reports left by the previous agent are replayed",
+        &[],
+    );
+    assert_eq!(replayed["reports"], 1, "{replayed}");
+    agent.log.expect(
+        "eviction report waits for the Kubernetes API; retrying with backoff",
+        &[("pod", "default/hog")],
+    );
+    // The outage lasts as long as the scenario says: a parameter of the
+    // test, not a wait for a condition.
+    std::thread::sleep(OUTAGE.saturating_sub(outage.elapsed()));
+    assert!(writes(&server).is_empty(), "{:#?}", writes(&server));
+    server.come_back().unwrap();
+
+    // Final exactly once, then the events, in that order.
+    server
+        .wait_for_request(REPORT_DEADLINE, "the pod's Evicted event", |r| {
+            r.method == "POST" && r.body["reason"] == "Evicted" && r.status != 0
+        })
+        .unwrap();
+    agent.log.expect(
+        "eviction reported to the Kubernetes API",
+        &[("pod", "default/hog"), ("action", "status")],
+    );
+    let writes = writes(&server);
+    let summary: Vec<(&str, &str, u16)> = writes
+        .iter()
+        .map(|r| (r.method.as_str(), r.path.as_str(), r.status))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("PATCH", "/api/v1/namespaces/default/pods/hog/status", 200),
+            ("POST", "/api/v1/namespaces/default/events", 201),
+            ("POST", "/api/v1/namespaces/default/events", 201),
+        ]
+    );
+    let hog = server.pod("default", "hog").unwrap();
+    assert_eq!(hog["status"]["phase"], "Failed");
+    assert_eq!(hog["status"]["reason"], "Evicted");
+    assert_eq!(server.failed_transitions(), 1);
+    assert_eq!(writes[1].body["reason"], "EvictionThresholdMet");
+    assert_eq!(writes[2].body["involvedObject"]["name"], "hog");
+
+    // Nothing is left pending, on disk or in the metrics (the gauge follows
+    // the file's write).
+    wait_until(REPORT_DEADLINE, "an empty journal", || {
+        std::fs::read_to_string(&journal).is_ok_and(|text| text.contains("\"reports\":[]"))
+    })
+    .unwrap();
+    let address = agent.log.metrics_address();
+    wait_until(REPORT_DEADLINE, "no report pending in the metrics", || {
+        http_get(&address, "/metrics")
+            .is_ok_and(|metrics| metric(&metrics, "evictd_eviction_reports_pending") == Some(0.0))
+    })
+    .unwrap();
+    let metrics = http_get(&address, "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"evictd_eviction_reports_total{action="status",result="reported"}"#
+        ),
+        Some(1.0)
+    );
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
 }

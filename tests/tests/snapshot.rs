@@ -87,3 +87,69 @@ fn a_live_snapshot_shows_every_pod_and_simulate_decides_on_it() {
     assert_eq!(decision["starved_resource"], "memory");
     assert_eq!(decision["victims"], serde_json::json!(["default/hog"]));
 }
+
+/// kubelet ranks pods under PID pressure by their processes (the lines of
+/// their containers' cgroup.procs, as cadvisor counts them), not by their
+/// threads, which the pids controller counts: a pod of two processes with
+/// forty threads between them is smaller than one of four single-threaded
+/// processes.
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn pid_usage_counts_processes_not_threads() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.workload("web").unwrap().threads(40).unwrap();
+    node.workload("hog").unwrap().fork(3).unwrap();
+    let web = node.pods.iter().find(|p| p.name == "web").unwrap();
+    let web_tasks = node
+        .tree
+        .pids_current(&format!("node/{}", web.container))
+        .unwrap();
+    assert!(
+        web_tasks >= 42,
+        "the kernel counts every thread: {web_tasks}"
+    );
+
+    let mut args = vec!["snapshot".to_owned()];
+    args.extend(node.agent_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, stdout) = evictd(&args);
+    assert_eq!(status, 0, "{stdout}");
+    let snapshot: Value = serde_json::from_str(&stdout).unwrap();
+    let pids = |name: &str| {
+        snapshot["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .map(|p| p["usage"]["pids"].clone())
+            .unwrap()
+    };
+    assert_eq!(pids("web"), 2, "the workload and its threaded child");
+    assert_eq!(pids("hog"), 4, "the workload and its 3 children");
+
+    let file = std::env::temp_dir().join(format!("evictd-pids-{}.json", node.tree.name()));
+    std::fs::write(&file, &stdout).unwrap();
+    let (status, decision) = evictd(&[
+        "simulate",
+        "--snapshot",
+        file.to_str().unwrap(),
+        "--eviction-hard",
+        "pid.available<99%",
+    ]);
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(status, 0);
+    let decision: Value = serde_json::from_str(decision.trim()).unwrap();
+    assert_eq!(decision["starved_resource"], "pids", "{decision}");
+    // Priority first, then processes: hog and web share priority 0.
+    assert_eq!(
+        decision["ranking"],
+        serde_json::json!([
+            "default/hog",
+            "default/web",
+            "default/batch",
+            "default/db",
+            "default/node-exporter"
+        ])
+    );
+    assert_eq!(decision["victims"], serde_json::json!(["default/hog"]));
+}

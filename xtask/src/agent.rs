@@ -9,7 +9,10 @@ use std::{
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Args;
 
-use crate::setup::{self, Toolchain};
+use crate::{
+    setup::{self, Toolchain},
+    supply_chain,
+};
 
 #[derive(Args)]
 pub struct BuildArgs {
@@ -19,9 +22,14 @@ pub struct BuildArgs {
     /// Build one statically linked binary for x86_64-unknown-linux-musl,
     /// the container image's (installs that Rust target, and as root
     /// Debian's musl-tools, when missing); checks it needs no dynamic
-    /// loader and runs `--version`, and prints its path.
+    /// loader and runs `--version`, writes its CycloneDX SBOM beside it
+    /// (`evictd.cdx.json`), and prints both paths.
     #[arg(long = "static")]
     static_link: bool,
+    /// Build exactly what Cargo.lock pins (cargo's --locked): fail rather
+    /// than resolve anew. The image build uses it.
+    #[arg(long)]
+    locked: bool,
 }
 
 #[derive(Args)]
@@ -38,11 +46,22 @@ pub struct RunArgs {
 pub fn build_command(args: &BuildArgs) -> Result<()> {
     let toolchain = setup::ensure()?;
     if args.static_link {
-        let binary = build_static(&toolchain, args.release)?;
+        let binary = build_static(&toolchain, args.release, args.locked)?;
         println!("xtask: static evictd: {}", binary.display());
+        let sbom = binary.with_file_name("evictd.cdx.json");
+        let components = supply_chain::sbom(
+            &toolchain,
+            &crate::workspace_root(),
+            setup::STATIC_TARGET,
+            &sbom,
+        )?;
+        println!(
+            "xtask: its SBOM (CycloneDX 1.5, {components} crates): {}",
+            sbom.display()
+        );
         Ok(())
     } else {
-        build(&toolchain, args.release)
+        build(&toolchain, args.release, args.locked)
     }
 }
 
@@ -50,10 +69,10 @@ pub fn build_command(args: &BuildArgs) -> Result<()> {
 /// passing its exit status on.
 pub fn run_command(args: &RunArgs) -> Result<ExitCode> {
     let toolchain = setup::ensure()?;
-    build(&toolchain, args.release)?;
+    build(&toolchain, args.release, false)?;
     if !setup::is_root() {
         bail!(
-            "evictd loads BPF programs: run as root (or with CAP_BPF, CAP_PERFMON and CAP_SYS_ADMIN)"
+            "evictd loads BPF programs and signals pods: run as root (or with CAP_BPF, CAP_PERFMON and CAP_KILL)"
         );
     }
     let binary = crate::target_dir()?
@@ -75,11 +94,15 @@ pub fn profile_dir(release: bool) -> &'static str {
     if release { "release" } else { "debug" }
 }
 
-pub fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
+/// Builds the agent for this host; `locked` is cargo's `--locked`.
+pub fn build(toolchain: &Toolchain, release: bool, locked: bool) -> Result<()> {
     let mut cargo = toolchain.cargo_host();
     cargo.args(["build", "--package", "evictd"]);
     if release {
         cargo.arg("--release");
+    }
+    if locked {
+        cargo.arg("--locked");
     }
     setup::step("build evictd", &mut cargo)
 }
@@ -87,7 +110,7 @@ pub fn build(toolchain: &Toolchain, release: bool) -> Result<()> {
 /// Builds the agent for [`setup::STATIC_TARGET`], checks that it needs no
 /// dynamic loader (the image is `FROM scratch`) and that it runs, and
 /// returns its path.
-fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
+fn build_static(toolchain: &Toolchain, release: bool, locked: bool) -> Result<PathBuf> {
     setup::ensure_static(toolchain)?;
     let mut cargo = toolchain.cargo_host();
     cargo.args([
@@ -99,6 +122,9 @@ fn build_static(toolchain: &Toolchain, release: bool) -> Result<PathBuf> {
     ]);
     if release {
         cargo.arg("--release");
+    }
+    if locked {
+        cargo.arg("--locked");
     }
     setup::step("build evictd (static)", &mut cargo)?;
     let binary = crate::target_dir()?

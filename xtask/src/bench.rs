@@ -1,6 +1,8 @@
 //! `cargo xtask bench`: builds the agent and the bench tools, runs
-//! evictd-bench on a sandbox node, draws the plot, and with `--quick` checks
-//! that every mode produced results (a smoke test for CI, not a timing test).
+//! evictd-bench on a sandbox node and the ranking micro-benchmark
+//! (evictd-rank-bench), draws the plots, and with `--quick` checks that
+//! every scenario and mode produced results (a smoke test for CI, not a
+//! timing test). `--rank` runs the micro-benchmark alone.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -16,26 +18,59 @@ use crate::{setup, tools};
 /// matplotlib for the plot, pinned, in a venv under the target directory.
 const MATPLOTLIB: &str = "matplotlib==3.9.2";
 
-/// `--quick`: one round of every mode at 1 GiB/s and the fork bomb.
-const QUICK_ARGS: [&str; 6] = ["--runs", "1", "--rates", "1Gi", "--idle", "2s"];
+/// `--quick`: one round of every mode at 1 GiB/s (with the oracle) and the
+/// fork bomb, the pod-count scenario at 250 pods, and the overhead
+/// operations once each with event mode against no agent; 1 s idle. What it
+/// adds to the smoke test's time is kept small: CI runs it.
+const QUICK_ARGS: [&str; 14] = [
+    "--runs",
+    "1",
+    "--rates",
+    "1Gi",
+    "--idle",
+    "1s",
+    "--pod-counts",
+    "250",
+    "--overhead-reps",
+    "1",
+    "--overhead-modes",
+    "event",
+    "--overhead-bytes",
+    "64Mi",
+];
 
 #[derive(Args)]
 pub struct BenchArgs {
-    /// Smoke test: one round at 1 GiB/s and the fork bomb, 2 s idle, on the
-    /// debug build, into target/bench-quick; fails unless every mode
-    /// produced results.
+    /// Smoke test: one round at 1 GiB/s (every mode and the oracle), the
+    /// fork bomb, 250 pods, the overhead operations once (event mode and no
+    /// agent), 1 s idle, the ranking 50 times, on the debug build, into
+    /// target/bench-quick; fails unless every scenario and mode produced
+    /// results.
     #[arg(long)]
     quick: bool,
+    /// Only the ranking micro-benchmark (kubelet's ranking of 1,000 pods,
+    /// timed against its 1 ms goal; release build, no root, no sandbox):
+    /// prints its table and writes rank.md to the results directory.
+    #[arg(long, conflicts_with = "quick")]
+    rank: bool,
     /// Where the results go.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// evictd-bench arguments, e.g. `-- --runs 20 --rates 256Mi,1Gi`
+    /// evictd-bench arguments, e.g. `-- --runs 30 --rates 256Mi,1Gi`
     /// (`-- --help` lists them).
     #[arg(last = true)]
     bench_args: Vec<String>,
 }
 
+/// Rankings the micro-benchmark times per signal: its default in the full
+/// bench, fewer on the smoke test's debug build.
+const RANK_RUNS: &str = "1000";
+const QUICK_RANK_RUNS: &str = "50";
+
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.rank {
+        return rank_only(args);
+    }
     let quick = args.quick;
     // The smoke test runs the debug build `cargo xtask test` already made;
     // published numbers come from release builds.
@@ -60,18 +95,84 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         bench.args(QUICK_ARGS);
     }
     setup::step("bench", bench.args(&args.bench_args))?;
+    let ranking = rank_bench(
+        &tools,
+        &out,
+        if quick { QUICK_RANK_RUNS } else { RANK_RUNS },
+    )?;
+    // bench.md ends with the micro-benchmark, run on the same machine.
+    let bench_md = out.join("bench.md");
+    let mut tables =
+        fs::read_to_string(&bench_md).with_context(|| format!("reading {}", bench_md.display()))?;
+    tables += &format!("\n## {RANK_SECTION}\n\n{ranking}");
+    fs::write(&bench_md, tables).with_context(|| format!("writing {}", bench_md.display()))?;
     plot(&out, workspace)?;
     if quick {
-        check_every_mode_produced_results(&out)?;
+        check_every_scenario_produced_results(&out)?;
     }
     println!(
-        "xtask: results in {}: bench.json, bench.md, bench.png",
-        out.display()
+        "xtask: results in {}: bench.json, bench.md, rank.md, {}",
+        out.display(),
+        PLOTS.join(", ")
     );
     Ok(())
 }
 
-/// Draws bench.png with matplotlib from a venv made once.
+const RANK_SECTION: &str = "Ranking of 1,000 pods (micro-benchmark, `cargo xtask bench --rank`)";
+
+/// `--rank`: the micro-benchmark alone, on a release build.
+fn rank_only(args: &BenchArgs) -> Result<()> {
+    let toolchain = setup::ensure()?;
+    let mut cargo = toolchain.cargo_host();
+    cargo.args([
+        "build",
+        "--release",
+        "--package",
+        "evictd-tools",
+        "--bin",
+        "evictd-rank-bench",
+    ]);
+    setup::step("build evictd-rank-bench", &mut cargo)?;
+    let tools = crate::target_dir()?.join(crate::agent::profile_dir(true));
+    let out = match args.out.clone() {
+        Some(out) => out,
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("xtask has no parent directory")?
+            .join("results"),
+    };
+    let ranking = rank_bench(&tools, &out, RANK_RUNS)?;
+    println!("{RANK_SECTION}\n\n{ranking}");
+    println!("xtask: {}", out.join("rank.md").display());
+    Ok(())
+}
+
+/// Runs evictd-rank-bench from `tools` with `runs` rankings per signal,
+/// writes its table to `out`/rank.md and returns it.
+fn rank_bench(tools: &Path, out: &Path, runs: &str) -> Result<String> {
+    println!("xtask: == ranking micro-benchmark");
+    let output = Command::new(tools.join("evictd-rank-bench"))
+        .args(["--runs", runs])
+        .output()
+        .context("running evictd-rank-bench")?;
+    if !output.status.success() {
+        bail!(
+            "evictd-rank-bench failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let table = String::from_utf8(output.stdout).context("evictd-rank-bench's table")?;
+    fs::create_dir_all(out)?;
+    fs::write(out.join("rank.md"), &table)
+        .with_context(|| format!("writing {}", out.join("rank.md").display()))?;
+    Ok(table)
+}
+
+/// What bench_plot.py draws.
+const PLOTS: [&str; 2] = ["memory-back.png", "pod-count.png"];
+
+/// Draws the plots with matplotlib from a venv made once.
 fn plot(out: &Path, workspace: &Path) -> Result<()> {
     let venv = crate::target_dir()?.join("bench-venv");
     let python = venv.join("bin/python3");
@@ -99,28 +200,83 @@ fn plot(out: &Path, workspace: &Path) -> Result<()> {
     )
 }
 
-/// Every mode ran in every scenario it applies to and each run has an
-/// outcome: the crossing was seen, and the agent decided or the kernel won.
-fn check_every_mode_produced_results(out: &Path) -> Result<()> {
+/// Every mode ran in every scenario it applies to, and each run has an
+/// outcome: for the bombs, the crossing was seen and the agent (or the
+/// oracle) decided or the kernel won, and memory came back after a kill;
+/// for the overhead, every operation was timed and nothing was evicted. A
+/// run in which the agent held evictions for pressure outside the pods is
+/// reported.
+fn check_every_scenario_produced_results(out: &Path) -> Result<()> {
     let results: Value = serde_json::from_slice(&fs::read(out.join("bench.json"))?)?;
     let empty = Vec::new();
     let runs = results["runs"].as_array().unwrap_or(&empty);
+    let scenarios = results["scenarios"].as_array().unwrap_or(&empty);
     let mut missing = Vec::new();
-    for mode in results["modes"].as_array().unwrap_or(&empty) {
-        let mode_runs: Vec<&Value> = runs.iter().filter(|r| r["mode"] == *mode).collect();
-        let complete = |run: &&Value| {
-            let run = &run["run"];
-            !run["crossed_ns"].is_null()
-                && (!run["decided_us"].is_null() || run["kernel_kills"].as_u64() > Some(0))
-        };
-        if mode_runs.is_empty() || !mode_runs.iter().all(complete) {
-            missing.push(mode.to_string());
+    for scenario in scenarios {
+        let overhead = scenario["kind"] == "overhead";
+        for mode in scenario["modes"].as_array().unwrap_or(&empty) {
+            let mode_runs: Vec<&Value> = runs
+                .iter()
+                .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == *mode)
+                .map(|r| &r["run"])
+                .collect();
+            let complete = |run: &&Value| {
+                if overhead {
+                    return ["fault_ns", "unmap_ns", "kill_ns"]
+                        .iter()
+                        .all(|op| run[op].as_array().is_some_and(|t| !t.is_empty()))
+                        && run["evictions"].as_u64() == Some(0);
+                }
+                if run["decided_without_crossing"] == true {
+                    // The agent decided before the node crossed: nothing
+                    // to measure from, but an outcome.
+                    return true;
+                }
+                let kernel_won = run["kernel_kills"].as_u64() > Some(0);
+                let decided = !run["decided_us"].is_null();
+                // A kill by the agent or the oracle brings memory back.
+                let back_expected = decided && !kernel_won && scenario["kind"] != "fork-bomb";
+                !run["crossed_ns"].is_null()
+                    && (decided || kernel_won)
+                    && (!back_expected || !run["back_us"].is_null())
+            };
+            if mode_runs.is_empty() || !mode_runs.iter().all(complete) {
+                missing.push(format!(
+                    "{} / {}",
+                    scenario["name"].as_str().unwrap_or_default(),
+                    mode.as_str().unwrap_or_default()
+                ));
+            }
         }
     }
     if !missing.is_empty() {
-        bail!("modes without a complete result: {}", missing.join(", "));
+        bail!("without a complete result: {}", missing.join(", "));
     }
-    let modes = results["modes"].as_array().map_or(0, Vec::len);
-    println!("xtask: bench smoke test: all {modes} modes produced results");
+    let held: Vec<&Value> = runs
+        .iter()
+        .filter(|r| {
+            r["run"]["problems"].as_array().is_some_and(|p| {
+                p.iter()
+                    .any(|m| m.as_str().is_some_and(|m| m.contains("outside the pods")))
+            })
+        })
+        .collect();
+    if !held.is_empty() {
+        // Said, not failed: on a loaded machine a fork bomb's zombies can
+        // outlive the kill report (reaping is timing), which the agent reads
+        // as pressure outside the pods; the smoke test checks outcomes only.
+        println!(
+            "xtask: WARNING: {} runs looked like pressure outside the pods to the agent: {}",
+            held.len(),
+            held.iter()
+                .map(|r| format!("{} / {}", r["scenario"], r["mode"]))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!(
+        "xtask: bench smoke test: all {} scenarios produced results in every mode",
+        scenarios.len()
+    );
     Ok(())
 }

@@ -6,6 +6,7 @@ mod bench;
 mod deploy;
 mod fuzz;
 mod setup;
+mod supply_chain;
 mod test;
 mod tools;
 mod vm;
@@ -44,10 +45,13 @@ enum Task {
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
-    /// evictd's event mode against polling (10s, 1s, 100ms), a PSI trigger
-    /// and cgroup v1 memcg thresholds, on a 2 GiB sandbox node with a memory
-    /// bomb at several rates and a fork bomb (needs root). Writes bench.json,
-    /// bench.md and bench.png to results/ (release build).
+    /// What users pay: evictd's event mode against polling (10s, 1s,
+    /// 100ms), a PSI trigger, cgroup v1 memcg thresholds and the kernel's
+    /// floor (the oracle), on a 2 GiB sandbox node: memory bombs at several
+    /// rates, a fork bomb, 10/100/250 pods, workload overhead; then the
+    /// ranking micro-benchmark (needs root; `--rank` alone does not). Writes
+    /// bench.json, bench.md, rank.md, memory-back.png and pod-count.png to
+    /// results/ (release build).
     Bench(bench::BenchArgs),
     /// Run every cargo-fuzz target in fuzz/ for a bounded time (installs
     /// cargo-fuzz when missing) and print what each did.
@@ -63,7 +67,8 @@ enum Task {
     /// the Kubernetes OpenAPI schemas (installs the pinned tools under
     /// target/deploy-check on first use).
     DeployCheck,
-    /// fmt check, clippy, unit tests, the deploy/ check, then the privileged
+    /// fmt check, clippy, cargo-deny (licenses, bans, sources; installs it
+    /// when missing), unit tests, the deploy/ check, then the privileged
     /// integration tests.
     /// With --vm: only the privileged integration tests, inside a QEMU guest
     /// on another kernel with pure cgroup v2.

@@ -4,7 +4,7 @@
 use anyhow::{Result, bail};
 use clap::Args;
 
-use crate::{agent, deploy, setup, vm};
+use crate::{agent, deploy, setup, supply_chain, vm};
 
 #[derive(Args)]
 pub struct TestArgs {
@@ -55,6 +55,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
             .arg(target.join("ebpf-clippy"))
             .args(["--", "-D", "warnings"]),
     )?;
+    supply_chain::deny(&toolchain, &crate::workspace_root())?;
     setup::step("unit tests", toolchain.cargo_host().arg("test"))?;
     deploy::check(&toolchain, &crate::workspace_root(), &target)?;
     if args.no_privileged {
@@ -68,7 +69,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
         );
     }
     // The end-to-end tests run the agent binary itself.
-    agent::build(&toolchain, false)?;
+    agent::build(&toolchain, false, false)?;
     setup::step(
         "privileged integration tests",
         toolchain.cargo_host().args([

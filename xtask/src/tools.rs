@@ -103,7 +103,7 @@ pub fn measure_triggers(args: &MeasureTriggersArgs) -> Result<()> {
 /// directory; `why_root` says why the task needs root.
 pub fn build(release: bool, why_root: &str) -> Result<PathBuf> {
     let toolchain = setup::ensure()?;
-    agent::build(&toolchain, release)?;
+    agent::build(&toolchain, release, false)?;
     let mut cargo = toolchain.cargo_host();
     cargo.args([
         "build",

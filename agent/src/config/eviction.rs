@@ -29,7 +29,8 @@ const DEFAULT_EVICTION_HARD: [(&str, &str); 5] = [
     ("imagefs.available", "15%"),
     ("imagefs.inodesFree", "5%"),
 ];
-/// kubelet's default `evictionPressureTransitionPeriod`.
+/// kubelet's default `evictionPressureTransitionPeriod`, also what a zero
+/// one in a KubeletConfiguration file becomes.
 const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
 /// kubelet's default `enforceNodeAllocatable`: ["pods"].
 const NODE_ALLOCATABLE_PODS: &str = "pods";
@@ -50,8 +51,6 @@ pub enum ConfigError {
         #[source]
         source: UnknownSignal,
     },
-    #[error("{origin}: signal {signal:?} is given twice")]
-    Duplicate { origin: String, signal: String },
     #[error("{origin}: {signal}={text:?}: {source}")]
     Quantity {
         origin: String,
@@ -62,6 +61,12 @@ pub enum ConfigError {
     },
     #[error("{origin}: {signal}={text:?} must not be negative")]
     Negative {
+        origin: String,
+        signal: Signal,
+        text: String,
+    },
+    #[error("{origin}: {signal}={text:?}: a threshold quantity must be positive")]
+    NotPositive {
         origin: String,
         signal: Signal,
         text: String,
@@ -118,6 +123,20 @@ pub enum ConfigError {
     },
 }
 
+/// Configuration kubelet accepts but that is probably not what was meant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigWarning {
+    #[error(
+        "{origin}: signal {signal} is given twice; the last value, {kept:?}, replaces {replaced:?}, as in kubelet"
+    )]
+    Duplicate {
+        origin: String,
+        signal: String,
+        replaced: String,
+        kept: String,
+    },
+}
+
 /// The eviction fields of a KubeletConfiguration (YAML or JSON); every
 /// other field of a real kubelet config is ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -134,7 +153,7 @@ struct KubeletConfigFile {
 }
 
 /// A map of signal to value as written in the file, in order and with any
-/// key given twice kept, so that [`push`] refuses the duplicate as it does
+/// key given twice kept, so that [`push`] warns of the duplicate as it does
 /// on the command line; a plain map would silently keep the last one.
 #[derive(Debug)]
 struct Entries(Vec<(String, Scalar)>);
@@ -187,6 +206,8 @@ impl Scalar {
 struct Statements {
     origin: String,
     entries: Vec<(Signal, String)>,
+    /// Signals given twice.
+    warnings: Vec<ConfigWarning>,
 }
 
 impl Statements {
@@ -243,8 +264,18 @@ pub struct EvictionArgs {
 
 impl EvictionArgs {
     /// Validates the flags and --config together into the engine's
-    /// configuration.
+    /// configuration. What deserves a warning is dropped: for callers that
+    /// report nothing (tests, fuzzing); the commands use
+    /// [`EvictionArgs::resolve_with_warnings`].
     pub fn resolve(&self) -> Result<EvictionConfig, ConfigError> {
+        self.resolve_with_warnings().map(|(config, _)| config)
+    }
+
+    /// [`EvictionArgs::resolve`], with what the user should be told about
+    /// configuration kubelet accepts (a signal given twice).
+    pub fn resolve_with_warnings(
+        &self,
+    ) -> Result<(EvictionConfig, Vec<ConfigWarning>), ConfigError> {
         let file = match &self.config {
             Some(path) => read_config_file(path)?,
             None => KubeletConfigFile::default(),
@@ -299,6 +330,11 @@ impl EvictionArgs {
         )?
         .unwrap_or_else(|| empty("--eviction-minimum-reclaim"));
 
+        let warnings: Vec<ConfigWarning> = hard
+            .iter()
+            .chain([&soft, &grace, &reclaim])
+            .flat_map(|statements| statements.warnings.iter().cloned())
+            .collect();
         let merge_defaults = file.merge_default_eviction_settings.unwrap_or(false);
         let hard = match hard {
             None => defaults(),
@@ -416,18 +452,24 @@ impl EvictionArgs {
             &file.eviction_pressure_transition_period,
         ) {
             (Some(text), _) => parse_period("--eviction-pressure-transition-period", text)?,
-            (None, Some(value)) => parse_period(
+            // kubelet's v1beta1 defaulting (SetDefaults_KubeletConfiguration)
+            // gives a zero period in the file the default; a zero flag
+            // stays, since flags are applied after defaulting.
+            (None, Some(value)) => Some(parse_period(
                 &file_origin("evictionPressureTransitionPeriod"),
                 &value.text(),
-            )?,
+            )?)
+            .filter(|period| !period.is_zero())
+            .unwrap_or(DEFAULT_PRESSURE_TRANSITION_PERIOD),
             (None, None) => DEFAULT_PRESSURE_TRANSITION_PERIOD,
         };
         hard_thresholds.extend(soft_thresholds);
-        Ok(EvictionConfig {
+        let config = EvictionConfig {
             thresholds: hard_thresholds,
             max_pod_grace_period,
             pressure_transition_period,
-        })
+        };
+        Ok((config, warnings))
     }
 }
 
@@ -435,6 +477,7 @@ fn empty(origin: &str) -> Statements {
     Statements {
         origin: origin.to_owned(),
         entries: Vec::new(),
+        warnings: Vec::new(),
     }
 }
 
@@ -445,6 +488,7 @@ fn defaults() -> Statements {
             .iter()
             .filter_map(|(signal, value)| Some((signal.parse().ok()?, (*value).to_owned())))
             .collect(),
+        warnings: Vec::new(),
     }
 }
 
@@ -504,13 +548,20 @@ fn push(statements: &mut Statements, signal: &str, value: &str) -> Result<(), Co
             origin: statements.origin.clone(),
             source,
         })?;
-    if statements.get(parsed).is_some() {
-        return Err(ConfigError::Duplicate {
-            origin: statements.origin.clone(),
-            signal: signal.to_owned(),
-        });
+    // kubelet's map flags (LangleSeparatedMapStringString,
+    // MapStringString) and its config file's maps keep a key's last value.
+    // The signal keeps its first place: kubelet's order is a map's.
+    match statements.entries.iter_mut().find(|(s, _)| *s == parsed) {
+        Some((_, text)) => {
+            statements.warnings.push(ConfigWarning::Duplicate {
+                origin: statements.origin.clone(),
+                signal: signal.to_owned(),
+                replaced: std::mem::replace(text, value.to_owned()),
+                kept: value.to_owned(),
+            });
+        }
+        None => statements.entries.push((parsed, value.to_owned())),
     }
-    statements.entries.push((parsed, value.to_owned()));
     Ok(())
 }
 
@@ -532,7 +583,16 @@ fn parse_value(
         }
         return Ok(Some(ThresholdValue::Percentage(fraction)));
     }
-    parse_quantity(origin, signal, text).map(Some)
+    let quantity = parse_quantity(origin, signal, text)?;
+    // parseThresholdStatement: "eviction threshold ... must be positive".
+    if matches!(quantity, ThresholdValue::Quantity(0)) {
+        return Err(ConfigError::NotPositive {
+            origin: origin.to_owned(),
+            signal,
+            text: text.to_owned(),
+        });
+    }
+    Ok(Some(quantity))
 }
 
 /// A minimum reclaim, as kubelet's `parseMinimumReclaims`: a percentage
@@ -564,8 +624,8 @@ fn parse_percentage(number: &str) -> Option<f32> {
     value.is_finite().then_some(value / 100.0)
 }
 
-/// A quantity's exact integer value; 0 is valid (the contract), negative
-/// is not.
+/// A quantity's exact integer value; negative is refused, 0 is left to the
+/// caller (a minimum reclaim of 0 is valid, a threshold of 0 is not).
 fn parse_quantity(origin: &str, signal: Signal, text: &str) -> Result<ThresholdValue, ConfigError> {
     let quantity = Quantity::parse(text).map_err(|source| ConfigError::Quantity {
         origin: origin.to_owned(),

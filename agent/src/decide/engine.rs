@@ -232,7 +232,7 @@ impl Engine {
             node_conditions,
             starvation: starved.first().cloned(),
             starved,
-            dedicated_imagefs: node.imagefs.is_some() && node.imagefs != node.nodefs,
+            dedicated_imagefs: node.dedicated_imagefs(),
             observations,
         }
     }

@@ -2,13 +2,11 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc` in
 //! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
 //! reason for every pod's place so a decision can be explained.
-use std::cmp::Ordering;
-
-use serde::Serialize;
+use std::cmp::Reverse;
 
 use crate::{
     decide::thresholds::{Resource, Signal},
-    node::snapshot::{PodSnapshot, QosClass},
+    node::snapshot::PodSnapshot,
 };
 
 /// Resource names as pod specs spell them.
@@ -57,15 +55,13 @@ impl DiskMeasure {
     }
 }
 
-/// One pod's place in a ranking and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// One pod's place in a ranking; [`Ranked::reason`] says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ranked {
     /// Index of the pod in the slice that was ranked.
-    #[serde(skip)]
     pub index: usize,
     /// `namespace/name`.
     pub pod: String,
-    pub qos: QosClass,
     pub priority: i32,
     /// Usage of the starved resource, as kubelet measures it for this signal.
     pub usage: i64,
@@ -77,7 +73,39 @@ pub struct Ranked {
     pub evictable: bool,
     /// Whether evictd knows the pod's metadata (see [`rank`]).
     pub known: bool,
-    pub reason: String,
+    resource: Resource,
+    /// Why the pod is never evicted, if its kind says so.
+    protection: Option<&'static str>,
+    hosts_evictd: bool,
+}
+
+impl Ranked {
+    /// The pod's standing, for the log line that explains a decision. Made
+    /// only for the pods a decision names: a ranking of every pod on a
+    /// node must not format a sentence per pod.
+    pub fn reason(&self) -> String {
+        let resource = self.resource;
+        let usage = self.usage;
+        let mut text = match self.request {
+            Some(request) if usage > request => {
+                format!("{resource} {usage} exceeds request {request}")
+            }
+            Some(request) => format!("{resource} {usage} within request {request}"),
+            None => format!("{resource} {usage}"),
+        };
+        text.push_str(&format!(", priority {}", self.priority));
+        if let Some(protection) = self.protection {
+            text.push_str("; ");
+            text.push_str(protection);
+        }
+        if self.hosts_evictd {
+            text.push_str("; runs evictd, never evicted");
+        }
+        if !self.known {
+            text.push_str("; metadata unknown, after every pod evictd knows");
+        }
+        text
+    }
 }
 
 /// Every pod in eviction order for a threshold on `signal`, first to evict
@@ -96,33 +124,24 @@ pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Ve
         .map(|(index, pod)| measure(index, pod, signal, dedicated_imagefs))
         .collect();
     // A stable sort keeps the input order among equals: kubelet's
-    // sort.Sort is not stable, so its tie order is arbitrary.
+    // sort.Sort is not stable, so its tie order is arbitrary. Keys of plain
+    // numbers, made once per pod: the sort moves them, not the entries.
     match signal.resource() {
-        Resource::Pids => entries.sort_by(|(a, a_usage), (b, b_usage)| {
-            known_first(a, b)
-                .then_with(|| a.priority.cmp(&b.priority))
-                .then_with(|| b_usage.cmp(a_usage))
+        Resource::Pids => entries.sort_by_cached_key(|(ranked, usage)| {
+            (Reverse(ranked.known), ranked.priority, Reverse(*usage))
         }),
         Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
-            entries.sort_by(|(a, a_excess), (b, b_excess)| {
-                known_first(a, b)
-                    .then_with(|| exceeds_first(a, b))
-                    .then_with(|| a.priority.cmp(&b.priority))
-                    .then_with(|| b_excess.cmp(a_excess))
+            entries.sort_by_cached_key(|(ranked, excess)| {
+                (
+                    Reverse(ranked.known),
+                    Reverse(ranked.exceeds_request),
+                    ranked.priority,
+                    Reverse(*excess),
+                )
             });
         }
     }
     entries.into_iter().map(|(ranked, _)| ranked).collect()
-}
-
-/// Pods evictd knows before pods it does not.
-fn known_first(a: &Ranked, b: &Ranked) -> Ordering {
-    b.known.cmp(&a.known)
-}
-
-/// Pods above their request before pods within it.
-fn exceeds_first(a: &Ranked, b: &Ranked) -> Ordering {
-    b.exceeds_request.cmp(&a.exceeds_request)
 }
 
 /// The pod's explanation and its sort key after "exceeds" and priority:
@@ -159,39 +178,27 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
     let ranked = Ranked {
         index,
         pod: pod.key(),
-        qos: pod.qos_class(),
         priority: pod.priority,
         usage,
         request,
         exceeds_request,
         evictable: pod.is_evictable(),
         known: !pod.metadata_missing(),
-        reason: reason(pod, resource, usage, request),
+        resource,
+        protection: protection(pod),
+        hosts_evictd: pod.hosts_evictd,
     };
     (ranked, key)
 }
 
-fn reason(pod: &PodSnapshot, resource: Resource, usage: i64, request: Option<i64>) -> String {
-    let standing = match request {
-        Some(request) if usage > request => {
-            format!("{resource} {usage} exceeds request {request}")
-        }
-        Some(request) => format!("{resource} {usage} within request {request}"),
-        None => format!("{resource} {usage}"),
-    };
-    let mut text = format!("{standing}, priority {}", pod.priority);
+fn protection(pod: &PodSnapshot) -> Option<&'static str> {
     if pod.is_static || pod.mirror {
-        text.push_str("; static pod, never evicted");
+        Some("static pod, never evicted")
     } else if pod.is_critical() {
-        text.push_str("; system-critical priority, never evicted");
+        Some("system-critical priority, never evicted")
+    } else {
+        None
     }
-    if pod.hosts_evictd {
-        text.push_str("; runs evictd, never evicted");
-    }
-    if pod.metadata_missing() {
-        text.push_str("; metadata unknown, after every pod evictd knows");
-    }
-    text
 }
 
 #[cfg(test)]

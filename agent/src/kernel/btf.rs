@@ -4,24 +4,47 @@
 //! Rust eBPF programs cannot carry CO-RE relocations, so every offset they use
 //! is resolved here and handed over as the `LAYOUT` global. Nothing is taken
 //! from the machine the agent was built on.
-use std::{collections::HashMap, path::Path};
+//!
+//! The reader is evictd's own ([`format`]): [`KernelBtf::open`] reads the
+//! file, notes where each type starts, answers every look-up evictd has
+//! (the layout, each raw tracepoint's arity) and lets the file go. Decoding
+//! every type of the kernel's ~130k instead (btf-rs) was most of the
+//! agent's startup peak: tens of MiB for a handful of numbers.
+mod format;
+#[cfg(test)]
+mod testing;
 
-use btf_rs::{Btf, Type};
+use std::{collections::BTreeMap, path::Path};
+
 use evictd_common::KernelLayout;
-use fallible_iterator::FallibleIterator as _;
+
+pub use format::FormatError;
+use format::{Btf, Kind, Type};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
+/// Why the kernel's BTF cannot be read at all.
 #[derive(Debug, thiserror::Error)]
-pub enum LayoutError {
+pub enum BtfError {
     #[error(
         "cannot read kernel BTF from {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)"
     )]
     Read {
         path: String,
         #[source]
-        source: btf_rs::Error,
+        source: std::io::Error,
     },
+    #[error("kernel BTF in {path} is malformed: {source}")]
+    Format {
+        path: String,
+        #[source]
+        source: FormatError,
+    },
+}
+
+/// Why the programs' layout cannot be had from the kernel's BTF.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LayoutError {
     #[error("kernel BTF has no struct {0}")]
     MissingStruct(String),
     #[error("kernel BTF: struct {strukt} has no member {member}")]
@@ -31,7 +54,7 @@ pub enum LayoutError {
     #[error("kernel BTF has no enumerator {0}")]
     MissingEnumerator(String),
     #[error("kernel BTF is malformed: {0}")]
-    Malformed(#[source] btf_rs::Error),
+    Malformed(#[from] FormatError),
     #[error("kernel BTF: {what} is not {expected}")]
     Unexpected {
         what: &'static str,
@@ -41,84 +64,88 @@ pub enum LayoutError {
     OffsetRange(u64),
 }
 
-/// Kernel BTF with the look-ups evictd needs.
+/// What evictd needs from the kernel's BTF, resolved once.
+#[derive(Debug)]
 pub struct KernelBtf {
-    btf: Btf,
-    /// Every enumerator of every enum, by name (the MM_* counters live in an
-    /// anonymous enum, so there is no type name to look them up by).
-    enumerators: HashMap<String, u64>,
+    /// Arguments of every raw tracepoint, by name.
+    tracepoints: BTreeMap<Box<str>, usize>,
+    /// The programs' layout with the defaults of the fields
+    /// [`KernelBtf::layout`] fills in, or why there is none.
+    layout: Result<KernelLayout, LayoutError>,
 }
 
 impl KernelBtf {
-    pub fn open(path: &Path) -> Result<Self, LayoutError> {
-        let read_error = |source| LayoutError::Read {
+    pub fn open(path: &Path) -> Result<Self, BtfError> {
+        let bytes = std::fs::read(path).map_err(|source| BtfError::Read {
             path: path.display().to_string(),
             source,
-        };
-        // Parsed from memory: btf-rs reading the file seeks once per type,
-        // which costs seconds on a kernel's ~100k types.
-        let bytes = std::fs::read(path).map_err(|e| read_error(btf_rs::Error::IO(e)))?;
-        let btf = Btf::from_bytes(&bytes).map_err(read_error)?;
-        let mut enumerators = HashMap::new();
-        let mut types = btf.type_iter();
-        while let Some(ty) = types.next().map_err(LayoutError::Malformed)? {
-            match ty {
-                Type::Enum(e) => {
-                    for member in &e.members {
-                        let name = btf.resolve_name(member).map_err(LayoutError::Malformed)?;
-                        enumerators.insert(name, u64::from(member.val()));
-                    }
-                }
-                Type::Enum64(e) => {
-                    for member in &e.members {
-                        let name = btf.resolve_name(member).map_err(LayoutError::Malformed)?;
-                        enumerators.insert(name, member.val());
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(Self { btf, enumerators })
-    }
-
-    /// Number of arguments of raw tracepoint `name` (each has a
-    /// `btf_trace_<name>` typedef), without the leading `void *` context the
-    /// kernel adds; `None` when the kernel has no such tracepoint.
-    pub fn tracepoint_arity(&self, name: &str) -> Option<usize> {
-        let types = self
-            .btf
-            .resolve_types_by_name(&format!("btf_trace_{name}"))
-            .ok()?;
-        let typedef = types.into_iter().find_map(|ty| match ty {
-            Type::Typedef(t) => Some(t),
-            _ => None,
         })?;
-        self.btf
-            .chained_type_iter(&typedef)
-            .find_map(|ty| match ty {
-                Type::FuncProto(proto) => Some(proto.parameters.len().saturating_sub(1)),
-                _ => None,
-            })
+        let btf = Btf::parse(bytes).map_err(|source| BtfError::Format {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let lookup = Lookup(&btf);
+        Ok(Self {
+            tracepoints: lookup.tracepoints(),
+            layout: lookup.layout(),
+        })
     }
 
-    fn strukt(&self, name: &str) -> Result<btf_rs::Struct, LayoutError> {
-        let types = self
-            .btf
-            .resolve_types_by_name(name)
-            .map_err(|_| LayoutError::MissingStruct(name.to_owned()))?;
-        // Forward declarations share the name; take the definition.
-        types
-            .into_iter()
-            .find_map(|ty| match ty {
-                Type::Struct(s) if !s.members.is_empty() => Some(s),
-                _ => None,
+    /// Number of arguments of raw tracepoint `name`, without the leading
+    /// `void *` context the kernel adds; `None` when the kernel has no such
+    /// tracepoint.
+    pub fn tracepoint_arity(&self, name: &str) -> Option<usize> {
+        self.tracepoints.get(name).copied()
+    }
+
+    /// The layout the programs need. `memory_subsys_id` / `pids_subsys_id`
+    /// are `u32::MAX` when the kernel lacks that controller.
+    pub fn layout(
+        &self,
+        check_step_bytes: u64,
+        log_enabled: bool,
+    ) -> Result<KernelLayout, LayoutError> {
+        let mut layout = self.layout.clone()?;
+        layout.log_enabled = u32::from(log_enabled);
+        layout.check_step_pages = (check_step_bytes >> layout.page_shift).max(1);
+        Ok(layout)
+    }
+}
+
+/// Look-ups over the parsed file.
+struct Lookup<'a>(&'a Btf);
+
+impl Lookup<'_> {
+    /// Every raw tracepoint (each has a `btf_trace_<name>` typedef of a
+    /// pointer to its prototype) and its arity.
+    fn tracepoints(&self) -> BTreeMap<Box<str>, usize> {
+        let btf = self.0;
+        btf.types()
+            .filter(|ty| ty.kind == Kind::Typedef)
+            .filter_map(|typedef| {
+                let name = btf.name(typedef.name_off).strip_prefix(b"btf_trace_")?;
+                let pointer = btf.resolve(typedef.referenced()).ok()?;
+                let proto = btf.resolve(pointer.referenced()).ok()?;
+                (pointer.kind == Kind::Ptr && proto.kind == Kind::FuncProto).then(|| {
+                    let name = String::from_utf8_lossy(name).into();
+                    (name, proto.vlen.saturating_sub(1))
+                })
             })
+            .collect()
+    }
+
+    /// The definition of struct `name` (forward declarations and empty
+    /// structs of the same name are passed over).
+    fn strukt(&self, name: &str) -> Result<Type, LayoutError> {
+        self.0
+            .named(name)
+            .find(|ty| ty.kind == Kind::Struct && ty.vlen > 0)
             .ok_or_else(|| LayoutError::MissingStruct(name.to_owned()))
     }
 
     /// Byte offset of `member` in struct `strukt`, looking through anonymous
     /// structs and unions (where `mm_struct` keeps most of its fields).
-    pub fn offset(&self, strukt: &str, member: &str) -> Result<u32, LayoutError> {
+    fn offset(&self, strukt: &str, member: &str) -> Result<u32, LayoutError> {
         let (bits, _) = self.member(strukt, member)?;
         if bits % 8 != 0 {
             return Err(LayoutError::Bitfield {
@@ -129,8 +156,8 @@ impl KernelBtf {
         to_u32(u64::from(bits / 8))
     }
 
-    /// Bit offset and description of `member` in struct `strukt`.
-    fn member(&self, strukt: &str, member: &str) -> Result<(u32, btf_rs::Member), LayoutError> {
+    /// Bit offset and type id of `member` in struct `strukt`.
+    fn member(&self, strukt: &str, member: &str) -> Result<(u32, u32), LayoutError> {
         let s = self.strukt(strukt)?;
         self.find_member(&s, member, 0)?
             .ok_or_else(|| LayoutError::MissingMember {
@@ -141,25 +168,19 @@ impl KernelBtf {
 
     fn find_member(
         &self,
-        s: &btf_rs::Struct,
+        s: &Type,
         wanted: &str,
         base_bits: u32,
-    ) -> Result<Option<(u32, btf_rs::Member)>, LayoutError> {
-        for member in &s.members {
-            let name = self
-                .btf
-                .resolve_name(member)
-                .map_err(LayoutError::Malformed)?;
-            let bits = base_bits + member.bit_offset();
-            if name == wanted {
-                return Ok(Some((bits, member.clone())));
+    ) -> Result<Option<(u32, u32)>, LayoutError> {
+        for member in self.0.members(s) {
+            let bits = base_bits + member.bit_offset;
+            let name = self.0.name(member.name_off);
+            if name == wanted.as_bytes() {
+                return Ok(Some((bits, member.type_id)));
             }
             if name.is_empty() {
-                let inner = self
-                    .btf
-                    .resolve_chained_type(member)
-                    .map_err(LayoutError::Malformed)?;
-                if let Type::Struct(inner) | Type::Union(inner) = inner
+                let inner = self.0.resolve(member.type_id)?;
+                if matches!(inner.kind, Kind::Struct | Kind::Union)
                     && let Some(found) = self.find_member(&inner, wanted, bits)?
                 {
                     return Ok(Some(found));
@@ -169,37 +190,30 @@ impl KernelBtf {
         Ok(None)
     }
 
-    pub fn size_of(&self, strukt: &str) -> Result<u32, LayoutError> {
-        to_u32(self.strukt(strukt)?.size() as u64)
+    fn size_of(&self, strukt: &str) -> Result<u32, LayoutError> {
+        Ok(self.strukt(strukt)?.size())
     }
 
     /// Stride between two `mm_struct.rss_stat` counters and the offset of
     /// the count in one: an array of `struct percpu_counter` since Linux
     /// 6.2, a `struct mm_rss_stat { atomic_long_t count[]; }` before.
     fn rss_counters(&self) -> Result<(u32, u32), LayoutError> {
-        let (_, member) = self.member("mm_struct", "rss_stat")?;
-        let ty = self
-            .btf
-            .resolve_chained_type(&member)
-            .map_err(LayoutError::Malformed)?;
-        match ty {
-            Type::Array(_) => Ok((
+        let (_, rss_stat) = self.member("mm_struct", "rss_stat")?;
+        match self.0.resolve(rss_stat)?.kind {
+            Kind::Array => Ok((
                 self.size_of("percpu_counter")?,
                 self.offset("percpu_counter", "count")?,
             )),
-            Type::Struct(_) => {
+            Kind::Struct => {
                 let (bits, count) = self.member("mm_rss_stat", "count")?;
-                let Type::Array(counters) = self
-                    .btf
-                    .resolve_chained_type(&count)
-                    .map_err(LayoutError::Malformed)?
-                else {
+                let counters = self.0.resolve(count)?;
+                let Some(array) = self.0.array(&counters) else {
                     return Err(LayoutError::Unexpected {
                         what: "mm_rss_stat.count",
                         expected: "an array",
                     });
                 };
-                let stride = self.size_of("mm_rss_stat")? / (counters.len().max(1) as u32);
+                let stride = self.size_of("mm_rss_stat")? / array.nelems.max(1);
                 Ok((stride, bits / 8))
             }
             _ => Err(LayoutError::Unexpected {
@@ -209,11 +223,21 @@ impl KernelBtf {
         }
     }
 
-    pub fn enumerator(&self, name: &str) -> Result<u64, LayoutError> {
-        self.enumerators
-            .get(name)
-            .copied()
-            .ok_or_else(|| LayoutError::MissingEnumerator(name.to_owned()))
+    /// The value of enumerator `name`, in whichever enum declares it (the
+    /// MM_* counters live in an anonymous enum, so there is no type name to
+    /// look them up by).
+    fn enumerator(&self, name: &str) -> Result<u64, LayoutError> {
+        for ty in self.0.types() {
+            if !matches!(ty.kind, Kind::Enum | Kind::Enum64) {
+                continue;
+            }
+            for enumerator in self.0.enumerators(&ty) {
+                if self.0.name_is(enumerator.name_off, name) {
+                    return Ok(enumerator.value);
+                }
+            }
+        }
+        Err(LayoutError::MissingEnumerator(name.to_owned()))
     }
 
     /// Bit mask of the memcg stat items counted in bytes (`*_B`), over the
@@ -222,34 +246,24 @@ impl KernelBtf {
     fn byte_items_mask(&self) -> Result<[u64; 2], LayoutError> {
         let mut mask = [0u64; 2];
         for enum_name in ["node_stat_item", "memcg_stat_item"] {
-            let types = self
-                .btf
-                .resolve_types_by_name(enum_name)
-                .map_err(|_| LayoutError::MissingEnumerator(enum_name.to_owned()))?;
-            for ty in types {
-                let Type::Enum(e) = ty else { continue };
-                for member in &e.members {
-                    let name = self
-                        .btf
-                        .resolve_name(member)
-                        .map_err(LayoutError::Malformed)?;
-                    let value = member.val();
-                    if name.ends_with("_B") && value < 128 {
-                        mask[(value / 64) as usize] |= 1 << (value % 64);
+            let mut found = false;
+            for ty in self.0.named(enum_name).filter(|ty| ty.kind == Kind::Enum) {
+                found = true;
+                for item in self.0.enumerators(&ty) {
+                    if item.value < 128 && self.0.name(item.name_off).ends_with(b"_B") {
+                        mask[(item.value / 64) as usize] |= 1 << (item.value % 64);
                     }
                 }
+            }
+            if !found {
+                return Err(LayoutError::MissingEnumerator(enum_name.to_owned()));
             }
         }
         Ok(mask)
     }
 
-    /// The layout the programs need. `memory_subsys_id` / `pids_subsys_id`
-    /// are `u32::MAX` when the kernel lacks that controller.
-    pub fn layout(
-        &self,
-        check_step_bytes: u64,
-        log_enabled: bool,
-    ) -> Result<KernelLayout, LayoutError> {
+    /// The layout, but for what [`KernelBtf::layout`] fills in.
+    fn layout(&self) -> Result<KernelLayout, LayoutError> {
         let subsys = |name: &str| {
             self.enumerator(name)
                 .ok()
@@ -304,9 +318,9 @@ impl KernelBtf {
             pid_init_ns: self.offset("pid", "numbers")? + self.offset("upid", "ns")?,
             pid_namespace_pid_allocated: self.offset("pid_namespace", "pid_allocated")?,
             page_shift: page_size.trailing_zeros(),
-            log_enabled: u32::from(log_enabled),
+            log_enabled: 0,
             byte_items_mask: self.byte_items_mask()?,
-            check_step_pages: (check_step_bytes >> page_size.trailing_zeros()).max(1),
+            check_step_pages: 1,
         })
     }
 }
@@ -318,16 +332,22 @@ fn to_u32(value: u64) -> Result<u32, LayoutError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use testing::BtfWriter;
 
-    /// Reads this machine's BTF: every Linux evictd supports has it, and a
-    /// layout that cannot be resolved here could not be loaded either.
-    fn kernel() -> KernelBtf {
-        KernelBtf::open(Path::new(VMLINUX_BTF)).expect("kernel BTF")
+    /// This machine's BTF: every Linux evictd supports has it, and a layout
+    /// that cannot be resolved here could not be loaded either.
+    fn running_kernel() -> Btf {
+        Btf::parse(std::fs::read(VMLINUX_BTF).expect("kernel BTF")).expect("valid BTF")
+    }
+
+    fn written(writer: &BtfWriter) -> Btf {
+        Btf::parse(writer.finish()).expect("valid BTF")
     }
 
     #[test]
     fn resolves_the_layout_of_the_running_kernel() {
-        let layout = kernel().layout(256 * 1024, false).expect("layout");
+        let btf = KernelBtf::open(Path::new(VMLINUX_BTF)).expect("kernel BTF");
+        let layout = btf.layout(256 * 1024, true).expect("layout");
         assert_eq!(layout.page_shift, 12);
         assert_ne!(
             layout.memory_subsys_id,
@@ -337,21 +357,30 @@ mod tests {
         assert!(layout.mem_cgroup_memory_usage > layout.mem_cgroup_css);
         assert!(layout.rss_stat_stride >= 8);
         assert_eq!(layout.check_step_pages, 64);
+        assert_eq!(layout.log_enabled, 1);
         // NR_SLAB_RECLAIMABLE_B and friends count bytes.
         assert_ne!(layout.byte_items_mask, [0, 0]);
+        assert_eq!(btf.tracepoint_arity("no_such_tracepoint"), None);
+        assert_eq!(btf.tracepoint_arity("sched_process_fork"), Some(2));
     }
 
     #[test]
     fn finds_members_inside_anonymous_structs() {
         // mm_struct keeps its fields in an anonymous struct (__randomize_layout).
-        let btf = kernel();
-        assert!(btf.offset("mm_struct", "rss_stat").expect("rss_stat") > 0);
+        let btf = running_kernel();
+        assert!(
+            Lookup(&btf)
+                .offset("mm_struct", "rss_stat")
+                .expect("rss_stat")
+                > 0
+        );
     }
 
     #[test]
     fn names_what_is_missing() {
-        let btf = kernel();
-        let err = btf
+        let btf = running_kernel();
+        let lookup = Lookup(&btf);
+        let err = lookup
             .offset("mem_cgroup", "no_such_member")
             .expect_err("missing");
         assert_eq!(
@@ -359,15 +388,95 @@ mod tests {
             "kernel BTF: struct mem_cgroup has no member no_such_member"
         );
         assert!(matches!(
-            btf.offset("no_such_struct", "x"),
+            lookup.offset("no_such_struct", "x"),
             Err(LayoutError::MissingStruct(_))
+        ));
+        assert!(matches!(
+            lookup.enumerator("NO_SUCH_ENUMERATOR"),
+            Err(LayoutError::MissingEnumerator(_))
         ));
     }
 
     #[test]
-    fn knows_the_tracepoints() {
-        let btf = kernel();
-        assert_eq!(btf.tracepoint_arity("no_such_tracepoint"), None);
+    fn rss_counters_of_both_shapes() {
+        // Since 6.2: struct percpu_counter rss_stat[NR_MM_COUNTERS].
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        let counter = writer.strukt(
+            testing::STRUCT,
+            "percpu_counter",
+            40,
+            &[("lock", long, 0), ("count", long, 64)],
+        );
+        let counters = writer.array(counter, long, 4);
+        writer.strukt(
+            testing::STRUCT,
+            "mm_struct",
+            1024,
+            &[("rss_stat", counters, 6400)],
+        );
+        let btf = written(&writer);
+        assert_eq!(Lookup(&btf).rss_counters().expect("6.2+"), (40, 8));
+
+        // 6.1: struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }.
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        let atomic = writer.strukt(testing::STRUCT, "", 8, &[("counter", long, 0)]);
+        let atomic_long = writer.alias(testing::TYPEDEF, "atomic_long_t", atomic);
+        let counts = writer.array(atomic_long, long, 4);
+        let stat = writer.strukt(testing::STRUCT, "mm_rss_stat", 32, &[("count", counts, 0)]);
+        // Inside an anonymous struct, as __randomize_layout leaves it.
+        let fields = writer.strukt(testing::STRUCT, "", 512, &[("rss_stat", stat, 2048)]);
+        writer.strukt(testing::STRUCT, "mm_struct", 1024, &[("", fields, 0)]);
+        let btf = written(&writer);
+        let lookup = Lookup(&btf);
+        assert_eq!(lookup.rss_counters().expect("6.1"), (8, 0));
+        assert_eq!(lookup.offset("mm_struct", "rss_stat").expect("offset"), 256);
+    }
+
+    #[test]
+    fn tracepoints_and_anonymous_enumerators() {
+        let mut writer = BtfWriter::default();
+        writer.tracepoint("mark_victim", 2);
+        writer.tracepoint("old_mark_victim", 1);
+        writer.enumeration("", &[("MM_FILEPAGES", 0), ("MM_ANONPAGES", 1)]);
+        let btf = written(&writer);
+        let lookup = Lookup(&btf);
+        let tracepoints = lookup.tracepoints();
+        let tracepoints: Vec<(&str, usize)> = tracepoints
+            .iter()
+            .map(|(name, arity)| (&**name, *arity))
+            .collect();
+        assert_eq!(tracepoints, [("mark_victim", 2), ("old_mark_victim", 1)]);
+        assert_eq!(
+            lookup.enumerator("MM_ANONPAGES").expect("anonymous enum"),
+            1
+        );
+    }
+
+    #[test]
+    fn a_kernel_without_the_layout_still_names_its_tracepoints() {
+        let mut writer = BtfWriter::default();
+        writer.tracepoint("sched_process_fork", 2);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("vmlinux");
+        std::fs::write(&path, writer.finish()).expect("write");
+        let btf = KernelBtf::open(&path).expect("valid BTF");
         assert_eq!(btf.tracepoint_arity("sched_process_fork"), Some(2));
+        let err = btf.layout(4096, false).expect_err("no structs");
+        assert!(matches!(err, LayoutError::MissingStruct(_)), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_is_not_btf_is_named() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("vmlinux");
+        std::fs::write(&path, b"not BTF at all, just text").expect("write");
+        let err = KernelBtf::open(&path).expect_err("not BTF");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("kernel BTF in {} is malformed", path.display())),
+            "{err}"
+        );
     }
 }

@@ -149,7 +149,8 @@ impl Capabilities {
 /// trivial program is the only test of privilege that does not guess
 /// (capabilities, LSMs, `kernel.unprivileged_bpf_disabled` all play a part).
 fn probe_bpf() -> Support {
-    let privilege = " (loading BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)";
+    let privilege =
+        " (loading BPF needs root, or CAP_BPF and CAP_PERFMON; CAP_SYS_ADMIN before Linux 5.8)";
     let describe = |what: &str, error: &dyn std::error::Error| {
         let text = format!("{error:?}");
         let hint = if text.contains("EPERM")

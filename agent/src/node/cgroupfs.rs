@@ -219,21 +219,59 @@ impl CgroupFs {
     pub fn read_pids(&self, path: &str) -> Result<u64, CgroupError> {
         read_u64(&self.pids_dir(path)?.join("pids.current"))
     }
+
+    /// Processes in cgroup `path` and its descendants, not threads: the
+    /// lines of every `cgroup.procs` in the subtree. kubelet ranks pods
+    /// under PID pressure by their processes, the sum over their containers
+    /// of cadvisor's `ProcessCount` (lines of the container cgroup's
+    /// `cgroup.procs`, `processStatsFromProcs`), where `pids.current` would
+    /// count every thread.
+    pub fn count_processes(&self, path: &str) -> Result<u64, CgroupError> {
+        count_processes(&self.memory_dir(path))
+    }
 }
 
-/// Tasks on the node, as kubelet counts them for `pid.available`
-/// (`sysinfo(2)`'s `procs`, which counts threads).
-pub fn node_tasks() -> Result<u64, CgroupError> {
-    let mut info = std::mem::MaybeUninit::<libc::sysinfo>::uninit();
-    // SAFETY: sysinfo fills the struct it is given.
-    if unsafe { libc::sysinfo(info.as_mut_ptr()) } != 0 {
-        return Err(CgroupError::io(
-            Path::new("sysinfo(2)"),
-            io::Error::last_os_error(),
-        ));
+/// [`CgroupFs::count_processes`] below `dir`. A descendant removed while
+/// it is counted counts nothing; `dir` itself removed is [`CgroupError::Gone`].
+fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
+    let procs = dir.join("cgroup.procs");
+    let text = fs::read_to_string(&procs).map_err(|e| CgroupError::io(&procs, e))?;
+    let mut count = text.lines().filter(|l| !l.trim().is_empty()).count() as u64;
+    let entries = fs::read_dir(dir).map_err(|e| CgroupError::io(dir, e))?;
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match count_processes(&entry.path()) {
+                Ok(n) => count += n,
+                Err(CgroupError::Gone(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
-    // SAFETY: initialised by the successful call above.
-    Ok(u64::from(unsafe { info.assume_init() }.procs))
+    Ok(count)
+}
+
+/// Tasks (threads) on the node, as kubelet counts them for
+/// `pid.available` (pkg/kubelet/stats/pidlimit, `Stats` and
+/// `runningTaskCount`): the total after the slash in /proc/loadavg's fourth
+/// field. Not `sysinfo(2)`'s `procs`, which is 16 bits wide and wraps past
+/// 65,535 tasks (kubernetes#107107), just when the count matters.
+pub fn node_tasks() -> Result<u64, CgroupError> {
+    let path = Path::new("/proc/loadavg");
+    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    loadavg_tasks(&text).ok_or_else(|| CgroupError::Parse {
+        path: path.to_owned(),
+        text: text.trim().to_owned(),
+    })
+}
+
+/// The total in `1.36 3.49 4.53 2/3518 3715089`: 3518.
+fn loadavg_tasks(text: &str) -> Option<u64> {
+    let fields: Vec<&str> = text.split_whitespace().collect();
+    if fields.len() < 5 {
+        return None;
+    }
+    let (_running, total) = fields[3].split_once('/')?;
+    total.parse().ok()
 }
 
 /// Hierarchy ids (as in `/proc/cgroups` and cgroup lifecycle events) of the
@@ -440,6 +478,21 @@ mod tests {
         }
         let error = CgroupError::io(path, io::Error::from_raw_os_error(libc::EACCES));
         assert!(matches!(error, CgroupError::Io { .. }), "{error}");
+    }
+
+    #[test]
+    fn node_tasks_are_loadavgs_total_past_sixteen_bits() {
+        assert_eq!(loadavg_tasks("1.36 3.49 4.53 2/3518 3715089\n"), Some(3518));
+        // sysinfo(2)'s 16-bit procs would say 4464 here.
+        assert_eq!(loadavg_tasks("0.00 0.01 0.05 7/70000 123\n"), Some(70000));
+        for malformed in [
+            "",
+            "0.00 0.01 0.05 2/3518",
+            "0.00 0.01 0.05 3518 1",
+            "a b c 1/x 2",
+        ] {
+            assert_eq!(loadavg_tasks(malformed), None, "{malformed:?}");
+        }
     }
 
     #[test]

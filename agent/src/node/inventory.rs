@@ -12,20 +12,22 @@
 //! Containers are cgroups below the pod's; usage is read at the pod's level,
 //! which counts them all.
 use std::{
-    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
-    time::SystemTime,
+    sync::Arc,
 };
 
 use tracing::{debug, warn};
 
+pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
     decide::thresholds::Resource,
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
-    node::snapshot::{PodSnapshot, PodUsage, QosClass, Snapshot},
-    node::stats::{NodeObservation, NodeSignals, SignalsError, child_path},
+    node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
+    node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
+    quantity::Quantity,
+    report::metrics::Metrics,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -74,62 +76,9 @@ impl InventoryError {
 pub trait PodMetadataSource: Send {
     /// The pod with this uid, if the source knows it.
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError>;
-}
 
-/// `--pod-metadata FILE`: a JSON list of pods in the snapshot schema,
-/// re-read whenever the file changes.
-pub struct MetadataFile {
-    path: PathBuf,
-    modified: Option<SystemTime>,
-    pods: HashMap<String, PodSnapshot>,
-}
-
-impl MetadataFile {
-    pub fn open(path: &Path) -> Result<Self, InventoryError> {
-        let mut file = Self {
-            path: path.to_owned(),
-            modified: None,
-            pods: HashMap::new(),
-        };
-        file.reload_if_changed()?;
-        Ok(file)
-    }
-
-    fn reload_if_changed(&mut self) -> Result<(), InventoryError> {
-        let read_error = |source| InventoryError::MetadataRead {
-            path: self.path.clone(),
-            source,
-        };
-        let modified = fs::metadata(&self.path)
-            .and_then(|m| m.modified())
-            .map_err(read_error)?;
-        if self.modified == Some(modified) {
-            return Ok(());
-        }
-        let text = fs::read(&self.path).map_err(|source| InventoryError::MetadataRead {
-            path: self.path.clone(),
-            source,
-        })?;
-        let pods: Vec<PodSnapshot> =
-            serde_json::from_slice(&text).map_err(|source| InventoryError::MetadataParse {
-                path: self.path.clone(),
-                source,
-            })?;
-        self.pods = pods
-            .into_iter()
-            .filter(|pod| !pod.uid.is_empty())
-            .map(|pod| (pod.uid.clone(), pod))
-            .collect();
-        self.modified = Some(modified);
-        Ok(())
-    }
-}
-
-impl PodMetadataSource for MetadataFile {
-    fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
-        self.reload_if_changed()?;
-        Ok(self.pods.get(uid).cloned())
-    }
+    /// Where the source counts its own troubles, once the metrics exist.
+    fn set_metrics(&mut self, _metrics: Arc<Metrics>) {}
 }
 
 /// A pod cgroup found on the node.
@@ -179,6 +128,13 @@ impl Inventory {
             },
             metadata,
         })
+    }
+
+    /// Hands the metrics to the pod metadata source.
+    pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
+        if let Some(source) = self.metadata.as_mut() {
+            source.set_metrics(metrics);
+        }
     }
 
     /// Replaces the pod metadata source (the Kubernetes API's pod store,
@@ -279,7 +235,11 @@ impl Inventory {
         })
     }
 
-    fn pod(&mut self, cgroup: PodCgroup, reads: Reads) -> Result<Option<PodSnapshot>, InventoryError> {
+    fn pod(
+        &mut self,
+        cgroup: PodCgroup,
+        reads: Reads,
+    ) -> Result<Option<PodSnapshot>, InventoryError> {
         let usage = match self.usage(&cgroup.path, reads) {
             Ok(usage) => usage,
             Err(CgroupError::Gone(_)) => {
@@ -298,6 +258,10 @@ impl Inventory {
             || self.own_cgroup.as_deref().is_some_and(|own| {
                 own == cgroup.path || own.starts_with(&format!("{}/", cgroup.path))
             });
+        let guaranteed_shape = match known {
+            Some(_) => None,
+            None => self.guaranteed_shape(&cgroup),
+        };
         let pod = match known {
             Some(pod) => PodSnapshot {
                 uid: cgroup.uid,
@@ -321,6 +285,9 @@ impl Inventory {
                 priority: 0,
                 mirror: false,
                 containers: Vec::new(),
+                init_containers: Vec::new(),
+                overhead: Default::default(),
+                resources: guaranteed_shape,
                 termination_grace_period_seconds: None,
                 usage,
                 cgroup: Some(cgroup.path),
@@ -329,6 +296,30 @@ impl Inventory {
             },
         };
         Ok(Some(pod))
+    }
+
+    /// A pod without metadata in kubelet's Guaranteed cgroup has requests
+    /// equal to its limits: its cgroup's memory limit is its memory
+    /// request, so it ranks as Guaranteed within its request rather than as
+    /// a pod that requests nothing. `None` for any other pod, or when the
+    /// limit cannot be read.
+    fn guaranteed_shape(&self, cgroup: &PodCgroup) -> Option<Resources> {
+        if cgroup.qos != QosClass::Guaranteed {
+            return None;
+        }
+        let limit = match memory_limit(&self.signals.cgroupfs, &cgroup.path) {
+            Ok(Some(limit)) => i64::try_from(limit).ok()?,
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(pod = cgroup.path, error = %e, "no memory limit for a pod without metadata");
+                return None;
+            }
+        };
+        let memory = ResourceList::from([("memory".to_owned(), Quantity::from_units(limit, true))]);
+        Some(Resources {
+            requests: memory.clone(),
+            limits: memory,
+        })
     }
 
     fn usage(&self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
@@ -341,14 +332,7 @@ impl Inventory {
             });
         }
         let memory = cgroupfs.read_memory(path)?;
-        // Without the pod in a pids hierarchy, count its processes.
-        let pids = match cgroupfs.read_pids(path) {
-            Ok(pids) => pids,
-            Err(CgroupError::Gone(_) | CgroupError::NoPidsController) => {
-                count_processes(&cgroupfs.memory_dir(path))?
-            }
-            Err(e) => return Err(e),
-        };
+        let pids = cgroupfs.count_processes(path)?;
         Ok(PodUsage {
             memory_working_set_bytes: memory.working_set_bytes(),
             pids,
@@ -367,7 +351,8 @@ enum Reads {
 }
 
 /// Fields a pod found only in cgroups carries as defaults, not knowledge.
-/// Its requests count as zero in rankings, as for a pod that has none.
+/// Its requests count as zero in rankings, as for a pod that has none,
+/// unless its cgroup is Guaranteed-shaped (`guaranteed_shape`).
 const UNKNOWN_WITHOUT_METADATA: [&str; 7] = [
     "namespace",
     "name",
@@ -452,26 +437,6 @@ fn pod_uid(name: &str) -> Option<String> {
         .into_iter()
         .find_map(|prefix| stem.strip_prefix(prefix))?;
     (!uid.is_empty()).then(|| uid.replace('_', "-"))
-}
-
-/// Processes in a cgroup and its descendants, where no pids controller
-/// counts them.
-fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
-    let procs = dir.join("cgroup.procs");
-    let text = fs::read_to_string(&procs).map_err(|e| CgroupError::io(&procs, e))?;
-    let mut count = text.lines().filter(|l| !l.trim().is_empty()).count() as u64;
-    if let Ok(entries) = fs::read_dir(dir) {
-        for entry in entries.filter_map(Result::ok) {
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                match count_processes(&entry.path()) {
-                    Ok(n) => count += n,
-                    Err(CgroupError::Gone(_)) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(count)
 }
 
 /// This process's memory cgroup from /proc/self/cgroup (the v1 memory line,

@@ -5,11 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::quantity::Quantity;
-
-/// Resource names as pod specs spell them.
-const MEMORY: &str = "memory";
-const CPU: &str = "cpu";
+use crate::{node::resources, quantity::Quantity};
 
 /// Pods whose priority is at least this are critical (kubelet's
 /// `scheduling.SystemCriticalPriority`, 2 * 10^9).
@@ -41,6 +37,25 @@ pub struct NodeStats {
     pub containerfs: Option<FsStats>,
 }
 
+impl NodeStats {
+    /// Whether imagefs is a filesystem of its own, as kubelet's
+    /// `HasDedicatedImageFs` decides it (pkg/kubelet/stats/provider.go):
+    /// imagefs is on another device than nodefs. Two statistics of one
+    /// filesystem differ whenever anything writes between the readings, so
+    /// only a snapshot that does not say which devices (one written by
+    /// hand) is judged by its statistics.
+    pub fn dedicated_imagefs(&self) -> bool {
+        match (&self.nodefs, &self.imagefs) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(nodefs), Some(imagefs)) => match (nodefs.device, imagefs.device) {
+                (Some(nodefs_device), Some(imagefs_device)) => nodefs_device != imagefs_device,
+                _ => nodefs != imagefs,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryStats {
     pub capacity_bytes: u64,
@@ -59,6 +74,10 @@ pub struct FsStats {
     pub available_bytes: u64,
     pub inodes: u64,
     pub inodes_free: u64,
+    /// The filesystem's device (`st_dev`), which says whether imagefs is
+    /// nodefs. Live snapshots fill it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,6 +93,17 @@ pub struct PodSnapshot {
     #[serde(default)]
     pub mirror: bool,
     pub containers: Vec<ContainerSpec>,
+    /// `spec.initContainers`, in order; a sidecar has `restart_policy`
+    /// `Always`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<ContainerSpec>,
+    /// `spec.overhead`: what the pod's runtime class costs on top of its
+    /// containers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub overhead: ResourceList,
+    /// `spec.resources`: requests and limits for the pod as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Resources>,
     /// `spec.terminationGracePeriodSeconds`; Kubernetes defaults it to 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period_seconds: Option<i64>,
@@ -118,13 +148,30 @@ impl QosClass {
     }
 }
 
+/// Quantities by resource name (`memory`, `cpu`, `ephemeral-storage`...),
+/// as a pod spec's `requests`, `limits` and `overhead` hold them.
+pub type ResourceList = BTreeMap<String, Quantity>;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     pub name: String,
     #[serde(default)]
-    pub requests: BTreeMap<String, Quantity>,
+    pub requests: ResourceList,
     #[serde(default)]
-    pub limits: BTreeMap<String, Quantity>,
+    pub limits: ResourceList,
+    /// An init container's `restartPolicy`: `Always` makes it a sidecar,
+    /// which keeps running beside the containers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<String>,
+}
+
+/// Pod-level `spec.resources`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    #[serde(default)]
+    pub requests: ResourceList,
+    #[serde(default)]
+    pub limits: ResourceList,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,12 +212,7 @@ impl PodSnapshot {
         !self.is_critical() && !self.hosts_evictd
     }
 
-    /// The QoS class as Kubernetes' `GetPodQOS` derives it: only cpu and
-    /// memory count and zero quantities are ignored; no request or limit at
-    /// all is BestEffort; Guaranteed needs every container to limit both cpu
-    /// and memory and the pod's summed requests to equal its summed limits;
-    /// anything else is Burstable. Requests are first defaulted to limits,
-    /// as the API server does before kubelet ever sees the pod.
+    /// The QoS class as Kubernetes derives it ([`resources::qos_class`]).
     /// A pod whose containers are unknown (found in cgroups only) takes the
     /// class its cgroup path shows.
     pub fn qos_class(&self) -> QosClass {
@@ -179,59 +221,12 @@ impl PodSnapshot {
         {
             return qos;
         }
-        // Sums in thousandths: exact for memory bytes and for cpu, whose
-        // API validation rejects precision finer than 1m.
-        let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
-        let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
-        let mut every_container_limits_both = true;
-        for container in &self.containers {
-            let requests_of = defaulted_requests(container);
-            for name in [CPU, MEMORY] {
-                if let Some(request) = requests_of.get(name).filter(|q| is_positive(q)) {
-                    *requests.entry(name).or_default() += i128::from(request.milli_value());
-                }
-                match container.limits.get(name).filter(|q| is_positive(q)) {
-                    Some(limit) => {
-                        *limits.entry(name).or_default() += i128::from(limit.milli_value());
-                    }
-                    None => every_container_limits_both = false,
-                }
-            }
-        }
-        if requests.is_empty() && limits.is_empty() {
-            QosClass::BestEffort
-        } else if every_container_limits_both && requests == limits {
-            QosClass::Guaranteed
-        } else {
-            QosClass::Burstable
-        }
+        resources::qos_class(self)
     }
 
-    /// The pod's request for `resource` as kubelet's
-    /// `GetResourceRequestQuantity` sees it: the sum over containers, each
-    /// request defaulted to the container's limit.
+    /// The pod's request for `resource`, in whole units, as kubelet's
+    /// eviction ranking sees it ([`resources::request`]).
     pub fn request(&self, resource: &str) -> i64 {
-        self.containers
-            .iter()
-            .filter_map(|container| defaulted_requests(container).get(resource).copied())
-            .fold(0i64, |sum, quantity| sum.saturating_add(quantity.value()))
+        resources::request(self, resource).map_or(0, |quantity| quantity.value())
     }
-}
-
-fn is_positive(quantity: &Quantity) -> bool {
-    !quantity.is_zero() && !quantity.is_negative()
-}
-
-/// A container's requests after API defaulting: a resource with a limit and
-/// no request is requested at its limit.
-fn defaulted_requests(container: &ContainerSpec) -> BTreeMap<&str, Quantity> {
-    let mut requests: BTreeMap<&str, Quantity> = container
-        .requests
-        .iter()
-        .map(|(name, quantity)| (name.as_str(), *quantity))
-        .collect();
-    for (name, limit) in &container.limits {
-        requests.entry(name.as_str()).or_insert(*limit);
-    }
-    requests
 }

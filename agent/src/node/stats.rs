@@ -3,6 +3,7 @@
 //! PIDs from the node cgroup or the kernel's limits, filesystems by statvfs.
 use std::{
     fs, io,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
@@ -77,7 +78,7 @@ impl NodeSignals {
             None => None,
         };
         let allocatable = match &kubepods {
-            Some((path, memory)) => Some(self.allocatable(path, memory, capacity)?),
+            Some((path, memory)) => self.allocatable(path, memory, capacity)?,
             None => None,
         };
         let (pid, scope_tasks) = self.pids()?;
@@ -110,20 +111,24 @@ impl NodeSignals {
     }
 
     /// kubelet's allocatable memory signal: the pods' cgroup against node
-    /// allocatable, which kubelet enforces as that cgroup's limit.
+    /// allocatable, which kubelet enforces as that cgroup's limit. Without
+    /// a limit of its own the signal is not observed: kubelet's summary
+    /// gives the pods' cgroup no available bytes then (cadvisor stats
+    /// `cadvisorInfoToCPUandMemoryStats`), and `makeSignalObservations`
+    /// skips it.
     fn allocatable(
         &self,
         kubepods: &str,
         memory: &MemoryReading,
         node_capacity: u64,
-    ) -> Result<MemoryStats, SignalsError> {
+    ) -> Result<Option<MemoryStats>, SignalsError> {
         // The node's own limit already bounds it from above (node_capacity).
-        let capacity = memory_limit(&self.cgroupfs, kubepods)?
-            .map_or(node_capacity, |limit| limit.min(node_capacity));
-        Ok(MemoryStats {
-            capacity_bytes: capacity,
-            working_set_bytes: memory.working_set_bytes(),
-        })
+        Ok(
+            memory_limit(&self.cgroupfs, kubepods)?.map(|limit| MemoryStats {
+                capacity_bytes: limit.min(node_capacity),
+                working_set_bytes: memory.working_set_bytes(),
+            }),
+        )
     }
 
     /// The node cgroup's pids.max and pids.current where it has a limit;
@@ -200,15 +205,19 @@ fn lowest_pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, Sig
     Ok(lowest)
 }
 
+/// Memory limits above this are none, as kubelet's `isMemoryUnlimited`
+/// (pkg/kubelet/stats/helper.go) has it: v1 writes "unlimited" as the
+/// largest page-aligned i64, and nothing real comes near 2^62 bytes.
+const UNLIMITED_MEMORY: u64 = 1 << 62;
+
 /// The cgroup's hard memory limit; `None` when unlimited.
-fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+pub fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
     let file = match cgroupfs.version {
         CgroupVersion::V1 => "memory.limit_in_bytes",
         CgroupVersion::V2 => "memory.max",
     };
     let limit = read_limit(&cgroupfs.memory_dir(path).join(file))?;
-    // v1 writes "unlimited" as the largest page-aligned i64.
-    Ok(limit.filter(|bytes| *bytes < (i64::MAX as u64) & !0xfff))
+    Ok(limit.filter(|bytes| *bytes <= UNLIMITED_MEMORY))
 }
 
 fn pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
@@ -264,17 +273,25 @@ fn mem_total() -> Result<u64, SignalsError> {
 }
 
 /// A filesystem's size and free space as kubelet's summary reports them:
-/// available bytes are what unprivileged users may still write.
-/// The filesystem holding `path`; `None` when `path` does not exist.
+/// available bytes are what unprivileged users may still write. With its
+/// device, which tells a dedicated imagefs. `None` when `path` does not
+/// exist.
 pub fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
     match nix::sys::statvfs::statvfs(path) {
         Ok(stats) => {
             let fragment = stats.fragment_size();
+            let device = fs::metadata(path)
+                .map_err(|source| SignalsError::Read {
+                    path: path.to_owned(),
+                    source,
+                })?
+                .dev();
             Ok(Some(FsStats {
                 capacity_bytes: stats.blocks() * fragment,
                 available_bytes: stats.blocks_available() * fragment,
                 inodes: stats.files(),
                 inodes_free: stats.files_free(),
+                device: Some(device),
             }))
         }
         Err(nix::Error::ENOENT) => Ok(None),
@@ -335,11 +352,16 @@ mod tests {
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 536870912);
         assert_eq!(node.memory.working_set_bytes, 299000000);
-        let allocatable = node.allocatable.unwrap();
         assert_eq!(
-            allocatable.capacity_bytes, 536870912,
-            "unlimited: the node's"
+            node.allocatable, None,
+            "kubepods without a limit: not observed"
         );
+        write(
+            &memory.join("kubepods/memory.limit_in_bytes"),
+            "268435456\n",
+        );
+        let allocatable = signals.observe().unwrap().stats.allocatable.unwrap();
+        assert_eq!(allocatable.capacity_bytes, 268435456);
         assert_eq!(allocatable.working_set_bytes, 200000000);
         assert_eq!(
             node.pid,
@@ -418,6 +440,35 @@ mod tests {
             ["/a/b/c", "/a/b", "/a"]
         );
         assert_eq!(lineage("/").count(), 0);
+    }
+
+    #[test]
+    fn imagefs_is_dedicated_when_it_is_another_device() {
+        let dir = tempfile::tempdir().unwrap();
+        let sub = dir.path().join("images");
+        fs::create_dir(&sub).unwrap();
+        let nodefs = statvfs(dir.path()).unwrap();
+        // A write between two readings of one filesystem changes them.
+        fs::write(sub.join("layer"), vec![1u8; 1 << 20]).unwrap();
+        let same = NodeStats {
+            memory: MemoryStats {
+                capacity_bytes: 1,
+                working_set_bytes: 0,
+            },
+            allocatable: None,
+            pid: None,
+            nodefs,
+            imagefs: statvfs(&sub).unwrap(),
+            containerfs: None,
+        };
+        assert!(same.nodefs.unwrap().device.is_some());
+        assert_eq!(same.nodefs.unwrap().device, same.imagefs.unwrap().device);
+        assert!(!same.dedicated_imagefs());
+        let other = NodeStats {
+            imagefs: statvfs(Path::new("/proc")).unwrap(),
+            ..same
+        };
+        assert!(other.dedicated_imagefs());
     }
 
     #[test]

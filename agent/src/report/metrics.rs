@@ -1,19 +1,6 @@
-//! Prometheus metrics and the HTTP endpoint that serves them.
-use std::{
-    future::Future,
-    net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-};
+//! Prometheus metrics; [`crate::endpoint`] serves them.
+use std::sync::Arc;
 
-use axum::{
-    Router,
-    http::{StatusCode, header},
-    response::IntoResponse,
-    routing::get,
-};
 use prometheus::{
     Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
@@ -23,14 +10,6 @@ use prometheus::{
 pub enum MetricsError {
     #[error("registering metric: {0}")]
     Register(#[from] prometheus::Error),
-    #[error("metrics endpoint on {address}: {source}")]
-    Bind {
-        address: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("metrics endpoint: {0}")]
-    Serve(#[source] std::io::Error),
 }
 
 /// Every metric evictd exports.
@@ -109,6 +88,20 @@ pub struct Metrics {
     /// Attachments and detachments of the precise memory hooks, by the state
     /// reached (`armed`, `disarmed`) and why.
     pub precise_hooks_transitions: IntCounterVec,
+    /// Eviction reports in the journal, not yet final in the API.
+    pub eviction_reports_pending: IntGauge,
+    /// Versions of the --pod-metadata file that could not be used, by
+    /// reason (`unreadable`, `malformed`); the last good copy answered.
+    pub pod_metadata_reload_failures: IntCounterVec,
+    /// 1 while lookups are answered from the last good copy of the
+    /// --pod-metadata file because the current one cannot be used.
+    pub pod_metadata_stale: IntGauge,
+    /// Connections open on the HTTP endpoint.
+    pub http_connections: IntGauge,
+    /// Connections the HTTP endpoint closed before answering, by reason:
+    /// `displaced` (a slow client made room for a new one), `refused`
+    /// (every slot was busy answering), `header-timeout`, `deadline`.
+    pub http_connections_closed: IntCounterVec,
 }
 
 impl Metrics {
@@ -295,6 +288,40 @@ impl Metrics {
                 "Evictions reported to the Kubernetes API by action and result",
                 &["action", "result"],
             )?,
+            pod_metadata_reload_failures: counter_vec(
+                "pod_metadata_reload_failures_total",
+                "Versions of the --pod-metadata file that could not be used (the last good copy answered), by reason",
+                &["reason"],
+            )?,
+            eviction_reports_pending: {
+                let metric = IntGauge::new(
+                    "eviction_reports_pending",
+                    "Eviction reports in the journal, waiting for the Kubernetes API",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            http_connections: {
+                let metric = IntGauge::new(
+                    "http_connections",
+                    "Connections open on the metrics endpoint",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            http_connections_closed: counter_vec(
+                "http_connections_closed_total",
+                "Connections the metrics endpoint closed before answering, by reason (displaced, refused, header-timeout, deadline)",
+                &["reason"],
+            )?,
+            pod_metadata_stale: {
+                let metric = IntGauge::new(
+                    "pod_metadata_stale",
+                    "1 while pod metadata comes from the last good copy of the --pod-metadata file",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             registry,
         }))
     }
@@ -310,62 +337,6 @@ impl Metrics {
         }
         String::from_utf8_lossy(&buffer).into_owned()
     }
-}
-
-/// Binds the endpoint; returns the bound address (useful with port 0) and
-/// the future that serves `/metrics`, `/healthz` (the agent runs) and
-/// `/readyz` (200 once `ready` is set: protection is armed; 503 before)
-/// until `shutdown`.
-pub async fn serve(
-    metrics: Arc<Metrics>,
-    ready: Arc<AtomicBool>,
-    address: SocketAddr,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(SocketAddr, impl Future<Output = Result<(), MetricsError>>), MetricsError> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|source| MetricsError::Bind { address, source })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| MetricsError::Bind { address, source })?;
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = Arc::clone(&metrics);
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
-                        metrics.render(),
-                    )
-                        .into_response()
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let armed = ready.load(Ordering::Acquire);
-                async move {
-                    if armed {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "protection not armed yet\n",
-                        )
-                    }
-                }
-            }),
-        );
-    let server = async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(MetricsError::Serve)
-    };
-    Ok((bound, server))
 }
 
 #[cfg(test)]
@@ -388,39 +359,10 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn serves_metrics_over_http() {
-        let metrics = Metrics::new().unwrap();
-        metrics.oom_kills.inc();
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let ready = Arc::new(AtomicBool::new(false));
-        let (address, server) = serve(
-            metrics,
-            ready.clone(),
-            "127.0.0.1:0".parse().unwrap(),
-            async {
-                let _ = stop_rx.await;
-            },
-        )
-        .await
-        .unwrap();
-        let server = tokio::spawn(server);
-        let body = http_get(address, "/metrics").await;
-        assert!(body.contains("evictd_kernel_oom_kills_total 1"), "{body}");
-        assert!(http_get(address, "/healthz").await.ends_with("ok\n"));
-        let before = http_get(address, "/readyz").await;
-        assert!(before.starts_with("HTTP/1.1 503"), "{before}");
-        ready.store(true, Ordering::Release);
-        let after = http_get(address, "/readyz").await;
-        assert!(after.starts_with("HTTP/1.1 200"), "{after}");
-        stop_tx.send(()).unwrap();
-        server.await.unwrap().unwrap();
-    }
-
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 28] = [
+        let collectors: [&dyn Collector; 33] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -449,6 +391,11 @@ mod tests {
             &metrics.kube_pods,
             &metrics.kube_api_errors,
             &metrics.eviction_reports,
+            &metrics.eviction_reports_pending,
+            &metrics.pod_metadata_reload_failures,
+            &metrics.pod_metadata_stale,
+            &metrics.http_connections,
+            &metrics.http_connections_closed,
         ];
         collectors
             .iter()
@@ -493,15 +440,5 @@ mod tests {
             assert!(text.contains(name.as_str()), "{name} is on no panel");
         }
         assert!(queried >= exported.len());
-    }
-
-    async fn http_get(address: SocketAddr, path: &str) -> String {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-        let request = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.unwrap();
-        response
     }
 }

@@ -5,7 +5,6 @@
 //! stop.
 use std::{
     future::Future,
-    net::SocketAddr,
     path::PathBuf,
     sync::{
         Arc,
@@ -14,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tokio::{sync::watch, time::MissedTickBehavior};
+use tokio::time::MissedTickBehavior;
 use tracing::{error, info, warn};
 
 use crate::{
@@ -35,6 +34,7 @@ use crate::{
     node::{cgroupfs::CgroupFs, inventory::Inventory},
     report::{
         self,
+        endpoint::{Endpoint, EndpointError, EndpointLimits},
         kernel::CounterExport,
         kubernetes::{KubeError, Kubernetes},
         metrics::{Metrics, MetricsError},
@@ -61,12 +61,8 @@ pub enum RunError {
         #[source]
         source: NotifyError,
     },
-    #[error("startup, serving metrics on {address}: {source}")]
-    Bind {
-        address: SocketAddr,
-        #[source]
-        source: MetricsError,
-    },
+    #[error("startup, serving metrics: {0}")]
+    Endpoint(#[source] EndpointError),
     #[error("reading kernel records: {0}")]
     Records(#[source] BpfError),
 }
@@ -98,10 +94,16 @@ pub async fn run(
     raise_file_limit();
     lock_memory();
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
+    inventory.set_metrics(metrics.clone());
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
-            let kubernetes = Kubernetes::start(&args.kubernetes, node_name, metrics.clone())
-                .map_err(RunError::Metadata)?;
+            let kubernetes = Kubernetes::start(
+                &args.kubernetes,
+                node_name,
+                &args.state_dir,
+                metrics.clone(),
+            )
+            .map_err(RunError::Metadata)?;
             inventory.set_metadata(Box::new(kubernetes.store().clone()));
             info!(
                 node = node_name,
@@ -134,7 +136,7 @@ pub async fn run(
         kernel_log: args.bpf_log,
     };
     let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, options);
-    // The parsed BTF (tens of MiB) was only needed to load the programs.
+    // The kernel's answers were only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
     let zone = zone_options(&armed, &args, check_interval);
@@ -205,25 +207,15 @@ pub async fn run(
     }
     evictor.monitor().install_all();
 
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let mut server_stop = stop_rx.clone();
     let ready = Arc::new(AtomicBool::new(false));
-    let (address, server) = report::metrics::serve(
+    let endpoint = Endpoint::start(
         metrics.clone(),
         ready.clone(),
         args.metrics_address,
-        async move {
-            // Either a stop or the sender dropping ends the server.
-            let _ = server_stop.wait_for(|stop| *stop).await;
-        },
+        EndpointLimits::default(),
     )
-    .await
-    .map_err(|source| RunError::Bind {
-        address: args.metrics_address,
-        source,
-    })?;
-    let server = tokio::spawn(server);
-    info!(%address, "serving /metrics and /healthz");
+    .map_err(RunError::Endpoint)?;
+    info!(address = %endpoint.address(), "serving /metrics and /healthz");
     // What a restart costs the node: from here on the engine decides (the
     // first run follows at once) and the kernel watches.
     let startup = started.elapsed();
@@ -253,10 +245,7 @@ pub async fn run(
     if let Some(kubernetes) = api {
         kubernetes.shutdown(REPORT_FLUSH);
     }
-    let _ = stop_tx.send(true);
-    if let Ok(Err(e)) = server.await {
-        warn!(error = %e, "metrics endpoint");
-    }
+    drop(endpoint);
     if let Some(task) = kernel_log {
         task.abort();
     }

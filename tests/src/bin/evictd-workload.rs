@@ -8,6 +8,9 @@
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
 //! - `fork N`: start N children that sleep until killed; `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
+//! - `threads N`: start one child that runs N threads beside its main one,
+//!   all sleeping until killed (one more process, N + 1 more tasks);
+//!   `ok <children>` once the threads run.
 //! - `hop N SECS`: start a fork bomb that does not grow but moves: N
 //!   processes, each forever forking a successor and exiting, so their pids
 //!   keep changing (what defeats killing by pid list without freezing).
@@ -34,6 +37,16 @@
 //!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
 //! - `log BYTES`: write BYTES of text to stderr (a container's log);
 //!   `ok <bytes>`.
+//! - `touch BYTES`: map BYTES of fresh anonymous memory (4 KiB pages: no
+//!   transparent huge pages) and write one byte of every page, so each page
+//!   is one page fault and one charge; answers `ok <ns the touching took>`.
+//!   The mapping is kept until `unmap`; one at a time.
+//! - `unmap`: munmap what `touch` mapped; `ok <ns the munmap took>`.
+//! - `kill-large BYTES`: start a child that touches BYTES as `touch` does
+//!   and waits; once it holds them, SIGKILL it and wait for it;
+//!   `ok <ns from the SIGKILL until it was reaped>` (by then the kernel has
+//!   freed its memory: a process's address space is torn down before its
+//!   parent can reap it).
 //! - `pid`: `ok <pid>`.
 //! - `exit`: `ok exit`, then exit (children die with it).
 //!
@@ -43,7 +56,8 @@
 //! `evictd-workload pause` sleeps until SIGTERM or SIGINT (a pod sandbox's
 //! process, as Kubernetes' pause).
 //!
-//! Children are this binary run as `evictd-workload sleep-child <parent pid>`:
+//! Children are this binary run as `evictd-workload sleep-child <parent pid>`
+//! (or `hold-child <parent pid> <bytes>` for `kill-large`):
 //! a fresh exec, so they share none of the parent's allocations (a plain
 //! fork would keep copy-on-write references that stop `free` from returning
 //! memory).
@@ -52,6 +66,7 @@ use std::{
     io::{self, BufRead, BufReader, Write},
     os::unix::{fs::FileExt as _, net::UnixStream},
     process::{Child, Command, Stdio},
+    ptr::NonNull,
     time::{Duration, Instant},
 };
 
@@ -73,6 +88,14 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("sleep-child") => sleep_child(args.get(2).and_then(|p| p.parse().ok())),
+        Some("threads-child") => threads_child(
+            args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0),
+            args.get(3).and_then(|p| p.parse().ok()),
+        ),
+        Some("hold-child") => hold_child(
+            args.get(2).and_then(|p| p.parse().ok()),
+            args.get(3).and_then(|b| b.parse().ok()).unwrap_or(0),
+        ),
         Some("hop-root") => hop_root(
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
             Duration::from_secs(args.get(3).and_then(|s| s.parse().ok()).unwrap_or(1)),
@@ -161,14 +184,117 @@ extern "C" fn exit_on_sigterm(_: libc::c_int) {
 
 /// Sleeps until killed, and is killed when the workload dies.
 fn sleep_child(parent: Option<i32>) -> ! {
+    die_with(parent);
+    loop {
+        pause();
+    }
+}
+
+/// Exits unless `parent` is still this process's parent, and arranges to be
+/// killed when it dies.
+fn die_with(parent: Option<i32>) {
     // PDEATHSIG fires when the parent dies after this call; a parent that
     // died before it shows up as a different parent pid.
     let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
     if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
         std::process::exit(1);
     }
+}
+
+/// Touches `bytes`, says `ready` on stdout, and holds them until killed.
+fn hold_child(parent: Option<i32>, bytes: usize) -> ! {
+    die_with(parent);
+    // Named, not `_`: the mapping lives until the process is killed.
+    let Ok(_held) = Mapping::touch(bytes) else {
+        std::process::exit(1);
+    };
+    let mut stdout = io::stdout().lock();
+    if writeln!(stdout, "ready")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        std::process::exit(1);
+    }
     loop {
         pause();
+    }
+}
+
+/// Starts `count` threads that sleep forever, says `ready` on stdout, and
+/// sleeps until killed, like [`sleep_child`].
+fn threads_child(count: usize, parent: Option<i32>) -> ! {
+    let armed = prctl::set_pdeathsig(Signal::SIGKILL).is_ok();
+    if !armed || parent.map(Pid::from_raw) != Some(getppid()) {
+        std::process::exit(1);
+    }
+    for _ in 0..count {
+        std::thread::spawn(|| {
+            loop {
+                std::thread::park();
+            }
+        });
+    }
+    let mut stdout = io::stdout().lock();
+    if writeln!(stdout, "ready")
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        std::process::exit(1);
+    }
+    loop {
+        pause();
+    }
+}
+
+/// Fresh anonymous memory, every page touched once; unmapped on drop.
+struct Mapping {
+    start: NonNull<libc::c_void>,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `bytes` (whole pages) and writes one byte of each page: one
+    /// page fault and one memcg charge per 4 KiB page (huge pages are
+    /// refused for the range, so the count does not depend on the
+    /// machine's transparent huge page setting).
+    fn touch(bytes: usize) -> io::Result<Self> {
+        let len = bytes.div_ceil(PAGE).max(1) * PAGE;
+        // SAFETY: a new private anonymous mapping at an address the kernel
+        // picks; no existing memory is affected.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if start == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let start = NonNull::new(start).ok_or_else(|| io::Error::other("mmap returned null"))?;
+        let mapping = Self { start, len };
+        // SAFETY: the range is exactly the mapping just made.
+        if unsafe { libc::madvise(start.as_ptr(), len, libc::MADV_NOHUGEPAGE) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let base = start.as_ptr().cast::<u8>();
+        for offset in (0..len).step_by(PAGE) {
+            // SAFETY: offset < len, inside the writable mapping; volatile so
+            // the write (the page fault) is not optimised away.
+            unsafe { base.add(offset).write_volatile(1) };
+        }
+        Ok(mapping)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping this value owns; nothing
+        // refers to it afterwards.
+        unsafe { libc::munmap(self.start.as_ptr(), self.len) };
     }
 }
 
@@ -346,6 +472,8 @@ struct Workload {
     chunks: Vec<Vec<u8>>,
     children: Vec<Child>,
     bomb: Option<Bomb>,
+    /// What `touch` mapped, until `unmap`.
+    touched: Option<Mapping>,
 }
 
 impl Workload {
@@ -376,6 +504,11 @@ impl Workload {
             }
             "reap" => {
                 self.reap(amount()?).map_err(|e| format!("reap: {e}"))?;
+                self.children.len().to_string()
+            }
+            "threads" => {
+                self.threads(amount()?)
+                    .map_err(|e| format!("threads: {e}"))?;
                 self.children.len().to_string()
             }
             "hop" => {
@@ -421,6 +554,30 @@ impl Workload {
                 write_log(bytes).map_err(|e| format!("log: {e}"))?;
                 bytes.to_string()
             }
+            "touch" => {
+                if self.touched.is_some() {
+                    return Err("touch: unmap the last one first".into());
+                }
+                let bytes = amount()?;
+                let started = Instant::now();
+                let mapping = Mapping::touch(bytes).map_err(|e| format!("touch: {e}"))?;
+                let took = started.elapsed();
+                self.touched = Some(mapping);
+                took.as_nanos().to_string()
+            }
+            "unmap" => {
+                let mapping = self.touched.take().ok_or("unmap: nothing touched")?;
+                let started = Instant::now();
+                drop(mapping);
+                started.elapsed().as_nanos().to_string()
+            }
+            "kill-large" => {
+                let bytes = amount()?;
+                kill_large(bytes)
+                    .map_err(|e| format!("kill-large: {e}"))?
+                    .as_nanos()
+                    .to_string()
+            }
             "pid" => std::process::id().to_string(),
             "exit" => return Ok(None),
             other => return Err(format!("unknown command {other:?}")),
@@ -462,6 +619,32 @@ impl Workload {
         Ok(())
     }
 
+    fn threads(&mut self, count: usize) -> io::Result<()> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .args([
+                "threads-child",
+                &count.to_string(),
+                &std::process::id().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?;
+        // The child says `ready` once every thread has been spawned: a
+        // thread exists (and is counted) when spawn returns.
+        let mut ready = String::new();
+        if let Some(stdout) = child.stdout.take() {
+            io::BufReader::new(stdout).read_line(&mut ready)?;
+        }
+        if ready.trim() != "ready" {
+            child.kill()?;
+            child.wait()?;
+            return Err(io::Error::other("the child did not start its threads"));
+        }
+        self.children.push(child);
+        Ok(())
+    }
+
     fn hop(&mut self, count: usize, seconds: usize) -> io::Result<()> {
         let child = Command::new(std::env::current_exe()?)
             .args(["hop-root", &count.to_string(), &seconds.to_string()])
@@ -481,4 +664,35 @@ impl Workload {
         }
         Ok(())
     }
+}
+
+/// Starts a child holding `bytes`, SIGKILLs it once it holds them, and
+/// returns how long it took from the signal until it was reaped.
+fn kill_large(bytes: usize) -> io::Result<Duration> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([
+            "hold-child",
+            &std::process::id().to_string(),
+            &bytes.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut ready = String::new();
+    if let Some(stdout) = child.stdout.take() {
+        BufReader::new(stdout).read_line(&mut ready)?;
+    }
+    if ready.trim() != "ready" {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::other(format!(
+            "the child did not get its {bytes} bytes"
+        )));
+    }
+    let started = Instant::now();
+    // Child::kill is SIGKILL to a child not yet reaped: never another process.
+    child.kill()?;
+    child.wait()?;
+    Ok(started.elapsed())
 }

@@ -51,7 +51,7 @@ fn demo() -> Result<()> {
             .find(|(n, _)| *n == pod.name)
             .map_or(0, |(_, b)| *b);
         if held > 0 {
-            node.workload(pod.name)?.alloc(held)?;
+            node.workload(&pod.name)?.alloc(held)?;
         }
         let container = &pod.metadata["containers"][0];
         let qos = if container["limits"].is_object() {

@@ -1,11 +1,13 @@
-//! `cargo xtask bench` (micro-benchmark): how long kubelet's ranking of
-//! 1,000 pods takes in evictd, for memory and for PIDs, on pods shaped like
-//! a busy node's (two containers each, every QoS class, a spread of
-//! priorities and usages). Prints one Markdown table row per signal:
-//! runs, p50, p99 and max in microseconds.
+//! `cargo xtask bench` (micro-benchmark; alone: `cargo xtask bench
+//! --rank`): how long kubelet's ranking of 1,000 pods takes in evictd, for
+//! memory and for PIDs, on pods shaped like a busy node's (two containers
+//! each, every QoS class, a spread of priorities and usages). Prints one
+//! Markdown table row per signal: runs, p50, p99 and max in microseconds
+//! (nearest rank, as the sandbox bench), against the 1 ms goal.
 use std::time::Instant;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, ensure};
+use clap::Parser;
 use evictd::{
     decide::{rank::rank, thresholds::Signal},
     node::snapshot::PodSnapshot,
@@ -13,31 +15,47 @@ use evictd::{
 use serde_json::json;
 
 const PODS: usize = 1000;
-const RUNS: usize = 1000;
 /// The goal the issue sets for the ranking of 1,000 pods.
 const GOAL_MICROS: f64 = 1000.0;
 
+#[derive(Debug, Parser)]
+#[command(about = "The ranking of 1,000 pods, timed")]
+struct Args {
+    /// Rankings timed per signal (p99 is the maximum below 100).
+    #[arg(long, default_value_t = 1000)]
+    runs: usize,
+}
+
 fn main() -> Result<()> {
+    let Args { runs } = Args::parse();
+    ensure!(runs > 0, "--runs must be at least 1");
     let pods = node()?;
-    println!("| ranking of {PODS} pods | runs | p50 (µs) | p99 (µs) | max (µs) | goal (µs) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| ranking of {PODS} pods | runs | p50 (µs) | p99 (µs) | max (µs) | goal p99 (µs) | met |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
     for signal in [Signal::MemoryAvailable, Signal::PidAvailable] {
-        let mut micros: Vec<f64> = (0..RUNS)
-            .map(|_| {
-                let started = Instant::now();
-                let ranking = rank(&pods, signal, false);
-                let elapsed = started.elapsed();
-                assert_eq!(ranking.len(), PODS);
-                elapsed.as_secs_f64() * 1e6
-            })
-            .collect();
+        let mut micros = Vec::with_capacity(runs);
+        for _ in 0..runs {
+            let started = Instant::now();
+            let ranking = rank(&pods, signal, false);
+            let elapsed = started.elapsed();
+            ensure!(
+                ranking.len() == PODS,
+                "{signal}: {} pods ranked",
+                ranking.len()
+            );
+            micros.push(elapsed.as_secs_f64() * 1e6);
+        }
         micros.sort_by(f64::total_cmp);
-        let at = |q: f64| micros[((RUNS as f64 * q) as usize).min(RUNS - 1)];
+        // Nearest rank: the ⌈q·n⌉-th smallest.
+        let at = |q: f64| micros[((q * runs as f64).ceil() as usize).clamp(1, runs) - 1];
+        let p99 = at(0.99);
         println!(
-            "| {signal} | {RUNS} | {:.0} | {:.0} | {:.0} | {GOAL_MICROS:.0} |",
+            "| {signal} | {runs} | {:.0} | {p99:.0} | {:.0} | {GOAL_MICROS:.0} | {} |",
             at(0.5),
-            at(0.99),
-            micros[RUNS - 1]
+            micros[runs - 1],
+            if p99 <= GOAL_MICROS { "yes" } else { "**no**" }
         );
     }
     Ok(())

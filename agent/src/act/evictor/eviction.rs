@@ -519,7 +519,7 @@ fn explain(choice: &Choice, exact: &[bool]) -> String {
             } else {
                 " (bytes charged: at most this working set)"
             };
-            format!("{}. {}: {}{bound}", place + 1, ranked.pod, ranked.reason)
+            format!("{}. {}: {}{bound}", place + 1, ranked.pod, ranked.reason())
         })
         .collect();
     if choice.ranking.len() > CANDIDATES_LOGGED {

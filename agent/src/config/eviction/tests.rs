@@ -112,15 +112,128 @@ fn a_hard_flag_replaces_the_defaults_and_an_empty_one_clears_them() {
 }
 
 #[test]
-fn zero_and_hundred_percent_disable_and_a_zero_quantity_is_valid() {
+fn zero_and_hundred_percent_disable_and_a_zero_quantity_is_an_error() {
     let config = resolve(&[(
         "hard",
-        "memory.available<0%,nodefs.available<100%,pid.available<0",
+        "memory.available<0%,nodefs.available<100%,pid.available<1",
     )]);
     assert_eq!(
         signals(&config),
-        [(Signal::PidAvailable, ThresholdValue::Quantity(0), true)]
+        [(Signal::PidAvailable, ThresholdValue::Quantity(1), true)]
     );
+    // kubelet's parseThresholdStatement: "must be positive".
+    for flags in [
+        vec![("hard", "memory.available<0")],
+        vec![("hard", "memory.available<0Mi")],
+        vec![("hard", "pid.available<0.0")],
+        vec![
+            ("soft", "memory.available<0Gi"),
+            ("grace", "memory.available=1m"),
+        ],
+    ] {
+        let message = error(&flags);
+        let (_, value) = flags[0].1.split_once('<').unwrap();
+        assert!(
+            message.contains(&format!("{value:?}")) && message.contains("positive"),
+            "{flags:?}: {message}"
+        );
+    }
+    let (_dir, file) = config_file("evictionHard:\n  memory.available: \"0\"\n");
+    let message = file.resolve().unwrap_err().to_string();
+    assert!(
+        message.contains("\"0\"") && message.contains("kubelet.yaml"),
+        "{message}"
+    );
+    // A minimum reclaim of zero is no minimum, as in kubelet.
+    let config = resolve(&[
+        ("hard", "memory.available<1Gi"),
+        ("reclaim", "memory.available=0"),
+    ]);
+    assert_eq!(
+        config.thresholds[0].min_reclaim,
+        ThresholdValue::Quantity(0)
+    );
+}
+
+#[test]
+fn a_signal_given_twice_keeps_the_last_value_with_a_warning() {
+    let (config, warnings) = args(&[
+        ("hard", "memory.available<1Gi,nodefs.available<5%"),
+        ("hard", "memory.available<2Gi"),
+        ("grace", "memory.available=1m,memory.available=2m"),
+    ])
+    .resolve_with_warnings()
+    .unwrap();
+    let memory = config
+        .thresholds
+        .iter()
+        .find(|t| t.signal == Signal::MemoryAvailable)
+        .unwrap();
+    assert_eq!(memory.value, ThresholdValue::Quantity(2 << 30));
+    assert_eq!(
+        warnings,
+        [
+            ConfigWarning::Duplicate {
+                origin: "--eviction-hard".into(),
+                signal: "memory.available".into(),
+                replaced: "1Gi".into(),
+                kept: "2Gi".into(),
+            },
+            ConfigWarning::Duplicate {
+                origin: "--eviction-soft-grace-period".into(),
+                signal: "memory.available".into(),
+                replaced: "1m".into(),
+                kept: "2m".into(),
+            },
+        ]
+    );
+    let message = warnings[0].to_string();
+    assert!(
+        message.contains("\"2Gi\"") && message.contains("\"1Gi\""),
+        "{message}"
+    );
+    // The value replaced is never parsed, as kubelet never sees it.
+    let config = resolve(&[("hard", "memory.available<lots,memory.available<1Gi")]);
+    assert_eq!(
+        config.thresholds[0].value,
+        ThresholdValue::Quantity(1 << 30)
+    );
+
+    let (_dir, file) =
+        config_file("evictionHard:\n  memory.available: 1Gi\n  memory.available: 2Gi\n");
+    let (config, warnings) = file.resolve_with_warnings().unwrap();
+    assert_eq!(
+        config.thresholds[0].value,
+        ThresholdValue::Quantity(2 << 30)
+    );
+    assert_eq!(warnings.len(), 1);
+    assert!(
+        warnings[0].to_string().contains("kubelet.yaml"),
+        "{}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn a_zero_transition_period_in_the_file_is_kubelets_default_but_not_on_the_command_line() {
+    for zero in ["0s", "0", "0m0s"] {
+        let (_dir, file) = config_file(&format!("evictionPressureTransitionPeriod: {zero}\n"));
+        let config = file.resolve().unwrap();
+        assert_eq!(
+            config.pressure_transition_period,
+            Duration::from_secs(300),
+            "{zero}"
+        );
+        let flag = EvictionArgs {
+            eviction_pressure_transition_period: Some(zero.to_owned()),
+            ..file
+        };
+        assert_eq!(
+            flag.resolve().unwrap().pressure_transition_period,
+            Duration::ZERO,
+            "{zero}"
+        );
+    }
 }
 
 #[test]
@@ -155,17 +268,7 @@ fn every_invalid_input_is_an_error_quoting_the_text() {
         (vec![("hard", "memory.available")], "memory.available"),
         (vec![("hard", "memory.available<-1Mi")], "-1Mi"),
         (vec![("hard", "memory.available<12Xi")], "12Xi"),
-        (
-            vec![("hard", "memory.available<1Gi,memory.available<2Gi")],
-            "memory.available",
-        ),
-        (
-            vec![
-                ("hard", "memory.available<1Gi"),
-                ("hard", "memory.available<2Gi"),
-            ],
-            "memory.available",
-        ),
+        (vec![("hard", "memory.available<0")], "\"0\""),
         (vec![("hard", "nodefs.available<101%")], "101%"),
         (vec![("hard", "nodefs.available<-5%")], "-5%"),
         (vec![("hard", "nodefs.available<lots%")], "lots%"),
@@ -520,10 +623,6 @@ fn errors_in_the_file_quote_the_text_and_name_the_file() {
         ("evictionMinimumReclaim:\n  pid.available: lots\n", "lots"),
         ("evictionMaxPodGracePeriod: -1\n", "-1"),
         ("evictionPressureTransitionPeriod: 5\n", "5"),
-        (
-            "evictionHard:\n  memory.available: 1Gi\n  memory.available: 2Gi\n",
-            "\"memory.available\" is given twice",
-        ),
         ("{not yaml", "kubelet.yaml"),
     ] {
         let (_dir, args) = config_file(text);

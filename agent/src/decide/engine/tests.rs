@@ -62,6 +62,7 @@ fn fs(capacity: u64, available: u64) -> FsStats {
         available_bytes: available,
         inodes: 1_000_000,
         inodes_free: 900_000,
+        device: None,
     }
 }
 
@@ -460,6 +461,22 @@ fn imagefs_is_dedicated_when_it_differs_from_nodefs() {
     node.imagefs = node.nodefs;
     assert!(!engine.observe(secs(0), &node).dedicated_imagefs);
     node.imagefs = Some(fs(200, 50));
+    assert!(engine.observe(secs(0), &node).dedicated_imagefs);
+}
+
+#[test]
+fn imagefs_on_the_nodefs_device_is_not_dedicated_however_its_statistics_differ() {
+    let mut engine = Engine::new(config(Vec::new()));
+    let mut node = memory_node(GI as i64);
+    let on = |device, available| FsStats {
+        device: Some(device),
+        ..fs(100, available)
+    };
+    // Read a moment apart, with a write in between.
+    node.nodefs = Some(on(2049, 50));
+    node.imagefs = Some(on(2049, 49));
+    assert!(!engine.observe(secs(0), &node).dedicated_imagefs);
+    node.imagefs = Some(on(2065, 50));
     assert!(engine.observe(secs(0), &node).dedicated_imagefs);
 }
 

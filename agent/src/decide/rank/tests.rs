@@ -3,7 +3,7 @@ use rstest::rstest;
 use serde_json::json;
 
 use super::*;
-use crate::node::snapshot::PodUsage;
+use crate::node::snapshot::{PodUsage, QosClass};
 
 const MI: u64 = 1 << 20;
 
@@ -279,15 +279,15 @@ fn explanations_say_why() {
     let pods = [critical, memory_pod("web", 0, Some("100Mi"), 50 * MI)];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
     assert_eq!(
-        ranking[0].reason,
+        ranking[0].reason(),
         "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
     );
     assert!(!ranking[0].evictable);
     assert_eq!(
-        ranking[1].reason,
+        ranking[1].reason(),
         "memory 52428800 within request 104857600, priority 0"
     );
-    assert_eq!(ranking[1].qos, QosClass::Burstable);
+    assert_eq!(pods[ranking[1].index].qos_class(), QosClass::Burstable);
 }
 
 const SYSTEM_CRITICAL: i32 = crate::node::snapshot::SYSTEM_CRITICAL_PRIORITY;
@@ -334,9 +334,9 @@ fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
         ["default/hog", "default/guaranteed", "default/stranger"]
     );
     assert!(
-        ranking[2].reason.contains("metadata unknown"),
+        ranking[2].reason().contains("metadata unknown"),
         "{}",
-        ranking[2].reason
+        ranking[2].reason()
     );
     let pids = rank(&pods, Signal::PidAvailable, false);
     assert_eq!(pids.last().unwrap().pod, "default/stranger");

@@ -70,7 +70,7 @@ fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
         || text.contains("Operation not permitted")
         || text.contains("PermissionDenied")
     {
-        " (loading BPF needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_ADMIN)"
+        " (loading BPF needs root, or CAP_BPF and CAP_PERFMON; CAP_SYS_ADMIN before Linux 5.8)"
     } else {
         ""
     }

@@ -6,14 +6,17 @@ fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap();
 }
 
-/// A v1 pod cgroup with `bytes` charged, no page cache, `tasks` tasks.
-fn v1_pod(root: &Path, path: &str, bytes: u64, tasks: u64) {
+/// A v1 pod cgroup with `bytes` charged, no page cache, `processes`
+/// processes of ten threads each.
+fn v1_pod(root: &Path, path: &str, bytes: u64, processes: u64) {
     let memory = root.join("memory").join(path);
     write(&memory.join("memory.usage_in_bytes"), &format!("{bytes}\n"));
     write(&memory.join("memory.stat"), "total_inactive_file 0\n");
+    let pids: String = (1..=processes).map(|pid| format!("{pid}\n")).collect();
+    write(&memory.join("cgroup.procs"), &pids);
     write(
         &root.join("pids").join(path).join("pids.current"),
-        &format!("{tasks}\n"),
+        &format!("{}\n", processes * 10),
     );
 }
 
@@ -91,7 +94,11 @@ fn cgroupfs_driver_pods_with_qos_from_the_path() {
         ]
     );
     assert_eq!(pods[0].usage.memory_working_set_bytes, 300);
-    assert_eq!(pods[0].usage.pids, 3);
+    assert_eq!(
+        pods[0].usage.pids, 3,
+        "processes, not pids.current's threads"
+    );
+    assert_eq!(pods[2].usage.pids, 2, "the pod's and its container's");
 }
 
 #[test]
@@ -267,4 +274,42 @@ fn own_cgroup_from_proc_self_cgroup() {
         parse_own_cgroup(v2).as_deref(),
         Some("/kubepods.slice/kubepods-podx.slice/cri-containerd-1.scope")
     );
+}
+
+#[test]
+fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let guaranteed = "sandbox/kubepods/pod00000000-0000-4000-8000-00000000000a";
+    v1_pod(root, guaranteed, 300 << 20, 1);
+    write(
+        &root
+            .join("memory")
+            .join(guaranteed)
+            .join("memory.limit_in_bytes"),
+        "536870912\n",
+    );
+    v1_pod(
+        root,
+        "sandbox/kubepods/burstable/pod00000000-0000-4000-8000-00000000000b",
+        100 << 20,
+        1,
+    );
+    let mut inventory = inventory(root, "/sandbox", None);
+    let pods = inventory.pods().unwrap();
+    let by_qos = |qos| pods.iter().find(|p| p.cgroup_qos == Some(qos)).unwrap();
+    let guaranteed = by_qos(QosClass::Guaranteed);
+    assert_eq!(guaranteed.request("memory"), 512 << 20);
+    assert!(guaranteed.metadata_missing());
+    let burstable = by_qos(QosClass::Burstable);
+    assert_eq!(burstable.resources, None);
+
+    // Ranked within its request: the smaller pod that requests nothing goes
+    // first, as kubelet would rank them had it their specs.
+    let ranking = crate::decide::rank::rank(
+        &pods,
+        crate::decide::thresholds::Signal::MemoryAvailable,
+        false,
+    );
+    assert_eq!(ranking[0].pod, burstable.key());
 }

@@ -5,7 +5,9 @@
 //! eviction with `--eviction-action evict` waits for the API, bounded by
 //! `--api-timeout`, and falls back to the local kill when it cannot get an
 //! answer.
+mod journal;
 mod message;
+mod pod_cache;
 mod pods;
 mod report;
 
@@ -28,11 +30,13 @@ use crate::{
     config::{EvictionAction, KubernetesArgs},
     decide::thresholds::Resource,
     report::metrics::Metrics,
+    state::StateDir,
 };
 
-/// Eviction reports waiting for the API. A node evicts a few pods a minute
-/// at most; 256 outlasts an API outage of hours. Past it, reports are
-/// dropped (counted and logged), never the kills.
+/// Eviction reports on their way from the engine to the API thread, which
+/// moves them into its journal at once (bounded too: [`journal::CAPACITY`]).
+/// Past either bound, reports are dropped (counted and logged), never the
+/// kills.
 const REPORT_QUEUE: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
@@ -77,17 +81,35 @@ pub struct Kubernetes {
 impl Kubernetes {
     /// Loads the client configuration (in-cluster service account, or
     /// --kubeconfig), then starts the pod watch and the reporter on a
-    /// thread of their own. Never waits for the API server itself.
+    /// thread of their own; the reporter first replays the reports a
+    /// previous agent left in `state_dir`'s journal. Never waits for the
+    /// API server itself.
     pub fn start(
         args: &KubernetesArgs,
         node_name: &str,
+        state_dir: &Path,
         metrics: Arc<Metrics>,
     ) -> Result<Self, KubeError> {
+        let state = match StateDir::open(state_dir) {
+            Ok(state) => Some(state),
+            Err(e) => {
+                warn!(error = %e, "no state directory: eviction reports pending and pod metadata known at a restart will be lost");
+                None
+            }
+        };
         let (reports, report_queue) = mpsc::channel(REPORT_QUEUE);
         let (evictions, eviction_queue) = mpsc::channel(REPORT_QUEUE);
         let (started_tx, started_rx) = std_mpsc::channel();
         let (finished_tx, finished) = std_mpsc::channel();
         let store = PodStore::default();
+        // Before the first decision: a restart during an API outage keeps
+        // the protections the last agent knew.
+        let cache = state.clone().map(|state| {
+            let mut cache = pod_cache::PodCache::new(state, node_name);
+            cache.load_into(&store);
+            cache
+        });
+        metrics.kube_pods.set(store.len() as i64);
         let context = report::Context {
             node_name: node_name.to_owned(),
             action: args.eviction_action,
@@ -124,6 +146,7 @@ impl Kubernetes {
                         client.clone(),
                         context.node_name.clone(),
                         thread_store,
+                        cache,
                         context.metrics.clone(),
                         context.errors.clone(),
                     ));
@@ -132,7 +155,8 @@ impl Kubernetes {
                         context.clone(),
                         eviction_queue,
                     ));
-                    report::serve_reports(client, context, report_queue).await;
+                    let journal = journal::Journal::open(state);
+                    report::serve_reports(client, context, report_queue, journal).await;
                 });
                 let _ = finished_tx.send(());
             })
@@ -195,7 +219,9 @@ impl Kubernetes {
         }
     }
 
-    /// Stops the watch; waits up to `within` for queued reports to be sent.
+    /// Stops the watch and the reporter, waiting up to `within` for the
+    /// request in flight; reports not yet final stay in the journal for the
+    /// next agent.
     pub fn shutdown(self, within: Duration) {
         let Self {
             reports,
@@ -207,7 +233,7 @@ impl Kubernetes {
         if finished.recv_timeout(within).is_err() {
             warn!(
                 ?within,
-                "eviction reports still unsent at shutdown are abandoned"
+                "the Kubernetes API thread did not stop in time; pending eviction reports stay in the journal"
             );
         }
     }

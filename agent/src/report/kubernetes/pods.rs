@@ -1,8 +1,9 @@
 //! The node's pods as the API server knows them, kept in memory by a watch
 //! on `spec.nodeName=<node>` and looked up by the uid in a pod's cgroup
 //! name. Lookups never touch the network: when the API is slow or down the
-//! store answers with what it last saw, and a pod it has never seen gets
-//! the cgroup-derived defaults (inventory.rs).
+//! store answers with what it last saw (after a restart, what the last
+//! agent saw: pod_cache.rs), and a pod it has never seen gets the
+//! cgroup-derived defaults (inventory.rs), ranked after every pod it knows.
 use std::{
     collections::{BTreeMap, HashMap},
     sync::{Arc, PoisonError, RwLock},
@@ -14,25 +15,31 @@ use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
 };
+use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::ApiErrors;
+use super::{
+    ApiErrors,
+    pod_cache::{PodCache, SAVE_PERIOD},
+};
 use crate::{
     node::inventory::{InventoryError, PodMetadataSource},
-    node::snapshot::{ContainerSpec, PodSnapshot},
+    node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
     quantity::Quantity,
     report::metrics::Metrics,
 };
 
-/// kubelet's annotations on pods it did not get from the API server.
-const CONFIG_SOURCE_ANNOTATION: &str = "kubernetes.io/config.source";
-/// On a mirror pod: the uid of the static pod it mirrors, which is the uid
-/// in the static pod's cgroup name.
+/// On a mirror pod, the API server's copy of a static pod: the uid of the
+/// static pod it mirrors, which is the uid in the static pod's cgroup name.
+/// Every other pod from the API server is an ordinary one, whatever its
+/// `kubernetes.io/config.source` annotation says: kubelet sets that
+/// annotation on its own copy of a pod, but anyone who may create a pod may
+/// write it into the pod's metadata too.
 const CONFIG_MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
 /// A pod from the API: what the engine ranks by, and what the eviction
-/// report needs.
-#[derive(Debug, Clone, PartialEq)]
+/// report needs (also the pod metadata cache's record of it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KnownPod {
     pub snapshot: PodSnapshot,
     /// (container name, runtime id) from `status.containerStatuses`, to find
@@ -50,10 +57,21 @@ struct State {
     mirrors: HashMap<String, String>,
     /// Whether a full list has arrived since the agent started.
     listed: bool,
+    /// Counts changes, so the metadata cache is written only after one.
+    generation: u64,
 }
 
 impl State {
+    /// The pod whose cgroup carries `uid`. A pod's own uid wins over a
+    /// mirror annotation naming it, which anyone may write.
+    fn get(&self, uid: &str) -> Option<&KnownPod> {
+        self.pods
+            .get(uid)
+            .or_else(|| self.pods.get(self.mirrors.get(uid)?))
+    }
+
     fn insert(&mut self, pod: KnownPod) {
+        self.generation += 1;
         if let Some(mirrored) = &pod.mirror_of {
             self.mirrors
                 .insert(mirrored.clone(), pod.snapshot.uid.clone());
@@ -62,6 +80,7 @@ impl State {
     }
 
     fn remove(&mut self, uid: &str) {
+        self.generation += 1;
         if let Some(pod) = self.pods.remove(uid)
             && let Some(mirrored) = &pod.mirror_of
         {
@@ -81,8 +100,7 @@ impl PodStore {
     /// a static pod.
     pub fn get(&self, uid: &str) -> Option<KnownPod> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
-        let api_uid = state.mirrors.get(uid).map(String::as_str).unwrap_or(uid);
-        state.pods.get(api_uid).cloned()
+        state.get(uid).cloned()
     }
 
     pub fn len(&self) -> usize {
@@ -98,6 +116,24 @@ impl PodStore {
     pub fn listed(&self) -> bool {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state.listed
+    }
+
+    /// Fills a store no list has reached yet with the pods a previous agent
+    /// knew (the metadata cache); returns the store's generation after.
+    pub fn preload(&self, pods: Vec<KnownPod>) -> u64 {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        if !state.listed {
+            for pod in pods {
+                state.insert(pod);
+            }
+        }
+        state.generation
+    }
+
+    /// Every pod, with the store's generation.
+    pub fn pods(&self) -> (u64, Vec<KnownPod>) {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        (state.generation, state.pods.values().cloned().collect())
     }
 
     fn apply(&self, pod: &Pod) {
@@ -119,14 +155,15 @@ impl PodStore {
     /// A fresh list replaces everything: pods deleted while the watch was
     /// down disappear.
     fn replace(&self, pods: &[Pod]) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         let mut fresh = State {
             listed: true,
+            generation: state.generation + 1,
             ..State::default()
         };
         for known in pods.iter().filter_map(known_pod) {
             fresh.insert(known);
         }
-        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         *state = fresh;
     }
 }
@@ -141,10 +178,13 @@ impl PodMetadataSource for PodStore {
 /// until the task is dropped. The watcher resumes from its last resource
 /// version after an error, relisting when the server says it is too old,
 /// with kube-runtime's backoff between attempts (no retry storm).
+/// The pods are written to `cache` after the first list and then at most
+/// every [`SAVE_PERIOD`] while they change.
 pub async fn watch(
     client: Client,
     node_name: String,
     store: PodStore,
+    mut cache: Option<PodCache>,
     metrics: Arc<Metrics>,
     errors: ApiErrors,
 ) {
@@ -153,7 +193,21 @@ pub async fn watch(
     let mut events = watcher(api, config).default_backoff().boxed();
     let mut listing: Vec<Pod> = Vec::new();
     let mut failing = false;
-    while let Some(event) = events.next().await {
+    let mut save = tokio::time::interval(SAVE_PERIOD);
+    save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let event = tokio::select! {
+            event = events.next() => match event {
+                Some(event) => event,
+                None => break,
+            },
+            _ = save.tick() => {
+                if let Some(cache) = cache.as_mut() {
+                    cache.save(&store);
+                }
+                continue;
+            }
+        };
         match event {
             Ok(watcher::Event::Init) => listing.clear(),
             Ok(watcher::Event::InitApply(pod)) => listing.push(pod),
@@ -161,6 +215,9 @@ pub async fn watch(
                 let first = !store.listed();
                 store.replace(&listing);
                 listing.clear();
+                if first && let Some(cache) = cache.as_mut() {
+                    cache.save(&store);
+                }
                 if first {
                     info!(
                         node = node_name,
@@ -206,11 +263,18 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
     let meta = &pod.metadata;
     let uid = meta.uid.clone()?;
     let annotations = meta.annotations.as_ref();
-    let annotation = |key: &str| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    let mirror_of = annotations
+        .and_then(|a| a.get(CONFIG_MIRROR_ANNOTATION))
+        .cloned();
     let spec = pod.spec.as_ref();
     let containers = spec
         .map(|spec| spec.containers.iter().map(container_spec).collect())
         .unwrap_or_default();
+    let init_containers = spec
+        .and_then(|spec| spec.init_containers.as_ref())
+        .map(|init| init.iter().map(container_spec).collect())
+        .unwrap_or_default();
+    let context = format!("pod {}", meta.name.as_deref().unwrap_or(&uid));
     let container_ids = pod
         .status
         .as_ref()
@@ -233,9 +297,20 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
             name: meta.name.clone().unwrap_or_default(),
             uid,
             priority: spec.and_then(|spec| spec.priority).unwrap_or(0),
-            is_static: annotation(CONFIG_SOURCE_ANNOTATION).is_some_and(|source| source != "api"),
-            mirror: annotation(CONFIG_MIRROR_ANNOTATION).is_some(),
+            // A mirror pod stands for the static pod whose cgroup looks it
+            // up; no other API pod is static (kubelet's IsStaticPod is true
+            // of its own copies only, never of what the API server serves).
+            is_static: mirror_of.is_some(),
+            mirror: mirror_of.is_some(),
             containers,
+            init_containers,
+            overhead: quantities(&context, spec.and_then(|spec| spec.overhead.as_ref())),
+            resources: spec
+                .and_then(|spec| spec.resources.as_ref())
+                .map(|resources| Resources {
+                    requests: quantities(&context, resources.requests.as_ref()),
+                    limits: quantities(&context, resources.limits.as_ref()),
+                }),
             termination_grace_period_seconds: spec
                 .and_then(|spec| spec.termination_grace_period_seconds),
             usage: Default::default(),
@@ -245,33 +320,39 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
             hosts_evictd: false,
         },
         container_ids,
-        mirror_of: annotation(CONFIG_MIRROR_ANNOTATION).map(str::to_owned),
+        mirror_of,
     })
 }
 
 fn container_spec(container: &Container) -> ContainerSpec {
     let resources = container.resources.as_ref();
-    let quantities = |map: Option<
-        &BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >| {
-        map.into_iter()
-            .flatten()
-            .filter_map(|(resource, quantity)| match Quantity::parse(&quantity.0) {
-                Ok(parsed) => Some((resource.clone(), parsed)),
-                Err(e) => {
-                    // The API server validates quantities; this is a bug
-                    // somewhere, not a reason to drop the pod.
-                    warn!(container = container.name, error = %e, "unreadable quantity ignored");
-                    None
-                }
-            })
-            .collect()
-    };
+    let context = format!("container {}", container.name);
     ContainerSpec {
         name: container.name.clone(),
-        requests: quantities(resources.and_then(|r| r.requests.as_ref())),
-        limits: quantities(resources.and_then(|r| r.limits.as_ref())),
+        requests: quantities(&context, resources.and_then(|r| r.requests.as_ref())),
+        limits: quantities(&context, resources.and_then(|r| r.limits.as_ref())),
+        restart_policy: container.restart_policy.clone(),
     }
+}
+
+/// A resource map of the API, in evictd's quantities; `context` names the
+/// container or pod in the warning about a quantity that does not parse.
+fn quantities(
+    context: &str,
+    map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+) -> ResourceList {
+    map.into_iter()
+        .flatten()
+        .filter_map(|(resource, quantity)| match Quantity::parse(&quantity.0) {
+            Ok(parsed) => Some((resource.clone(), parsed)),
+            Err(e) => {
+                // The API server validates quantities; this is a bug
+                // somewhere, not a reason to drop the pod.
+                warn!(context, error = %e, "unreadable quantity ignored");
+                None
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -308,6 +389,76 @@ mod tests {
             [("app".to_owned(), "abc123".to_owned())]
         );
         assert!(store.listed());
+    }
+
+    #[test]
+    fn an_api_pod_carries_init_containers_overhead_and_pod_level_resources() {
+        let store = PodStore::default();
+        store.apply(&pod(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {
+                "containers": [{"name": "app", "resources": {"requests": {"memory": "100Mi"}}}],
+                "initContainers": [
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "resources": {"requests": {"memory": "50Mi"}}},
+                    {"name": "migrate", "resources": {"limits": {"memory": "300Mi"}}}],
+                "overhead": {"memory": "10Mi"},
+                "resources": {"limits": {"cpu": "2"}}
+            }
+        })));
+        let pod = store.get("u-1").unwrap().snapshot;
+        let names: Vec<_> = pod
+            .init_containers
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(names, ["proxy", "migrate"]);
+        assert_eq!(
+            pod.init_containers[0].restart_policy.as_deref(),
+            Some("Always")
+        );
+        assert_eq!(pod.init_containers[1].restart_policy, None);
+        assert_eq!(pod.overhead["memory"], Quantity::parse("10Mi").unwrap());
+        let resources = pod.resources.as_ref().unwrap();
+        assert_eq!(resources.limits["cpu"], Quantity::parse("2").unwrap());
+        assert!(resources.requests.is_empty());
+        // Pod-level cpu limits: memory's pod-level request defaults to the
+        // containers' aggregate, max(100Mi + 50Mi, 50Mi + 300Mi), plus
+        // the overhead.
+        assert_eq!(pod.request("memory"), 360 << 20);
+    }
+
+    #[test]
+    fn a_forged_config_source_annotation_does_not_make_a_pod_static() {
+        let store = PodStore::default();
+        store.replace(&[pod(json!({
+            "metadata": {"name": "sneaky", "namespace": "default", "uid": "u-2",
+                         "annotations": {"kubernetes.io/config.source": "file"}},
+            "spec": {"containers": [{"name": "app"}]}
+        }))]);
+        let known = store.get("u-2").unwrap();
+        assert!(!known.snapshot.is_static && !known.snapshot.mirror);
+        assert!(known.snapshot.is_evictable());
+    }
+
+    #[test]
+    fn a_forged_mirror_annotation_does_not_shield_another_pod() {
+        let store = PodStore::default();
+        let victim = pod(json!({
+            "metadata": {"name": "victim", "namespace": "default", "uid": "u-3"},
+            "spec": {"containers": [{"name": "app"}]}
+        }));
+        let shield = pod(json!({
+            "metadata": {"name": "shield", "namespace": "default", "uid": "u-4",
+                         "annotations": {"kubernetes.io/config.mirror": "u-3"}},
+            "spec": {"containers": [{"name": "app"}]}
+        }));
+        store.replace(&[victim.clone(), shield.clone()]);
+        let found = store.get("u-3").unwrap().snapshot;
+        assert_eq!(found.key(), "default/victim");
+        assert!(found.is_evictable());
+        store.replace(&[shield, victim]);
+        assert_eq!(store.get("u-3").unwrap().snapshot.key(), "default/victim");
     }
 
     #[test]

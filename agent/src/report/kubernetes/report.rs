@@ -1,9 +1,13 @@
 //! Makes an eviction final and visible, as kubelet's eviction manager does:
-//! an `EvictionThresholdMet` event on the node, an `Evicted` event on the
-//! pod, then (by --eviction-action) the pod's status set to Failed/Evicted
-//! with a `DisruptionTarget` condition, or the pod deleted. Runs on the
-//! API thread, after the kill; one report at a time, so an API outage
-//! costs one retrying request, not a storm.
+//! by --eviction-action, the pod's status set to Failed/Evicted with a
+//! `DisruptionTarget` condition, or the pod deleted; then an
+//! `EvictionThresholdMet` event on the node and an `Evicted` event on the
+//! pod. Runs on the API thread, after the kill, one request at a time (an
+//! API outage costs one retrying request, not a storm). The step that stops
+//! the pod being restarted in place goes first and is retried, with
+//! backoff, until the API takes it or the pod is gone; every report is in
+//! the on-disk journal until its last step is done, so neither an outage
+//! nor an agent restart loses one.
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use k8s_openapi::{
@@ -22,13 +26,19 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use super::{ApiErrors, EvictionMessage, Failure, StarvedSignal};
+use super::{
+    ApiErrors, EvictionMessage, Failure, StarvedSignal,
+    journal::{Journal, Pending, Stage},
+};
 use crate::{config::EvictionAction, report::metrics::Metrics};
 
-/// Tries per request when the API does not answer or answers 5xx/429,
-/// with the wait doubling from [`FIRST_RETRY`]: about 15 s in all.
-const ATTEMPTS: u32 = 5;
+/// While the API does not answer, or answers 5xx/429, a report's step is
+/// tried again after a wait doubling from [`FIRST_RETRY`] to
+/// [`LONGEST_RETRY`], for as long as it takes: a returning API server sees
+/// one request per node every 16 s at most, and a report is final within
+/// 16 s of its return.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LONGEST_RETRY: Duration = Duration::from_secs(16);
 
 /// What kubelet names itself in events' `source.component`; evictd names
 /// itself.
@@ -74,34 +84,130 @@ pub(super) struct Context {
     pub errors: ApiErrors,
 }
 
+/// Takes reports off `queue` into the journal and works through the
+/// journal, oldest first, until the queue closes (shutdown: what is left
+/// stays in the journal for the next agent).
 pub(super) async fn serve_reports(
     client: Client,
     context: Context,
     mut queue: mpsc::Receiver<EvictionNotice>,
+    mut journal: Journal,
 ) {
-    while let Some(notice) = queue.recv().await {
-        let result = report(&client, &context, &notice).await;
-        let label = match &result {
-            Ok(()) => "reported",
-            Err(failure) if failure.pod_gone() => "pod-gone",
-            Err(_) => "failed",
+    let mut wait = FIRST_RETRY;
+    // The report whose step is failing, so its trouble is logged once.
+    let mut failing: Option<u64> = None;
+    loop {
+        while let Ok(notice) = queue.try_recv() {
+            accept(&mut journal, &context, notice);
+        }
+        context
+            .metrics
+            .eviction_reports_pending
+            .set(journal.len() as i64);
+        let Some(report) = journal.first().cloned() else {
+            match queue.recv().await {
+                Some(notice) => {
+                    accept(&mut journal, &context, notice);
+                    continue;
+                }
+                None => return,
+            }
         };
+        let result = step(&client, &context, &report).await;
+        match result {
+            Err(failure) if failure.retryable() => {
+                if failing != Some(report.id) {
+                    failing = Some(report.id);
+                    warn!(pod = %pod_key(&report.notice), step = ?report.stage, code = failure.code,
+                        "eviction report waits for the Kubernetes API; retrying with backoff");
+                }
+                let sleep = tokio::time::sleep(wait);
+                tokio::pin!(sleep);
+                // New reports join the journal meanwhile; a shutdown ends
+                // the wait.
+                loop {
+                    tokio::select! {
+                        () = &mut sleep => break,
+                        notice = queue.recv() => match notice {
+                            Some(notice) => accept(&mut journal, &context, notice),
+                            None => {
+                                info!(pending = journal.len(), "eviction reports still pending at shutdown stay in the journal");
+                                return;
+                            }
+                        },
+                    }
+                }
+                wait = (wait * 2).min(LONGEST_RETRY);
+                continue;
+            }
+            _ => {
+                wait = FIRST_RETRY;
+                failing = None;
+            }
+        }
+        let next = match report.stage {
+            Stage::MakeFinal => {
+                concluded(&context, &report, result);
+                Some(Stage::NodeEvent)
+            }
+            Stage::NodeEvent => Some(Stage::PodEvent),
+            Stage::PodEvent => {
+                // Made final by the Eviction API: these events were all
+                // that was left to report.
+                if report.notice.evicted_by_api {
+                    concluded(&context, &report, Ok(()));
+                }
+                None
+            }
+        };
+        journal.advance(report.id, next);
+    }
+}
+
+fn pod_key(notice: &EvictionNotice) -> String {
+    format!("{}/{}", notice.namespace, notice.name)
+}
+
+/// Journals a new report (the time of the kill is now, give or take the hop
+/// between threads); counts it dropped when the journal is full.
+fn accept(journal: &mut Journal, context: &Context, notice: EvictionNotice) {
+    let pod = pod_key(&notice);
+    if journal
+        .add(notice, context.action, Timestamp::now())
+        .is_err()
+    {
         context
             .metrics
             .eviction_reports
-            .with_label_values(&[context.action.as_str(), label])
+            .with_label_values(&[context.action.as_str(), "dropped"])
             .inc();
-        let pod = format!("{}/{}", notice.namespace, notice.name);
-        match result {
-            Ok(()) => {
-                info!(%pod, action = context.action.as_str(), "eviction reported to the Kubernetes API")
-            }
-            Err(failure) if failure.pod_gone() => {
-                info!(%pod, code = failure.code, "pod already gone from the API; nothing more to report");
-            }
-            Err(failure) => {
-                warn!(%pod, code = failure.code, "eviction not reported to the Kubernetes API");
-            }
+        warn!(%pod, pending = journal.len(),
+            "eviction report dropped: the journal is full, the Kubernetes API has not kept up");
+    }
+}
+
+/// Logs and counts how the step that makes the eviction final ended.
+fn concluded(context: &Context, report: &Pending, result: Result<(), Failure>) {
+    let label = match &result {
+        Ok(()) => "reported",
+        Err(failure) if failure.pod_gone() => "pod-gone",
+        Err(_) => "failed",
+    };
+    context
+        .metrics
+        .eviction_reports
+        .with_label_values(&[report.action.as_str(), label])
+        .inc();
+    let pod = pod_key(&report.notice);
+    match result {
+        Ok(()) => {
+            info!(%pod, action = report.action.as_str(), "eviction reported to the Kubernetes API");
+        }
+        Err(failure) if failure.pod_gone() => {
+            info!(%pod, code = failure.code, "pod already gone from the API; nothing more to make final");
+        }
+        Err(failure) => {
+            warn!(%pod, code = failure.code, "eviction not reported to the Kubernetes API");
         }
     }
 }
@@ -180,62 +286,68 @@ async fn evict(
     }
 }
 
-/// kubelet's order: the node event as the threshold is acted on, the pod's
-/// event, then the pod itself.
-async fn report(
-    client: &Client,
-    context: &Context,
-    notice: &EvictionNotice,
-) -> Result<(), Failure> {
-    let now = Timestamp::now();
-    let resource = notice.signal.resource.as_str();
-    let node_event = event(
-        context,
-        "default",
-        ObjectReference {
-            kind: Some("Node".into()),
-            name: Some(context.node_name.clone()),
-            // kubelet's node reference uses the node's name as its uid.
-            uid: Some(context.node_name.clone()),
-            ..ObjectReference::default()
-        },
-        "EvictionThresholdMet",
-        format!("Attempting to reclaim {resource}"),
-        BTreeMap::new(),
-        now,
-    );
-    // The node event is context; losing it must not stop the pod's report.
-    let _ = create_event(client, context, &node_event).await;
-    let pod_event = event(
-        context,
-        &notice.namespace,
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(notice.namespace.clone()),
-            name: Some(notice.name.clone()),
-            uid: Some(notice.uid.clone()),
-            ..ObjectReference::default()
-        },
-        "Evicted",
-        notice.message.text.clone(),
-        notice.message.annotations.clone(),
-        now,
-    );
-    let _ = create_event(client, context, &pod_event).await;
-    if notice.evicted_by_api {
-        return Ok(());
+/// One try of the report's next step, bounded by --api-timeout.
+async fn step(client: &Client, context: &Context, report: &Pending) -> Result<(), Failure> {
+    let notice = &report.notice;
+    match report.stage {
+        Stage::MakeFinal => make_final(client, context, report).await,
+        Stage::NodeEvent => {
+            let resource = notice.signal.resource.as_str();
+            let node_event = event(
+                context,
+                "default",
+                ObjectReference {
+                    kind: Some("Node".into()),
+                    name: Some(context.node_name.clone()),
+                    // kubelet's node reference uses the node's name as its uid.
+                    uid: Some(context.node_name.clone()),
+                    ..ObjectReference::default()
+                },
+                "EvictionThresholdMet",
+                format!("Attempting to reclaim {resource}"),
+                BTreeMap::new(),
+                report.evicted_at,
+            );
+            create_event(client, context, &node_event).await
+        }
+        Stage::PodEvent => {
+            let pod_event = event(
+                context,
+                &notice.namespace,
+                ObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    namespace: Some(notice.namespace.clone()),
+                    name: Some(notice.name.clone()),
+                    uid: Some(notice.uid.clone()),
+                    ..ObjectReference::default()
+                },
+                "Evicted",
+                notice.message.text.clone(),
+                notice.message.annotations.clone(),
+                report.evicted_at,
+            );
+            create_event(client, context, &pod_event).await
+        }
     }
+}
+
+/// The status patch or the delete, by the action in force at the eviction.
+async fn make_final(client: &Client, context: &Context, report: &Pending) -> Result<(), Failure> {
+    let notice = &report.notice;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &notice.namespace);
-    match context.action {
+    match report.action {
         // A hard eviction, or a soft one the Eviction API could not take,
         // under --eviction-action evict: the status says what happened.
         EvictionAction::Status | EvictionAction::Evict => {
-            let patch = Patch::Strategic(status_patch(notice, now));
+            let patch = Patch::Strategic(status_patch(notice, report.evicted_at));
             let params = PatchParams::default();
-            retry(context, "patch", "pods/status", || {
-                pods.patch_status(&notice.name, &params, &patch)
-            })
+            attempt(
+                context,
+                "patch",
+                "pods/status",
+                pods.patch_status(&notice.name, &params, &patch),
+            )
             .await
         }
         EvictionAction::Delete => {
@@ -248,9 +360,12 @@ async fn report(
                 }),
                 ..DeleteParams::default()
             };
-            retry(context, "delete", "pods", || {
-                pods.delete(&notice.name, &params)
-            })
+            attempt(
+                context,
+                "delete",
+                "pods",
+                pods.delete(&notice.name, &params),
+            )
             .await
         }
     }
@@ -313,41 +428,30 @@ fn event(
     }
 }
 
+/// Creates `event`. Its name is derived from the eviction's time, so the
+/// same event sent again after a restart is the API's 409 AlreadyExists,
+/// which counts as sent.
 async fn create_event(client: &Client, context: &Context, event: &Event) -> Result<(), Failure> {
     let namespace = event.metadata.namespace.clone().unwrap_or_default();
     let events: Api<Event> = Api::namespaced(client.clone(), &namespace);
     let params = PostParams::default();
-    retry(context, "create", "events", || {
-        events.create(&params, event)
-    })
-    .await
+    match attempt(context, "create", "events", events.create(&params, event)).await {
+        Err(failure) if failure.code == 409 => Ok(()),
+        result => result,
+    }
 }
 
-/// One request, retried with doubling waits while it is worth retrying
-/// (no answer, 429, 5xx); each try bounded by --api-timeout.
-async fn retry<T, F, Fut>(
+/// One request, bounded by --api-timeout; failures are counted (and a 403
+/// logged once) by [`ApiErrors`].
+async fn attempt<T>(
     context: &Context,
     verb: &'static str,
     resource: &'static str,
-    mut request: F,
-) -> Result<(), Failure>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, kube::Error>>,
-{
-    let mut wait = FIRST_RETRY;
-    let mut attempt = 1;
-    loop {
-        let failure = match tokio::time::timeout(context.api_timeout, request()).await {
-            Ok(Ok(_)) => return Ok(()),
-            Ok(Err(e)) => context.errors.failed(verb, resource, &e),
-            Err(_) => context.errors.status(verb, resource, 0, "Timeout"),
-        };
-        if !failure.retryable() || attempt == ATTEMPTS {
-            return Err(failure);
-        }
-        tokio::time::sleep(wait).await;
-        wait *= 2;
-        attempt += 1;
+    request: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<(), Failure> {
+    match tokio::time::timeout(context.api_timeout, request).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(context.errors.failed(verb, resource, &e)),
+        Err(_) => Err(context.errors.status(verb, resource, 0, "Timeout")),
     }
 }

@@ -16,6 +16,7 @@ fn spec(name: &str, limit: Option<&str>) -> ContainerSpec {
         limits: limit
             .map(|l| BTreeMap::from([(EPHEMERAL_STORAGE.to_owned(), q(l))]))
             .unwrap_or_default(),
+        restart_policy: None,
     }
 }
 

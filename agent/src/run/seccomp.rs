@@ -1,0 +1,62 @@
+//! The seccomp profile the agent runs under in a cluster
+//! (deploy/seccomp/evictd.json: exactly the syscalls the agent makes, found
+//! by tracing it through the privileged tests), embedded so that a binary
+//! and its profile always match. `evictd seccomp-profile --install DIR`
+//! writes it where kubelet looks for `Localhost` profiles; the DaemonSet's
+//! init container does that before the agent starts.
+use std::path::{Path, PathBuf};
+
+use crate::state::{StateDir, StateError};
+
+pub const PROFILE: &str = include_str!("../../../deploy/seccomp/evictd.json");
+
+/// The file name the DaemonSet's `localhostProfile` names.
+pub const FILE_NAME: &str = "evictd.json";
+
+/// Writes the profile into `dir` (created if missing), atomically: kubelet
+/// starting a container at the same moment reads the old file or the new.
+pub fn install(dir: &Path) -> Result<PathBuf, StateError> {
+    let dir = StateDir::open(dir)?;
+    dir.write(FILE_NAME, PROFILE.as_bytes())?;
+    Ok(dir.path().join(FILE_NAME))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_profile_allows_what_the_agent_needs_and_refuses_the_rest() {
+        let profile: serde_json::Value = serde_json::from_str(PROFILE).unwrap();
+        assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+        let allowed: Vec<&str> = profile["syscalls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|rule| rule["action"] == "SCMP_ACT_ALLOW")
+            .flat_map(|rule| rule["names"].as_array().unwrap())
+            .map(|name| name.as_str().unwrap())
+            .collect();
+        for needed in ["bpf", "pidfd_open", "pidfd_send_signal", "process_mrelease"] {
+            assert!(allowed.contains(&needed), "{needed} is not allowed");
+        }
+        // Raw tracepoints attach through bpf() itself.
+        for refused in [
+            "perf_event_open",
+            "mount",
+            "ptrace",
+            "init_module",
+            "kexec_load",
+            "unshare",
+        ] {
+            assert!(!allowed.contains(&refused), "{refused} is allowed");
+        }
+    }
+
+    #[test]
+    fn install_writes_the_profile_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = install(&dir.path().join("seccomp")).unwrap();
+        assert_eq!(std::fs::read_to_string(path).unwrap(), PROFILE);
+    }
+}

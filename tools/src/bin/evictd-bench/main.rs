@@ -1,0 +1,467 @@
+//! `cargo xtask bench`: what a user pays, with evictd's event mode against
+//! polling (10s, 1s, 100ms), a PSI trigger and cgroup v1 memcg thresholds,
+//! all real agent modes, and against floors measured in the same run:
+//!
+//! - memory bombs (256 MiB/s, 1 GiB/s, as fast as they go): from the node's
+//!   real threshold crossing to the agent's decision and to the memory
+//!   back; the *oracle* row is no agent at all, the bench killing the bomb
+//!   at the crossing itself (`oracle.rs`): the kernel's floor;
+//! - a fork bomb against `pid.available`;
+//! - decision latency with 10, 100 and 250 pods on the node;
+//! - workload overhead: page faults, munmap and the SIGKILL of a large
+//!   process with each mode's agent attached against no agent, far from
+//!   every threshold and close to one (`overhead.rs`).
+//!
+//! Each round runs every mode once in every scenario, the modes in an order
+//! rotated by the round, so machine noise hits them alike; every run starts
+//! a fresh sandbox node and a fresh agent.
+//!
+//! Ground truth comes from outside the agent: the bomb logs CLOCK_MONOTONIC
+//! times of what it has touched (every 256 KiB) with the node's page
+//! counter, so the crossing is known to within one such step; the kernel
+//! itself reports the node's page counter coming back down (`watch.rs`).
+//! The agent logs its decision, kill and memory-back times on the same
+//! clock.
+//!
+//! Writes `bench.json` (every run) and `bench.md` (the tables and the
+//! goals) to --out; xtask draws the plots from the JSON.
+mod oracle;
+mod overhead;
+mod reaper;
+mod report;
+mod runs;
+mod stats;
+mod watch;
+
+use std::{fmt, fs, path::PathBuf, time::Duration, time::Instant};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser;
+use evictd::{
+    config::{parse_bytes, parse_period},
+    node::cgroupfs::{CgroupFs, CgroupVersion},
+};
+use evictd_integration::BpfStatsEnabled;
+use serde_json::json;
+
+const MIB: u64 = 1 << 20;
+/// The oracle row of a memory scenario: no agent, the bench kills.
+const ORACLE: &str = "oracle";
+/// The floor of the overhead scenarios: the workload with no agent.
+const NO_AGENT: &str = "none";
+
+#[derive(Debug, Parser)]
+#[command(about = "What users pay: evictd's modes against each other and against floors")]
+struct Args {
+    /// The evictd binary.
+    #[arg(long)]
+    evictd: PathBuf,
+    /// The evictd-workload binary.
+    #[arg(long)]
+    workload: PathBuf,
+    /// Where bench.json and bench.md go.
+    #[arg(long)]
+    out: PathBuf,
+    /// Rounds; each runs every mode once per scenario, so this is the
+    /// number of runs behind each row's percentiles.
+    #[arg(long, default_value_t = 20)]
+    runs: u32,
+    /// The sandbox node's memory capacity.
+    #[arg(long, default_value = "2Gi", value_parser = parse_bytes)]
+    capacity: u64,
+    /// The hard threshold: memory.available below this.
+    #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
+    threshold: u64,
+    /// Bomb allocation rates (bytes per second; `max`: as fast as it can).
+    #[arg(long, value_delimiter = ',', default_value = "256Mi,1Gi,max")]
+    rates: Vec<String>,
+    /// Agent modes compared (the oracle and the no-agent floor are added
+    /// where they apply).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "event,poll-10s,poll-1s,poll-100ms,psi,memcg-threshold"
+    )]
+    modes: Vec<String>,
+    /// The node's task limit in the fork-bomb scenario (0: no such scenario).
+    #[arg(long, default_value_t = 1024)]
+    pid_limit: u64,
+    /// The fork-bomb scenario's threshold: pid.available below this.
+    #[arg(long, default_value_t = 128)]
+    pid_threshold: u64,
+    /// Pods on the node in the pod-count scenarios (at least 5: the memory
+    /// scenarios' pods, plus small ones); 0: no such scenario.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,250")]
+    pod_counts: Vec<usize>,
+    /// The bomb's rate in the pod-count scenarios.
+    #[arg(long, default_value = "1Gi")]
+    pod_count_rate: String,
+    /// Agent modes of the pod-count scenarios.
+    #[arg(long, value_delimiter = ',', default_value = "event")]
+    pod_count_modes: Vec<String>,
+    /// Bytes each workload-overhead operation faults in, unmaps or frees
+    /// by SIGKILL (at most --threshold less 32 MiB, so that the node close
+    /// to the threshold never crosses it); 0: no overhead scenarios.
+    #[arg(long, default_value = "192Mi", value_parser = parse_bytes)]
+    overhead_bytes: u64,
+    /// Timed operations of each kind per overhead run.
+    #[arg(long, default_value_t = 3)]
+    overhead_reps: u32,
+    /// Agent modes of the overhead scenarios (default: every --modes).
+    #[arg(long, value_delimiter = ',')]
+    overhead_modes: Option<Vec<String>>,
+    /// How long each mode's agent idles on the node for the idle numbers.
+    #[arg(long, default_value = "10s", value_parser = parse_period)]
+    idle: Duration,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scenario {
+    /// Bytes per second; 0: as fast as the bomb can.
+    Memory {
+        rate: u64,
+    },
+    ForkBomb,
+    /// The memory bomb with this many pods on the node.
+    Pods {
+        count: usize,
+        rate: u64,
+    },
+    /// The workload-overhead operations, far from every threshold or close
+    /// to the memory one.
+    Overhead {
+        near: bool,
+    },
+}
+
+impl Scenario {
+    /// The `kind` field of bench.json, which the tables and plots group by.
+    fn kind(self) -> &'static str {
+        match self {
+            Self::Memory { .. } => "memory",
+            Self::ForkBomb => "fork-bomb",
+            Self::Pods { .. } => "pods",
+            Self::Overhead { .. } => "overhead",
+        }
+    }
+}
+
+fn rate_name(rate: u64) -> String {
+    match rate {
+        0 => "max rate".to_owned(),
+        rate => format!("{} MiB/s", rate / MIB),
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Memory { rate } => write!(f, "memory, {}", rate_name(*rate)),
+            Self::ForkBomb => f.write_str("fork bomb"),
+            Self::Pods { count, .. } => write!(f, "{count} pods"),
+            Self::Overhead { near: false } => f.write_str("overhead, far from thresholds"),
+            Self::Overhead { near: true } => f.write_str("overhead, close to the threshold"),
+        }
+    }
+}
+
+/// One agent mode, as its command-line arguments.
+fn mode_args(mode: &str) -> Result<Vec<String>> {
+    Ok(match mode {
+        "event" => vec!["--mode".into(), "event".into()],
+        "psi" => vec!["--mode".into(), "psi".into()],
+        "memcg-threshold" => vec!["--mode".into(), "memcg-threshold".into()],
+        _ => match mode.strip_prefix("poll-") {
+            Some(period) => vec![
+                "--mode".into(),
+                "poll".into(),
+                "--housekeeping-interval".into(),
+                period.into(),
+            ],
+            None => bail!("unknown mode {mode:?}"),
+        },
+    })
+}
+
+/// Modes that watch memory only; in the fork-bomb scenario they are the
+/// polling they fall back to, so they are not run there.
+fn memory_only(mode: &str) -> bool {
+    matches!(mode, "psi" | "memcg-threshold")
+}
+
+fn parse_rate(rate: &str) -> Result<u64> {
+    match rate {
+        "max" => Ok(0),
+        other => parse_bytes(other).map_err(|e| anyhow::anyhow!("rate {other:?}: {e}")),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    match bench(&Args::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("evictd-bench: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The scenarios to run and the modes of each, in their base order.
+fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>)>> {
+    let mut scenarios = Vec::new();
+    for rate in &args.rates {
+        let mut with_oracle = vec![ORACLE.to_owned()];
+        with_oracle.extend(modes.iter().cloned());
+        scenarios.push((
+            Scenario::Memory {
+                rate: parse_rate(rate)?,
+            },
+            with_oracle,
+        ));
+    }
+    if args.pid_limit > 0 {
+        let pid_modes = modes.iter().filter(|m| !memory_only(m)).cloned().collect();
+        scenarios.push((Scenario::ForkBomb, pid_modes));
+    }
+    let rate = parse_rate(&args.pod_count_rate)?;
+    for &count in args.pod_counts.iter().filter(|count| **count > 0) {
+        if count < runs::MEMORY_PODS {
+            bail!(
+                "--pod-counts: {count} is fewer than the {} pods every node has",
+                runs::MEMORY_PODS
+            );
+        }
+        scenarios.push((Scenario::Pods { count, rate }, args.pod_count_modes.clone()));
+    }
+    if args.overhead_bytes > 0 {
+        if args.overhead_bytes + overhead::NEAR_MARGIN > args.threshold {
+            bail!(
+                "--overhead-bytes {} MiB: the node close to the threshold would cross it; \
+                 at most --threshold less {} MiB",
+                args.overhead_bytes / MIB,
+                overhead::NEAR_MARGIN / MIB
+            );
+        }
+        let mut with_floor = vec![NO_AGENT.to_owned()];
+        with_floor.extend(
+            args.overhead_modes
+                .clone()
+                .unwrap_or_else(|| modes.to_vec()),
+        );
+        for near in [false, true] {
+            scenarios.push((Scenario::Overhead { near }, with_floor.clone()));
+        }
+    }
+    for (_, modes) in &scenarios {
+        for mode in modes.iter().filter(|m| *m != ORACLE && *m != NO_AGENT) {
+            mode_args(mode)?;
+        }
+    }
+    Ok(scenarios)
+}
+
+fn bench(args: &Args) -> Result<()> {
+    // SAFETY: single-threaded here; Agent::start reads it in this thread.
+    unsafe { std::env::set_var("EVICTD_BIN", &args.evictd) };
+    fs::create_dir_all(&args.out)?;
+    let cgroupfs = CgroupFs::discover().context("finding the cgroup hierarchies")?;
+    let modes: Vec<String> = args
+        .modes
+        .iter()
+        .filter(|mode| {
+            let usable =
+                mode.as_str() != "memcg-threshold" || cgroupfs.version == CgroupVersion::V1;
+            if !usable {
+                println!("skipping memcg-threshold: memory thresholds exist on cgroup v1 only");
+            }
+            usable
+        })
+        .cloned()
+        .collect();
+    let scenarios = scenarios(args, &modes)?;
+    let _stats = BpfStatsEnabled::new().context("turning on kernel.bpf_stats_enabled")?;
+
+    println!(
+        "idle overhead: each mode's agent on the quiet node for {:?}",
+        args.idle
+    );
+    let mut idle = serde_json::Map::new();
+    for mode in &modes {
+        let measured = runs::idle_overhead(args, mode)?;
+        println!(
+            "  {mode:<16} CPU {:.3}% of a core, RSS {:.1} MiB (peak {:.1} MiB)",
+            measured.cpu_percent,
+            measured.rss_bytes as f64 / MIB as f64,
+            measured.peak_rss_bytes as f64 / MIB as f64
+        );
+        idle.insert(mode.clone(), serde_json::to_value(&measured)?);
+    }
+
+    let plan: Vec<(u32, Scenario, String)> = (0..args.runs)
+        .flat_map(|round| {
+            scenarios.iter().flat_map(move |(scenario, modes)| {
+                // Rotate the order each round so no mode always runs first.
+                let shift = round as usize % modes.len().max(1);
+                modes
+                    .iter()
+                    .cycle()
+                    .skip(shift)
+                    .take(modes.len())
+                    .map(move |mode| (round, *scenario, mode.clone()))
+            })
+        })
+        .collect();
+    let mut results_runs = Vec::new();
+    let started = Instant::now();
+    for (done, (round, scenario, mode)) in plan.iter().enumerate() {
+        let (run, summary) = match scenario {
+            Scenario::Memory { rate } => {
+                let run = runs::memory_run(args, runs::sandbox(args, 0)?, mode, *rate)?;
+                (serde_json::to_value(&run)?, run.summary())
+            }
+            Scenario::Pods { count, rate } => {
+                let node = runs::sandbox(args, *count)?;
+                let run = runs::memory_run(args, node, mode, *rate)?;
+                (serde_json::to_value(&run)?, run.summary())
+            }
+            Scenario::ForkBomb => {
+                let run = runs::fork_bomb_run(args, mode)?;
+                (serde_json::to_value(&run)?, run.summary())
+            }
+            Scenario::Overhead { near } => {
+                let run = overhead::run(args, mode, *near)?;
+                (serde_json::to_value(&run)?, run.summary())
+            }
+        };
+        println!(
+            "[{:>4}/{}] {:>5.0}s  {:<34} {mode:<16} {summary}",
+            done + 1,
+            plan.len(),
+            started.elapsed().as_secs_f64(),
+            scenario.to_string(),
+        );
+        results_runs.push(json!({
+            "round": round, "scenario": scenario.to_string(), "mode": mode, "run": run,
+        }));
+    }
+
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let results = json!({
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+        "kernel": kernel.trim(),
+        "cgroup": format!("{:?}", cgroupfs.version),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "rounds": args.runs,
+        "capacity_bytes": args.capacity,
+        "threshold_bytes": args.threshold,
+        "pid_limit": args.pid_limit,
+        "pid_threshold": args.pid_threshold,
+        "overhead_bytes": args.overhead_bytes,
+        "overhead_reps": args.overhead_reps,
+        "modes": modes,
+        "scenarios": scenarios.iter().map(|(scenario, modes)| {
+            let mut entry = json!({
+                "name": scenario.to_string(), "kind": scenario.kind(), "modes": modes,
+            });
+            match scenario {
+                Scenario::Memory { rate } => entry["rate"] = json!(rate),
+                Scenario::Pods { count, rate } => {
+                    entry["pods"] = json!(count);
+                    entry["rate"] = json!(rate);
+                }
+                Scenario::Overhead { near } => entry["near"] = json!(near),
+                Scenario::ForkBomb => {}
+            }
+            entry
+        }).collect::<Vec<_>>(),
+        "idle": idle,
+        "wall_seconds": started.elapsed().as_secs_f64(),
+        "runs": results_runs,
+    });
+    let json_path = args.out.join("bench.json");
+    fs::write(&json_path, serde_json::to_string_pretty(&results)?)?;
+    let tables = report::markdown(&results);
+    fs::write(args.out.join("bench.md"), &tables)?;
+    println!("\n{tables}");
+    println!("results: {}", json_path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_mode_is_the_agent_with_its_own_flags() {
+        assert_eq!(
+            mode_args("poll-100ms").unwrap(),
+            ["--mode", "poll", "--housekeeping-interval", "100ms"]
+        );
+        assert_eq!(mode_args("psi").unwrap(), ["--mode", "psi"]);
+        assert!(mode_args("kprobe").is_err());
+    }
+
+    fn args(extra: &[&str]) -> Args {
+        let base = [
+            "evictd-bench",
+            "--evictd",
+            "e",
+            "--workload",
+            "w",
+            "--out",
+            "o",
+        ];
+        Args::parse_from(base.iter().chain(extra))
+    }
+
+    #[test]
+    fn the_oracle_joins_memory_scenarios_and_the_floor_joins_overhead_ones() {
+        let modes = vec!["event".to_owned(), "psi".to_owned()];
+        let planned = scenarios(&args(&["--rates", "1Gi", "--pod-counts", "10"]), &modes).unwrap();
+        let planned: Vec<(String, Vec<String>)> = planned
+            .into_iter()
+            .map(|(scenario, modes)| (scenario.to_string(), modes))
+            .collect();
+        let modes_of = |name: &str| {
+            planned
+                .iter()
+                .find(|(scenario, _)| scenario == name)
+                .map(|(_, modes)| modes.join(","))
+        };
+        assert_eq!(
+            modes_of("memory, 1024 MiB/s").as_deref(),
+            Some("oracle,event,psi")
+        );
+        // psi watches memory only.
+        assert_eq!(modes_of("fork bomb").as_deref(), Some("event"));
+        assert_eq!(modes_of("10 pods").as_deref(), Some("event"));
+        assert_eq!(
+            modes_of("overhead, close to the threshold").as_deref(),
+            Some("none,event,psi")
+        );
+        assert_eq!(planned.len(), 5);
+    }
+
+    #[test]
+    fn overhead_too_large_to_stay_below_the_threshold_is_refused() {
+        let err = scenarios(&args(&["--overhead-bytes", "240Mi"]), &[]).unwrap_err();
+        assert!(err.to_string().contains("would cross it"), "{err}");
+        let err = scenarios(&args(&["--pod-counts", "3"]), &[]).unwrap_err();
+        assert!(err.to_string().contains("fewer than the 5 pods"), "{err}");
+        let none = scenarios(
+            &args(&[
+                "--pod-counts",
+                "0",
+                "--overhead-bytes",
+                "0",
+                "--pid-limit",
+                "0",
+                "--rates",
+                "1Gi",
+            ]),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(none.len(), 1, "the memory scenario alone");
+    }
+}

@@ -1,0 +1,510 @@
+//! bench.md from bench.json: what each row means, the goals of issue 13
+//! against what was measured, and one table per kind of scenario.
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+mod goals;
+
+use crate::{
+    MIB, NO_AGENT, ORACLE,
+    runs::EXPECTED_VICTIM,
+    stats::{format_ms, median, percentile, rank},
+};
+
+type Runs<'a> = Vec<&'a Value>;
+
+/// The whole of bench.md.
+pub fn markdown(results: &Value) -> String {
+    let mut text = String::new();
+    text += &format!(
+        "Made by `{}` on Linux {} (cgroup {}, {} CPUs), {} round{}, in {:.0} min.\n\n",
+        results["command"].as_str().unwrap_or_default(),
+        results["kernel"].as_str().unwrap_or_default(),
+        results["cgroup"].as_str().unwrap_or_default(),
+        results["cpus"],
+        results["rounds"],
+        if results["rounds"] == 1 { "" } else { "s" },
+        results["wall_seconds"].as_f64().unwrap_or(0.0) / 60.0,
+    );
+    text += &reading_guide(results);
+    text += "\n## Goals\n\n";
+    text += &goals::table(results);
+    text += "\n## Memory bombs: crossing → decision → memory back\n\n";
+    text += &memory_table(results);
+    text += "\n## Fork bomb\n\nTimes from the crossing of `pid.available` in the bomb's log (a record per \
+             fork); *bomb's cgroup empty*: the agent's `pod killed`.\n\n";
+    text += &fork_bomb_table(results);
+    text += "\n## Decision latency against pod count\n\nThe memory bomb with the five pods \
+             above and small ones (1 MiB each, every QoS class) up to the count. *woken → \
+             decided*: the agent's `eviction decided` from the trigger that woke its deciding \
+             run (in event mode the kernel record; *woken by* says which).\n\n";
+    text += &pods_table(results);
+    text += "\n## Workload overhead\n\n";
+    text += &overhead_table(results);
+    text += "\n## Idle agent, no pressure\n\n";
+    text += &idle_table(results);
+    text += "\n## BPF programs of event mode, over every event-mode run\n\n";
+    text += &bpf_table(results);
+    text
+}
+
+fn reading_guide(results: &Value) -> String {
+    let n = results["rounds"].as_u64().unwrap_or(0) as usize;
+    let ranks = if n > 0 {
+        format!(
+            " With n = {n}: p50 is the {} smallest, p90 the {}, p99 the {}{}.",
+            ordinal(rank(n, 0.5)),
+            ordinal(rank(n, 0.9)),
+            ordinal(rank(n, 0.99)),
+            if rank(n, 0.99) == n {
+                " — the largest run (p99 is the maximum whenever n < 100)"
+            } else {
+                ""
+            }
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "Every time is in ms from the node's real threshold crossing: its page counter \
+         past capacity − threshold + inactive file, as the bomb's own log (a reading every \
+         256 KiB) or the kernel (an eventfd threshold the bench arms) first reports it. \
+         *noticed*: what woke the agent's deciding run (kernel record, timer tick, \
+         notification); *decided*: its `eviction decided` line; *memory back*: the kernel \
+         reports the node's page counter down to its level before the bomb plus 5 % of what \
+         the bomb held at the crossing (a cgroup v1 eventfd threshold the bench arms, read by \
+         a real-time thread; v2: read every ms), the same instrument for every row; \
+         *decided → memory back* is the difference within each run. The **oracle** row runs \
+         no agent: the bench SIGKILLs the bomb (pidfd, then process_mrelease) as soon as it \
+         reads the crossing record in the bomb's log, the kernel's own floor; its *noticed* \
+         is when it read that record and *decided* its SIGKILL.\n\n\
+         Each row has n runs (one per round; the modes of a scenario run in an order \
+         rotated every round). Percentiles are nearest rank: pq is the ⌈q·n⌉-th smallest \
+         of the n.{ranks} A run that never got there (the kernel's OOM killer or pids.max \
+         first, or no decision) ranks above every other and shows as `never`; a run in \
+         which the agent decided although neither the log nor the kernel saw the node \
+         cross (the bomb frozen before its next reading) has nothing to measure from: it \
+         is left out of n and counted in *decided, no crossing*. *kernel won*: \
+         a kernel OOM kill in the node (memory) or a fork refused at pids.max; *wrong \
+         victim*: a pod other than the bomb killed or lost.\n"
+    )
+}
+
+/// 1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
+}
+
+/// The scenarios of one kind, as bench.json lists them.
+fn scenarios<'a>(results: &'a Value, kind: &str) -> Vec<&'a Value> {
+    results["scenarios"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|s| s["kind"] == kind)
+        .collect()
+}
+
+fn modes(scenario: &Value) -> Vec<&str> {
+    scenario["modes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+/// Every `run` object of one scenario and mode.
+fn all_runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
+    results["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == mode)
+        .map(|r| &r["run"])
+        .collect()
+}
+
+/// The runs of one scenario and mode that have a crossing to measure
+/// from: all but those where the agent decided before the node crossed.
+fn runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
+    all_runs(results, scenario, mode)
+        .into_iter()
+        .filter(|r| r["decided_without_crossing"] != true)
+        .collect()
+}
+
+/// Runs left out of [`runs`]: the agent decided, the node never crossed.
+fn early(results: &Value, scenario: &Value, mode: &str) -> usize {
+    all_runs(results, scenario, mode).len() - runs(results, scenario, mode).len()
+}
+
+fn field(runs: &Runs, name: &str) -> Vec<Option<f64>> {
+    runs.iter().map(|r| r[name].as_f64()).collect()
+}
+
+fn decided_to_back(runs: &Runs) -> Vec<Option<f64>> {
+    runs.iter()
+        .map(|r| Some(r["back_us"].as_f64()? - r["decided_us"].as_f64()?))
+        .collect()
+}
+
+/// p50 / p90 / p99; a p99 that is the largest of the runs (fewer than
+/// 100) says so.
+fn triple(values: &[Option<f64>]) -> String {
+    let p = |q| format_ms(percentile(values, q));
+    let n = values.len();
+    let largest = n > 0 && rank(n, 0.99) == n;
+    format!(
+        "{} / {} / {}{}",
+        p(0.5),
+        p(0.9),
+        p(0.99),
+        if largest { " (max)" } else { "" }
+    )
+}
+
+fn kernel_won(runs: &Runs) -> usize {
+    runs.iter()
+        .filter(|r| r["kernel_kills"].as_u64().unwrap_or(0) > 0)
+        .count()
+}
+
+fn wrong_victim(runs: &Runs) -> usize {
+    runs.iter()
+        .filter(|r| {
+            r["lost_pods"].as_array().is_some_and(|l| !l.is_empty())
+                || r["victims"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v != EXPECTED_VICTIM))
+        })
+        .count()
+}
+
+/// Mean agent CPU per run and peak RSS; `–` for rows without an agent.
+fn agent_cost(mode: &str, runs: &Runs) -> String {
+    if mode == ORACLE || mode == NO_AGENT || runs.is_empty() {
+        return "– | –".to_owned();
+    }
+    let cpu = runs
+        .iter()
+        .filter_map(|r| r["agent_cpu_ms"].as_f64())
+        .sum::<f64>()
+        / runs.len() as f64;
+    let rss = runs
+        .iter()
+        .filter_map(|r| r["agent_peak_rss_bytes"].as_f64())
+        .fold(0.0, f64::max);
+    format!("{cpu:.1} | {:.1}", rss / MIB as f64)
+}
+
+/// The agent's own `memory back` line (from the crossing) and the bytes it
+/// says were freed; `–` for the oracle.
+fn agent_memory_back(mode: &str, runs: &Runs) -> String {
+    if mode == ORACLE {
+        return "–".to_owned();
+    }
+    let freed: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r["agent_freed_bytes"].as_f64())
+        .map(|bytes| bytes / MIB as f64)
+        .collect();
+    format!(
+        "{}, {}",
+        triple(&field(runs, "agent_back_us")),
+        median(&freed).map_or("–".to_owned(), |mib| format!("{mib:.0}"))
+    )
+}
+
+fn memory_table(results: &Value) -> String {
+    let mut text = "| scenario | mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | decided → memory back p50 / p90 / p99 | crossing → memory back p50 / p90 / p99 | agent's `memory back` p50 / p90 / p99, freed p50 (MiB) | kernel won | wrong victim | decided, no crossing | agent CPU per run (ms) | peak RSS (MiB) |\n\
+                    |---|---|---:|---|---|---|---|---|---:|---:|---:|---:|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "memory") {
+        for mode in modes(scenario) {
+            let these = runs(results, scenario, mode);
+            if these.is_empty() {
+                continue;
+            }
+            let n = these.len();
+            text += &format!(
+                "| {} | {} | {n} | {} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {} |\n",
+                scenario["name"].as_str().unwrap_or_default(),
+                mode,
+                triple(&field(&these, "noticed_us")),
+                triple(&field(&these, "decided_us")),
+                triple(&decided_to_back(&these)),
+                triple(&field(&these, "back_us")),
+                agent_memory_back(mode, &these),
+                kernel_won(&these),
+                wrong_victim(&these),
+                early(results, scenario, mode),
+                agent_cost(mode, &these),
+            );
+        }
+    }
+    text
+}
+
+fn fork_bomb_table(results: &Value) -> String {
+    let mut text = "| mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | bomb's cgroup empty p50 / p90 / p99 | kernel won | wrong victim | agent CPU per run (ms) | peak RSS (MiB) |\n\
+                    |---|---:|---|---|---|---:|---:|---:|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "fork-bomb") {
+        for mode in modes(scenario) {
+            let these = runs(results, scenario, mode);
+            if these.is_empty() {
+                continue;
+            }
+            let n = these.len();
+            text += &format!(
+                "| {mode} | {n} | {} | {} | {} | {}/{n} | {}/{n} | {} |\n",
+                triple(&field(&these, "noticed_us")),
+                triple(&field(&these, "decided_us")),
+                triple(&field(&these, "killed_us")),
+                kernel_won(&these),
+                wrong_victim(&these),
+                agent_cost(mode, &these),
+            );
+        }
+    }
+    text
+}
+
+/// What woke the deciding runs, most frequent first: `kernel 19, close-watch 1`.
+fn woken_by(runs: &Runs) -> String {
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for run in runs {
+        *counts
+            .entry(run["trigger"].as_str().unwrap_or("no decision"))
+            .or_default() += 1;
+    }
+    let mut counts: Vec<_> = counts.into_iter().collect();
+    counts.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
+    counts
+        .iter()
+        .map(|(trigger, count)| format!("{trigger} {count}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn pods_table(results: &Value) -> String {
+    let mut text = "| pods | mode | n | woken by | woken → decided p50 / p90 / p99 | crossing → decided p50 / p90 / p99 | crossing → memory back p50 / p90 / p99 | kernel won | wrong victim | decided, no crossing | agent CPU per run (ms) |\n\
+                    |---:|---|---:|---|---|---|---|---:|---:|---:|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "pods") {
+        for mode in modes(scenario) {
+            let these = runs(results, scenario, mode);
+            if these.is_empty() {
+                continue;
+            }
+            let n = these.len();
+            let cost = agent_cost(mode, &these);
+            let cpu = cost.split(" | ").next().unwrap_or_default();
+            text += &format!(
+                "| {} | {mode} | {n} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {cpu} |\n",
+                scenario["pods"],
+                woken_by(&these),
+                triple(&field(&these, "decision_us")),
+                triple(&field(&these, "decided_us")),
+                triple(&field(&these, "back_us")),
+                kernel_won(&these),
+                wrong_victim(&these),
+                early(results, scenario, mode),
+            );
+        }
+    }
+    text
+}
+
+/// The overhead operations, as bench.json names their durations.
+const OPERATIONS: [(&str, &str); 3] = [
+    ("fault_ns", "page faults"),
+    ("unmap_ns", "munmap"),
+    ("kill_ns", "SIGKILL → reaped"),
+];
+
+/// Every duration of one operation over the runs, in ms.
+fn durations(runs: &Runs, operation: &str) -> Vec<f64> {
+    runs.iter()
+        .flat_map(|r| r[operation].as_array().cloned().unwrap_or_default())
+        .filter_map(|ns| ns.as_f64())
+        .map(|ns| ns / 1e6)
+        .collect()
+}
+
+/// A mode's median against the floor's, as a slowdown in %.
+fn slowdown(runs: &Runs, floor: &Runs, operation: &str) -> Option<f64> {
+    let mode = median(&durations(runs, operation))?;
+    let floor = median(&durations(floor, operation))?;
+    Some((mode / floor - 1.0) * 100.0)
+}
+
+fn overhead_table(results: &Value) -> String {
+    let bytes = results["overhead_bytes"].as_u64().unwrap_or(0);
+    let mut text = format!(
+        "Each operation on {} MiB in 4 KiB pages; the `none` row (no agent: the floor, \
+         measured in the same rounds) gives the median time and throughput, every other \
+         row its median's slowdown against it. n: operations of each kind (runs × \
+         repetitions). *close to the threshold*: the node's available memory between \
+         threshold + 32 MiB and threshold + {} MiB throughout, never below the threshold.\n\n\
+         | condition | mode | n | page faults | munmap | SIGKILL → reaped | BPF program runs per run | agent CPU per run (ms) | evictions |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        bytes / MIB,
+        (bytes + 32 * MIB) / MIB,
+    );
+    for scenario in scenarios(results, "overhead") {
+        let floor = runs(results, scenario, NO_AGENT);
+        let condition = if scenario["near"] == true {
+            "close to the threshold"
+        } else {
+            "far from thresholds"
+        };
+        for mode in modes(scenario) {
+            let these = runs(results, scenario, mode);
+            if these.is_empty() {
+                continue;
+            }
+            let n = durations(&these, "fault_ns").len();
+            let cells: Vec<String> = OPERATIONS
+                .iter()
+                .map(|(operation, _)| {
+                    if mode == NO_AGENT {
+                        median(&durations(&these, operation)).map_or("–".to_owned(), |ms| {
+                            format!(
+                                "{ms:.1} ms ({:.2} GiB/s)",
+                                bytes as f64 / (1u64 << 30) as f64 / (ms / 1e3)
+                            )
+                        })
+                    } else {
+                        slowdown(&these, &floor, operation)
+                            .map_or("–".to_owned(), |percent| format!("{percent:+.1} %"))
+                    }
+                })
+                .collect();
+            // A run whose metrics could not be read has no BPF entry: left
+            // out, not counted as zero.
+            let bpf_runs: Vec<f64> = these
+                .iter()
+                .filter_map(|r| r["bpf"].as_array().filter(|programs| !programs.is_empty()))
+                .map(|programs| {
+                    programs
+                        .iter()
+                        .filter_map(|entry| entry[1].as_f64())
+                        .fold(0.0, |total, runs| total + runs)
+                })
+                .collect();
+            let cpu: Vec<f64> = these
+                .iter()
+                .filter_map(|r| r["agent_cpu_ms"].as_f64())
+                .collect();
+            let agent = |value: Option<f64>, format: &dyn Fn(f64) -> String| {
+                if mode == NO_AGENT {
+                    "–".to_owned()
+                } else {
+                    value.map_or("–".to_owned(), format)
+                }
+            };
+            let evictions: u64 = these.iter().filter_map(|r| r["evictions"].as_u64()).sum();
+            text += &format!(
+                "| {condition} | {mode} | {n} | {} | {} | {} | {} | {} | {evictions} |\n",
+                cells[0],
+                cells[1],
+                cells[2],
+                agent(median(&bpf_runs), &|runs| format!("{runs:.0}")),
+                agent(median(&cpu), &|ms| format!("{ms:.1}")),
+            );
+        }
+    }
+    text
+}
+
+fn idle_table(results: &Value) -> String {
+    let mut text =
+        "| mode | CPU (% of a core) | RSS (MiB) | peak RSS (MiB) |\n|---|---:|---:|---:|\n"
+            .to_owned();
+    if let Some(idle) = results["idle"].as_object() {
+        for (mode, measured) in idle {
+            let mib = |field: &str| measured[field].as_f64().unwrap_or(f64::NAN) / MIB as f64;
+            text += &format!(
+                "| {mode} | {:.3} | {:.1} | {:.1} |\n",
+                measured["cpu_percent"].as_f64().unwrap_or(f64::NAN),
+                mib("rss_bytes"),
+                mib("peak_rss_bytes"),
+            );
+        }
+    }
+    text
+}
+
+fn bpf_table(results: &Value) -> String {
+    let mut totals: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for run in results["runs"].as_array().into_iter().flatten() {
+        if run["mode"] != "event" {
+            continue;
+        }
+        for entry in run["run"]["bpf"].as_array().into_iter().flatten() {
+            if let (Some(program), Some(count), Some(nanos)) =
+                (entry[0].as_str(), entry[1].as_u64(), entry[2].as_u64())
+            {
+                let total = totals.entry(program.to_owned()).or_default();
+                total.0 += count;
+                total.1 += nanos;
+            }
+        }
+    }
+    let mut text = "| program | runs | ns per run |\n|---|---:|---:|\n".to_owned();
+    for (program, (count, nanos)) in totals.into_iter().filter(|(_, (c, _))| *c > 0) {
+        text += &format!(
+            "| {program} | {count} | {:.1} |\n",
+            nanos as f64 / count as f64
+        );
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn ranks_are_spelled_as_english_ordinals() {
+        let spelled: Vec<String> = [1, 2, 3, 4, 11, 12, 13, 18, 20, 21, 22, 99, 101]
+            .into_iter()
+            .map(ordinal)
+            .collect();
+        assert_eq!(
+            spelled,
+            [
+                "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "18th", "20th", "21st", "22nd",
+                "99th", "101st"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_p99_resting_on_fewer_than_100_runs_is_called_the_maximum() {
+        let five: Vec<Option<f64>> = (1..=5).map(|ms| Some(f64::from(ms) * 1e3)).collect();
+        assert_eq!(triple(&five), "3.00 / 5.00 / 5.00 (max)");
+        let hundred: Vec<Option<f64>> = (1..=100).map(|ms| Some(f64::from(ms) * 1e3)).collect();
+        assert_eq!(triple(&hundred), "50 / 90 / 99");
+    }
+
+    #[test]
+    fn decided_to_memory_back_is_taken_within_each_run() {
+        let back = json!({"back_us": 130_000.0, "decided_us": 30_000.0});
+        let lost = json!({"back_us": null, "decided_us": 30_000.0});
+        let runs: Runs = vec![&back, &lost];
+        assert_eq!(decided_to_back(&runs), [Some(100_000.0), None]);
+    }
+}

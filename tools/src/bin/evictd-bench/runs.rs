@@ -1,0 +1,519 @@
+//! One run of a bomb: the sandbox node, the agent (or the oracle), the
+//! bomb, and what each side logged, on CLOCK_MONOTONIC from the crossing.
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use evictd::node::cgroupfs::{CgroupFs, CgroupVersion};
+use evictd_integration::{
+    Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, http_get, memory_pods,
+    program_stats, quiet_pods, wait_until,
+};
+use serde_json::Value;
+
+use crate::{
+    Args, MIB, ORACLE, mode_args,
+    oracle::{Oracle, OracleKill},
+    reaper::Reaper,
+    watch::LevelWatch,
+};
+
+/// The pod that explodes; kubelet's ranking puts it first (BestEffort,
+/// priority 0, largest usage over its request).
+pub const BOMB: &str = "hog";
+pub const EXPECTED_VICTIM: &str = "default/hog";
+/// Pods of every node: `memory_pods`.
+pub const MEMORY_PODS: usize = 5;
+/// What each quiet pod of the pod-count scenarios holds.
+const QUIET_POD_MEMORY: u64 = MIB;
+/// How long a bomb may run before the run is abandoned.
+const RUN_DEADLINE: Duration = Duration::from_secs(60);
+/// How long memory may take to come back once the bomb is gone.
+const BACK_DEADLINE: Duration = Duration::from_secs(10);
+const REFUSED_FORK: u64 = 1 << 63;
+/// Memory is back once the node's page counter is below where it was
+/// before the bomb plus this share of what the bomb held at the crossing.
+const BACK_REMAINING_SHARE: u64 = 20;
+
+/// What one run measured; times are µs from the ground-truth crossing.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Run {
+    /// When the node really crossed the threshold (CLOCK_MONOTONIC): the
+    /// first page-counter reading past it in the bomb's log or the
+    /// kernel's notification of it, whichever came first (both come after
+    /// it: the bomb reads the counter every 256 KiB, and may be preempted
+    /// between a page and its record).
+    pub crossed_ns: Option<u64>,
+    /// Which of the two it was: `log` or `kernel`.
+    pub crossing_source: Option<String>,
+    /// The agent decided, but neither the bomb's log nor the kernel saw
+    /// the node cross: the bomb was stopped before its next record (or
+    /// the agent decided early). Left out of the percentiles, counted.
+    pub decided_without_crossing: bool,
+    /// The page-counter level the crossing is taken at (capacity −
+    /// threshold + the node's inactive file pages before the bomb), and the
+    /// one memory is back below.
+    pub crossing_level_bytes: u64,
+    pub back_level_bytes: u64,
+    /// The highest page counter (memory) or task count the bomb logged.
+    pub peak_logged: Option<u64>,
+    /// The signal of the agent's first decision and the available quantity
+    /// it observed (bytes, or tasks).
+    pub decided_signal: Option<String>,
+    pub decided_available: Option<i64>,
+    /// The bomb log's first record past the level, and the kernel's
+    /// notification of the crossing (v1 eventfd; v2: the 1 ms reading),
+    /// relative to the crossing.
+    pub logged_us: Option<f64>,
+    pub observer_us: Option<f64>,
+    /// Where the bomb's own byte count alone would put the crossing.
+    pub held_estimate_us: Option<f64>,
+    /// What woke the agent's deciding run (the kernel record's timestamp,
+    /// the timer tick, the notification); the oracle: when it read the
+    /// crossing record.
+    pub noticed_us: Option<f64>,
+    /// The agent's `eviction decided`; the oracle: its SIGKILL.
+    pub decided_us: Option<f64>,
+    /// From the trigger that woke the deciding run to the decision (the
+    /// agent's `at_ns − trigger_at_ns`): kernel record → decision in event
+    /// mode.
+    pub decision_us: Option<f64>,
+    /// The kill complete: the agent's `pod killed` (victim's cgroup empty);
+    /// the oracle: the bomb's pidfd says it exited.
+    pub killed_us: Option<f64>,
+    /// Memory back as the kernel reports it: the node's page counter down
+    /// past the back level (`watch.rs`). Only when the agent or the oracle
+    /// killed the bomb and the kernel's OOM killer did not strike.
+    pub back_us: Option<f64>,
+    /// The agent's own `memory back` line, and the bytes it says came back.
+    pub agent_back_us: Option<f64>,
+    pub agent_freed_bytes: Option<u64>,
+    pub trigger: Option<String>,
+    /// Pods the agent (or the oracle) killed.
+    pub victims: Vec<String>,
+    /// Kernel OOM kills in the node (memory) or forks refused at pids.max.
+    pub kernel_kills: u64,
+    /// Pods other than the bomb that did not survive.
+    pub lost_pods: Vec<String>,
+    /// The agent's WARN and ERROR lines.
+    pub problems: Vec<String>,
+    pub oracle: Option<OracleKill>,
+    /// Whether the bench's level watches ran at real-time priority.
+    pub watch_realtime: bool,
+    pub agent_cpu_ms: f64,
+    pub agent_peak_rss_bytes: u64,
+    /// `(program, runs, ns)` of the agent's BPF programs over its life.
+    pub bpf: Vec<(String, u64, u64)>,
+}
+
+impl Run {
+    fn wrong_victim(&self) -> bool {
+        self.victims.iter().any(|v| v != EXPECTED_VICTIM) || !self.lost_pods.is_empty()
+    }
+
+    pub fn summary(&self) -> String {
+        let at = |us: Option<f64>| us.map_or("-".to_owned(), |us| format!("{:.2} ms", us / 1e3));
+        let mut text = format!(
+            "decided {} ({}), killed {}, memory back {}",
+            at(self.decided_us),
+            self.trigger.as_deref().unwrap_or("no decision"),
+            at(self.killed_us),
+            at(self.back_us),
+        );
+        if self.kernel_kills > 0 {
+            text += &format!(", KERNEL WON ({})", self.kernel_kills);
+        }
+        if self.wrong_victim() {
+            text += &format!(
+                ", WRONG VICTIM {:?} lost {:?}",
+                self.victims, self.lost_pods
+            );
+        }
+        text
+    }
+}
+
+/// A sandbox node with the memory scenarios' pods holding their steady
+/// memory; with `pods` above [`MEMORY_PODS`], quiet pods make up the count.
+pub fn sandbox(args: &Args, pods: usize) -> Result<SandboxNode> {
+    let quiet = quiet_pods(pods.saturating_sub(MEMORY_PODS));
+    let mut specs = memory_pods();
+    specs.extend(quiet.iter().cloned());
+    let mut node = SandboxNode::new(specs, args.capacity, &args.workload.display().to_string())
+        .context("building the sandbox node")?;
+    node.alloc(&STEADY_POD_MEMORY)?;
+    for pod in &quiet {
+        node.workload(&pod.name)?.alloc(QUIET_POD_MEMORY)?;
+    }
+    Ok(node)
+}
+
+pub fn start_agent(node: &SandboxNode, mode: &str, threshold: &str) -> Result<Agent> {
+    let mut agent_args = node.agent_args();
+    agent_args.extend(mode_args(mode)?);
+    agent_args.extend(["--eviction-hard".into(), threshold.into()]);
+    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
+    let mut agent = Agent::start(&agent_args)?;
+    agent.log.expect("protection armed", &[]);
+    Ok(agent)
+}
+
+pub fn stop(agent: Agent) -> Result<AgentLog> {
+    let (status, log) = agent.stop()?;
+    if !status.success() {
+        bail!("the agent exited with {status}");
+    }
+    Ok(log)
+}
+
+/// A memory bomb at `rate` bytes/s (0: flat out) on `node`, stopped by the
+/// agent in `mode` or, for [`ORACLE`], by the bench at the crossing.
+pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> Result<Run> {
+    let (capacity, threshold) = (args.capacity, args.threshold);
+    let agent = match mode {
+        ORACLE => None,
+        _ => Some(start_agent(
+            &node,
+            mode,
+            &format!("memory.available<{threshold}"),
+        )?),
+    };
+    let cgroupfs = CgroupFs::discover()?;
+    let node_cgroup = node.node_cgroup();
+    let memory_dir = cgroupfs.memory_dir(&node_cgroup);
+    let baseline = cgroupfs.read_memory(&node_cgroup)?;
+    // available < threshold once the working set passes capacity −
+    // threshold; the bomb (anonymous memory only) leaves the inactive file
+    // pages as they were, so on the page counter that is this level.
+    let level = capacity - threshold + baseline.inactive_file_bytes;
+    let needed = (capacity - threshold).saturating_sub(baseline.working_set_bytes());
+    let back_level =
+        baseline.usage_bytes + level.saturating_sub(baseline.usage_bytes) / BACK_REMAINING_SHARE;
+    let mut crossing_watch = LevelWatch::start(cgroupfs.version, &memory_dir, level)?;
+    let mut back_watch = LevelWatch::start(cgroupfs.version, &memory_dir, back_level)?;
+    let log = bomb_log(&node);
+    // Made now so the oracle can watch it before the bomb writes.
+    fs::write(&log, b"")?;
+    let oracle = match mode {
+        ORACLE => Some(Oracle::arm(node.workload(BOMB)?.pid(), &log, level)?),
+        _ => None,
+    };
+    let usage_file = memory_dir.join(match cgroupfs.version {
+        CgroupVersion::V1 => "memory.usage_in_bytes",
+        CgroupVersion::V2 => "memory.current",
+    });
+    node.workload(BOMB)?.command(&format!(
+        "bomb {rate} {} {}",
+        log.display(),
+        usage_file.display()
+    ))?;
+    let exited = node.workload(BOMB)?.wait_exit(RUN_DEADLINE)?;
+    if exited.is_none() {
+        bail!("the bomb was still running after {RUN_DEADLINE:?}");
+    }
+    let mut run = Run {
+        crossing_level_bytes: level,
+        back_level_bytes: back_level,
+        watch_realtime: crossing_watch.realtime && back_watch.realtime,
+        kernel_kills: node.oom_kills()?,
+        ..Run::default()
+    };
+    // The bomb is gone: its memory is on its way back.
+    let _ = wait_until(BACK_DEADLINE, "the node's memory back", || {
+        back_watch.crossings().iter().any(|c| !c.upward)
+    });
+    let mut agent_log = match agent {
+        Some(agent) => Some(finish(&mut node, agent, &mut run, Controller::Memory)?),
+        None => {
+            run.lost_pods = lost_pods(&mut node);
+            None
+        }
+    };
+    if let Some(oracle) = oracle {
+        run.oracle = oracle.outcome()?;
+    }
+    let records = read_log(&log, 3)?;
+    fs::remove_file(&log)?;
+    // Ground truth: the node's page counter, read by the bomb right after
+    // each 256 KiB it touched.
+    let logged = records
+        .iter()
+        .find(|record| record[2] >= level)
+        .map(|record| record[0]);
+    let observed = crossing_watch.first_up();
+    let (crossed, source) = match (logged, observed) {
+        (Some(log), Some(kernel)) if kernel < log => (Some(kernel), Some("kernel")),
+        (Some(log), _) => (Some(log), Some("log")),
+        (None, Some(kernel)) => (Some(kernel), Some("kernel")),
+        (None, None) => (None, None),
+    };
+    run.crossed_ns = crossed;
+    run.crossing_source = source.map(str::to_owned);
+    run.peak_logged = records.iter().map(|record| record[2]).max();
+    if let Some(log) = agent_log.as_mut() {
+        fill_outcome(&mut run, log);
+    }
+    let Some(crossed) = run.crossed_ns else {
+        run.decided_without_crossing = run.trigger.is_some();
+        return Ok(run);
+    };
+    run.logged_us = logged.map(|ns| relative_us(ns, crossed));
+    run.observer_us = observed.map(|ns| relative_us(ns, crossed));
+    // The bomb's own count is blind to the page tables and kernel memory
+    // charged with its pages: where it alone would put the crossing.
+    run.held_estimate_us = records
+        .iter()
+        .find(|record| record[1] >= needed)
+        .map(|record| relative_us(record[0], crossed));
+    if let Some(kill) = run.oracle {
+        run.trigger = Some(ORACLE.to_owned());
+        run.victims = vec![EXPECTED_VICTIM.to_owned()];
+        run.noticed_us = Some(relative_us(kill.seen_ns, crossed));
+        run.decided_us = Some(relative_us(kill.signalled_ns, crossed));
+        run.killed_us = kill.exited_ns.map(|ns| relative_us(ns, crossed));
+    }
+    if let Some(mut log) = agent_log {
+        fill_times(&mut run, &mut log, crossed);
+    }
+    if run.kernel_kills == 0 && !run.victims.is_empty() {
+        run.back_us = back_watch
+            .first_down_after(crossed)
+            .map(|ns| relative_us(ns, crossed));
+    }
+    Ok(run)
+}
+
+pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
+    let mut node = sandbox(args, 0)?;
+    node.tree.set_pids_limit("node", args.pid_limit)?;
+    let agent = start_agent(
+        &node,
+        mode,
+        &format!("pid.available<{}", args.pid_threshold),
+    )?;
+    let baseline = node.tree.pids_current("node")?;
+    // available < threshold once tasks pass limit - threshold.
+    let needed = (args.pid_limit - args.pid_threshold + 1).saturating_sub(baseline);
+    let log = bomb_log(&node);
+    let mut ours = vec![agent.pid()];
+    for pod in node.pods.clone() {
+        ours.push(node.workload(&pod.name)?.pid());
+    }
+    let reaper = Reaper::start(ours)?;
+    node.workload(BOMB)?
+        .command(&format!("fork-bomb {}", log.display()))?;
+    let exited = node.workload(BOMB)?.wait_exit(RUN_DEADLINE)?;
+    if exited.is_none() {
+        bail!("the fork bomb was still running after {RUN_DEADLINE:?}");
+    }
+    let mut run = Run::default();
+    let mut agent_log = finish(&mut node, agent, &mut run, Controller::Pids)?;
+    drop(reaper);
+    let records = read_log(&log, 2)?;
+    fs::remove_file(&log)?;
+    run.crossed_ns = records
+        .iter()
+        .find(|record| record[1] & !REFUSED_FORK >= needed)
+        .map(|record| record[0]);
+    run.kernel_kills = records
+        .iter()
+        .filter(|record| record[1] & REFUSED_FORK != 0)
+        .count() as u64;
+    run.peak_logged = records.iter().map(|record| record[1] & !REFUSED_FORK).max();
+    fill_outcome(&mut run, &mut agent_log);
+    if let Some(crossed) = run.crossed_ns {
+        fill_times(&mut run, &mut agent_log, crossed);
+    }
+    Ok(run)
+}
+
+fn bomb_log(node: &SandboxNode) -> PathBuf {
+    std::env::temp_dir().join(format!("evictd-bench-{}.log", node.tree.name()))
+}
+
+/// Pods other than the bomb whose process no longer answers.
+fn lost_pods(node: &mut SandboxNode) -> Vec<String> {
+    let others: Vec<String> = node
+        .pods
+        .iter()
+        .map(|pod| pod.name.clone())
+        .filter(|name| name != BOMB)
+        .collect();
+    others
+        .into_iter()
+        .filter(|name| !node.alive(name))
+        .collect()
+}
+
+/// Once the bomb is gone: waits for the agent to report the memory back,
+/// collects its cost and the pods lost, and stops it; returns its log.
+fn finish(
+    node: &mut SandboxNode,
+    mut agent: Agent,
+    run: &mut Run,
+    resource: Controller,
+) -> Result<AgentLog> {
+    if run.kernel_kills == 0 && resource == Controller::Memory {
+        // Killed by the agent: wait for it to see the memory back.
+        let _ = wait_until(BACK_DEADLINE, "memory back", || {
+            !agent.log.all("memory back").is_empty() || !agent.log.all("eviction failed").is_empty()
+        });
+    }
+    if resource == Controller::Pids && !agent.log.all("eviction decided").is_empty() {
+        // The bomb's own process goes first; its children after it: wait
+        // for the kill to end before stopping the agent.
+        let _ = wait_until(BACK_DEADLINE, "the fork bomb killed", || {
+            !agent.log.all("pod killed").is_empty() || !agent.log.all("eviction failed").is_empty()
+        });
+    }
+    run.agent_cpu_ms = cpu_time(agent.pid())?.as_secs_f64() * 1e3;
+    run.agent_peak_rss_bytes = status_bytes(agent.pid(), "VmHWM")?;
+    // Logged before `protection armed`, which start_agent awaited.
+    let address = agent.log.metrics_address();
+    if let Ok(metrics) = http_get(&address, "/metrics") {
+        run.bpf = program_stats(&metrics);
+    }
+    run.lost_pods = lost_pods(node);
+    let mut log = stop(agent)?;
+    run.problems = log
+        .problems()
+        .iter()
+        .map(|line| line["message"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    Ok(log)
+}
+
+/// Whom the agent killed, and what woke and what it saw at its first
+/// decision.
+fn fill_outcome(run: &mut Run, log: &mut AgentLog) {
+    run.victims = log
+        .all("pod killed")
+        .iter()
+        .filter_map(|l| l["victim"].as_str().map(str::to_owned))
+        .collect();
+    let decided = log.all("eviction decided");
+    let first = decided.first();
+    run.trigger = first.and_then(|l| l["trigger"].as_str().map(str::to_owned));
+    run.decided_signal = first.and_then(|l| l["signal"].as_str().map(str::to_owned));
+    run.decided_available = first.and_then(|l| l["observed"].as_i64());
+}
+
+/// Decision, kill and memory-back times from the agent's log.
+fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
+    let killed = log.all("pod killed");
+    let decided = log.all("eviction decided");
+    let first = decided.first();
+    let at = |line: Option<&Value>, field: &str| {
+        line.and_then(|l| l[field].as_u64())
+            .map(|ns| relative_us(ns, crossed))
+    };
+    run.noticed_us = at(first, "trigger_at_ns");
+    run.decided_us = at(first, "at_ns");
+    run.decision_us = first.and_then(|l| {
+        let (at, trigger) = (l["at_ns"].as_u64()?, l["trigger_at_ns"].as_u64()?);
+        Some(relative_us(at, trigger))
+    });
+    run.killed_us = at(killed.first(), "at_ns");
+    let back = log.all("memory back");
+    run.agent_back_us = at(back.first(), "at_ns");
+    run.agent_freed_bytes = back.first().and_then(|l| l["freed_bytes"].as_u64());
+}
+
+pub fn relative_us(ns: u64, origin: u64) -> f64 {
+    (ns as f64 - origin as f64) / 1e3
+}
+
+/// A bomb's log: records of `width` little-endian u64s, the first
+/// CLOCK_MONOTONIC ns.
+fn read_log(path: &Path, width: usize) -> Result<Vec<Vec<u64>>> {
+    let bytes = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(bytes
+        .chunks_exact(8 * width)
+        .map(|record| {
+            record
+                .chunks_exact(8)
+                .map(|word| {
+                    let mut value = [0u8; 8];
+                    value.copy_from_slice(word);
+                    u64::from_le_bytes(value)
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// CPU and memory of an agent with nothing to do.
+#[derive(Debug, serde::Serialize)]
+pub struct Idle {
+    pub cpu_percent: f64,
+    /// Resident now, after startup's transient BTF parsing was freed.
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+    pub seconds: f64,
+}
+
+pub fn idle_overhead(args: &Args, mode: &str) -> Result<Idle> {
+    let mut node = sandbox(args, 0)?;
+    let agent = start_agent(&node, mode, &format!("memory.available<{}", args.threshold))?;
+    let before = cpu_time(agent.pid())?;
+    let window = Instant::now();
+    // The measurement is the waiting: nothing happens on the node.
+    std::thread::sleep(args.idle);
+    let cpu = cpu_time(agent.pid())?.saturating_sub(before);
+    let seconds = window.elapsed().as_secs_f64();
+    let rss_bytes = status_bytes(agent.pid(), "VmRSS")?;
+    let peak_rss_bytes = status_bytes(agent.pid(), "VmHWM")?;
+    if !node.alive(BOMB) {
+        bail!("the idle node lost a pod");
+    }
+    stop(agent)?;
+    Ok(Idle {
+        cpu_percent: cpu.as_secs_f64() / seconds * 100.0,
+        rss_bytes,
+        peak_rss_bytes,
+        seconds,
+    })
+}
+
+/// CPU time of a process so far, in nanoseconds: its process CPU clock,
+/// which keeps the time of threads that have exited (a sum over the live
+/// threads' schedstat drops when a tokio blocking thread ends, and
+/// /proc/pid/stat has only 10 ms ticks).
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let pid = libc::pid_t::try_from(pid)?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: writes one clockid_t into `clock`.
+    let error = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+    if error != 0 {
+        bail!(
+            "CPU clock of {pid}: {}",
+            std::io::Error::from_raw_os_error(error)
+        );
+    }
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a clock id the kernel just gave, and a timespec to fill.
+    if unsafe { libc::clock_gettime(clock, &mut now) } != 0 {
+        bail!("CPU time of {pid}: {}", std::io::Error::last_os_error());
+    }
+    Ok(Duration::new(
+        u64::try_from(now.tv_sec)?,
+        u32::try_from(now.tv_nsec)?,
+    ))
+}
+
+/// A `/proc/pid/status` memory field (`VmRSS`, `VmHWM`), in bytes.
+pub fn status_bytes(pid: u32, field: &str) -> Result<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))?;
+    Ok(kib * 1024)
+}

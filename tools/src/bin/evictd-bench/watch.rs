@@ -1,0 +1,186 @@
+//! The node's page counter crossing a level, as the kernel reports it: the
+//! bench's own instrument, the same for every mode and for the oracle, and
+//! independent of the agent's code.
+//!
+//! cgroup v1: a memory threshold on an eventfd (`cgroup.event_control`),
+//! which the kernel signals when the level is crossed, upward or downward,
+//! checked every 128 pages charged or freed per CPU (at most 512 KiB late;
+//! a level crossed and crossed back between two checks is not signalled).
+//! A thread at real-time priority blocks on it, timestamps each wake-up
+//! and reads the counter to tell which way it went, so the time is not
+//! queued behind the bomb, the agent or a kill on a 2-CPU machine. cgroup
+//! v2 has no thresholds: the thread reads `memory.current` every
+//! millisecond instead (about 1 % of a CPU, in every run alike).
+use std::{
+    fs::{self, File},
+    io::Read as _,
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+        unix::fs::FileExt as _,
+    },
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use evictd::{kernel::bpf::monotonic_now_ns, node::cgroupfs::CgroupVersion};
+
+/// How often the v2 fallback reads the counter.
+const V2_POLL_INTERVAL: Duration = Duration::from_millis(1);
+
+/// One crossing of the level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crossing {
+    /// CLOCK_MONOTONIC ns when the bench learnt of it.
+    pub at_ns: u64,
+    /// Whether the counter was at or above the level then.
+    pub upward: bool,
+}
+
+/// A level on a cgroup's page counter and the crossings seen so far.
+pub struct LevelWatch {
+    crossings: mpsc::Receiver<Crossing>,
+    seen: Vec<Crossing>,
+    stop: Arc<AtomicBool>,
+    /// Whether the watching thread got real-time priority.
+    pub realtime: bool,
+}
+
+impl LevelWatch {
+    /// Watches `level` bytes on the cgroup whose memory directory is
+    /// `memory_dir`; the cgroup's usage must be below it now.
+    pub fn start(version: CgroupVersion, memory_dir: &Path, level: u64) -> Result<Self> {
+        let (sender, crossings) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (started, realtime) = mpsc::channel();
+        match version {
+            CgroupVersion::V1 => {
+                let usage_path = memory_dir.join("memory.usage_in_bytes");
+                let usage =
+                    File::open(&usage_path).with_context(|| format!("{}", usage_path.display()))?;
+                let eventfd = arm_v1(memory_dir, &usage, level)?;
+                std::thread::spawn(move || {
+                    let _ = started.send(make_realtime());
+                    let mut count = [0u8; 8];
+                    let mut file = File::from(eventfd);
+                    // Blocks until the next crossing; the kernel also
+                    // signals it once when the cgroup is removed, and by
+                    // then nobody listens.
+                    while file.read_exact(&mut count).is_ok() {
+                        let at_ns = monotonic_now_ns();
+                        let Some(now) = read_counter(&usage) else {
+                            break;
+                        };
+                        let crossing = Crossing {
+                            at_ns,
+                            upward: now >= level,
+                        };
+                        if sender.send(crossing).is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+            CgroupVersion::V2 => {
+                let path = memory_dir.join("memory.current");
+                let current = File::open(&path).with_context(|| format!("{}", path.display()))?;
+                let stopped = stop.clone();
+                std::thread::spawn(move || {
+                    let _ = started.send(make_realtime());
+                    let mut above = false;
+                    while !stopped.load(Ordering::Relaxed) {
+                        let Some(usage) = read_counter(&current) else {
+                            break;
+                        };
+                        if (usage >= level) != above {
+                            above = usage >= level;
+                            let crossing = Crossing {
+                                at_ns: monotonic_now_ns(),
+                                upward: above,
+                            };
+                            if sender.send(crossing).is_err() {
+                                break;
+                            }
+                        }
+                        std::thread::sleep(V2_POLL_INTERVAL);
+                    }
+                });
+            }
+        }
+        let realtime = realtime
+            .recv()
+            .context("the watching thread did not start")?;
+        Ok(Self {
+            crossings,
+            seen: Vec::new(),
+            stop,
+            realtime,
+        })
+    }
+
+    /// Every crossing so far, in order.
+    pub fn crossings(&mut self) -> &[Crossing] {
+        self.seen.extend(self.crossings.try_iter());
+        &self.seen
+    }
+
+    /// The first downward crossing after `after_ns`.
+    pub fn first_down_after(&mut self, after_ns: u64) -> Option<u64> {
+        self.crossings()
+            .iter()
+            .find(|c| !c.upward && c.at_ns > after_ns)
+            .map(|c| c.at_ns)
+    }
+
+    /// The first upward crossing.
+    pub fn first_up(&mut self) -> Option<u64> {
+        self.crossings().iter().find(|c| c.upward).map(|c| c.at_ns)
+    }
+}
+
+impl Drop for LevelWatch {
+    fn drop(&mut self) {
+        // The v2 thread ends at its next reading; the v1 thread when the
+        // cgroup goes (the kernel signals the eventfd then).
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A counter file's number, read afresh.
+fn read_counter(file: &File) -> Option<u64> {
+    let mut text = [0u8; 32];
+    let read = file.read_at(&mut text, 0).ok()?;
+    std::str::from_utf8(&text[..read]).ok()?.trim().parse().ok()
+}
+
+/// Registers `level` on the cgroup's `memory.usage_in_bytes` (open as
+/// `usage`) with a new (blocking) eventfd.
+fn arm_v1(memory_dir: &Path, usage: &File, level: u64) -> Result<OwnedFd> {
+    // SAFETY: eventfd takes two integers and returns a new descriptor or -1.
+    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error()).context("eventfd");
+    }
+    // SAFETY: the descriptor was just created and nothing else owns it.
+    let eventfd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let control = memory_dir.join("cgroup.event_control");
+    fs::write(
+        &control,
+        format!("{} {} {level}", eventfd.as_raw_fd(), usage.as_raw_fd()),
+    )
+    .with_context(|| format!("arming {level} in {}", control.display()))?;
+    Ok(eventfd)
+}
+
+/// SCHED_FIFO at the lowest real-time priority for the calling thread:
+/// above every normal task, so a wake-up runs at once. False if refused.
+pub fn make_realtime() -> bool {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: pid 0 is the calling thread; param is a valid struct.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) == 0 }
+}
