@@ -196,6 +196,15 @@ pub struct KubernetesArgs {
     pub api_timeout: Duration,
 }
 
+/// When the precise memory hooks are attached (`--precise-hooks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PreciseHooks {
+    /// Near a memory threshold only (docs/design.md, "Pay per pressure").
+    Zone,
+    /// Always: every page charged or freed on the node runs them.
+    Always,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EvictionAction {
     /// Pod status phase Failed, reason Evicted, a DisruptionTarget
@@ -264,6 +273,14 @@ pub struct RunArgs {
     /// the kernel notices; 256Ki costs one read per 64 pages of churn.
     #[arg(long, value_name = "BYTES", default_value = "256Ki", value_parser = parse_bytes)]
     pub memory_check_step: u64,
+
+    /// In event mode, when the precise memory hooks (which run on every page
+    /// charged and freed on the node) are attached: `zone` only near a
+    /// memory threshold, with a rare trigger standing in farther away and
+    /// none while a victim's memory is returned; `always` from start to
+    /// stop.
+    #[arg(long, value_name = "WHEN", default_value = "zone")]
+    pub precise_hooks: PreciseHooks,
 
     /// In event mode, how often every scope is re-read from cgroupfs to
     /// repair a lost record; also the polling period of a resource the kernel

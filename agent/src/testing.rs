@@ -108,6 +108,7 @@ pub(crate) mod fakes {
         scopes::{
             monitor::{BandTable, KernelCoverage, Monitor, MonitorOptions},
             registry::ScopeKey,
+            zone::ZoneOptions,
         },
     };
 
@@ -403,18 +404,35 @@ pub(crate) mod fakes {
     }
 
     /// Records the test sends, as the ring buffer would deliver them.
-    pub(crate) struct FakeKernel(pub mpsc::UnboundedReceiver<Received>);
+    /// Records the test sends, and the memory hooks' attachments.
+    pub(crate) struct FakeKernel {
+        pub records: mpsc::UnboundedReceiver<Received>,
+        /// Whether the memory hooks are attached (they are at startup).
+        pub memory_hooks: Rc<RefCell<bool>>,
+        /// Every change, in order: true for attached.
+        pub memory_hook_changes: Rc<RefCell<Vec<bool>>>,
+    }
+
+    impl FakeKernel {
+        pub(crate) fn new(records: mpsc::UnboundedReceiver<Received>) -> Self {
+            Self {
+                records,
+                memory_hooks: Rc::new(RefCell::new(true)),
+                memory_hook_changes: Rc::default(),
+            }
+        }
+    }
 
     impl KernelRecords for FakeKernel {
         async fn next_batch(
             &mut self,
             out: &mut Vec<Result<Received, DecodeError>>,
         ) -> Result<(), BpfError> {
-            match self.0.recv().await {
+            match self.records.recv().await {
                 Some(record) => out.push(Ok(record)),
                 None => std::future::pending().await,
             }
-            while let Ok(record) = self.0.try_recv() {
+            while let Ok(record) = self.records.try_recv() {
                 out.push(Ok(record));
             }
             Ok(())
@@ -426,6 +444,14 @@ pub(crate) mod fakes {
 
         fn refresh_counters(&mut self, _metrics: &Metrics) -> u64 {
             0
+        }
+
+        fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError> {
+            let changed = self.memory_hooks.replace(armed) != armed;
+            if changed {
+                self.memory_hook_changes.borrow_mut().push(armed);
+            }
+            Ok(changed)
         }
     }
 
@@ -449,6 +475,8 @@ pub(crate) mod fakes {
         /// Kernel programs watch the engine's scopes (event mode).
         pub kernel: bool,
         pub budget: EvictionBudget,
+        /// Precise memory hooks near thresholds only.
+        pub zone: Option<ZoneOptions>,
     }
 
     impl Default for HarnessOptions {
@@ -467,6 +495,7 @@ pub(crate) mod fakes {
                     count: 10,
                     period: Duration::from_secs(60),
                 },
+                zone: None,
             }
         }
     }
@@ -532,6 +561,7 @@ pub(crate) mod fakes {
                     reclaim_timeout: Duration::from_secs(10),
                     kernel_triggers: options.kernel,
                     budget: options.budget,
+                    zone: options.zone,
                 },
             );
             Self {

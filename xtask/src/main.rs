@@ -37,6 +37,11 @@ enum Task {
     /// Measure each eBPF program's cost per invocation under memory churn
     /// (needs root; turns kernel.bpf_stats_enabled on for the run).
     BpfCost(tools::BpfCostArgs),
+    /// What the memory hooks cost a workload far from every threshold:
+    /// fault in, munmap and SIGKILL of 1 GiB with no agent, with the hooks
+    /// detached (the default far away), attached, and attached but
+    /// returning early (needs root).
+    HookTax(tools::HookTaxArgs),
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
@@ -96,6 +101,7 @@ fn run(task: Task) -> Result<ExitCode> {
         Task::Vm(args) => vm::command(&args)?,
         Task::MeasureTriggers(args) => tools::measure_triggers(&args)?,
         Task::BpfCost(args) => tools::bpf_cost(&args)?,
+        Task::HookTax(args) => tools::hook_tax(&args)?,
     }
     Ok(ExitCode::SUCCESS)
 }

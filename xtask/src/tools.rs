@@ -1,5 +1,5 @@
 //! The measurement and demonstration tools of the `tools/` crate:
-//! `cargo xtask demo`, `bpf-cost` and `measure-triggers` (and the builds
+//! `cargo xtask demo`, `bpf-cost`, `hook-tax` and `measure-triggers` (and the builds
 //! `cargo xtask bench` shares). Each runs a tool as root against real
 //! cgroups and the real agent.
 use std::{path::PathBuf, process::Command};
@@ -17,6 +17,13 @@ pub struct BpfCostArgs {
     /// Extra agent arguments, e.g. `-- --memory-check-step 1Mi`.
     #[arg(last = true)]
     agent_args: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct HookTaxArgs {
+    /// Rounds; each runs every configuration once.
+    #[arg(long, default_value_t = 7)]
+    rounds: u32,
 }
 
 #[derive(Args)]
@@ -53,6 +60,18 @@ pub fn bpf_cost(args: &BpfCostArgs) -> Result<()> {
             .arg(release.join("evictd-workload"))
             .arg(args.rounds.to_string())
             .args(&args.agent_args),
+    )
+}
+
+/// `cargo xtask hook-tax`.
+pub fn hook_tax(args: &HookTaxArgs) -> Result<()> {
+    let release = build(true, "measuring what the memory hooks cost a workload")?;
+    setup::step(
+        "measure",
+        Command::new(release.join("evictd-hook-tax"))
+            .arg(release.join("evictd"))
+            .arg(release.join("evictd-workload"))
+            .arg(args.rounds.to_string()),
     )
 }
 

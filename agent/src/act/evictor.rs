@@ -11,6 +11,7 @@
 //! Everything it touches outside memory goes through the seams of [`Io`],
 //! so the loop runs in unit tests without root.
 mod eviction;
+mod precise;
 mod safeguards;
 
 use std::{rc::Rc, sync::Arc, time::Duration};
@@ -31,7 +32,11 @@ use crate::{
     },
     node::{inventory::InventoryError, snapshot::PodSnapshot},
     report::metrics::Metrics,
-    scopes::{monitor::Monitor, tripwires::tripwires},
+    scopes::{
+        monitor::Monitor,
+        tripwires::tripwires,
+        zone::{ZoneOptions, ZonePlan},
+    },
 };
 
 /// While a memory or PID signal is inside the zone where only a fresh read
@@ -75,6 +80,9 @@ pub struct Evaluation {
     /// memcg-threshold`), from this run's observation; `None` when the node
     /// could not be read (the levels stay where they are).
     pub memcg_levels: Option<Vec<u64>>,
+    /// Where the precise memory hooks and their far trigger belong now;
+    /// `None` when they are not managed or the node could not be read.
+    pub precise: Option<ZonePlan>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -86,6 +94,9 @@ pub struct EvictorOptions {
     /// modes the timer and notifications are all, as in kubelet.
     pub kernel_triggers: bool,
     pub budget: EvictionBudget,
+    /// Attach the precise memory hooks only near a threshold
+    /// (`--precise-hooks zone` with a kernel memory trigger).
+    pub zone: Option<ZoneOptions>,
 }
 
 pub struct Evictor<I: Io> {
@@ -108,6 +119,7 @@ pub struct Evictor<I: Io> {
     unacted: Option<Vec<String>>,
     evictions: eviction::Evictions,
     safeguards: safeguards::Safeguards,
+    zone: Option<precise::Zone>,
 }
 
 /// The parts of an [`Evictor`], for its constructor.
@@ -140,6 +152,7 @@ impl<I: Io> Evictor<I> {
             unacted: None,
             evictions: eviction::Evictions::default(),
             safeguards: safeguards::Safeguards::new(options.budget),
+            zone: options.zone.map(precise::Zone::new),
         }
     }
 
@@ -185,6 +198,7 @@ impl<I: Io> Evictor<I> {
                 return Evaluation {
                     action: self.soon(),
                     memcg_levels: None,
+                    precise: None,
                 };
             }
         };
@@ -204,9 +218,13 @@ impl<I: Io> Evictor<I> {
         } else {
             self.decide(&wake, &assessment)
         };
+        // After the decision: an eviction it started takes the hooks off.
+        let precise = self.plan_precise(&wires.scopes);
+        let read_after = precise.as_ref().and_then(|plan| plan.read_after);
         Evaluation {
-            action: sooner(action, reclaiming),
+            action: sooner(sooner(action, reclaiming), read_after),
             memcg_levels: Some(wires.memcg_levels),
+            precise,
         }
     }
 

@@ -8,7 +8,7 @@ use crate::{
     act::kill::{KillError, KillReport, Killer},
     config::EvictionAction,
     decide::thresholds::Resource,
-    kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Received, ScopeMaps},
+    kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
     node::{
         cgroupfs::CgroupError,
         inventory::{Inventory, InventoryError},
@@ -109,6 +109,9 @@ pub trait KernelRecords {
     /// Exports the programs' counters; returns the records dropped since
     /// the last look.
     fn refresh_counters(&mut self, metrics: &Metrics) -> u64;
+    /// Attaches (`armed`) or detaches the programs of the memory hook, which
+    /// stay loaded; returns whether anything changed.
+    fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError>;
 }
 
 impl NodeSource for Inventory {
@@ -199,5 +202,18 @@ impl KernelRecords for KernelSide {
 
     fn refresh_counters(&mut self, metrics: &Metrics) -> u64 {
         self.counters.refresh(&self.probes, metrics)
+    }
+
+    fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError> {
+        let memory = self
+            .probes
+            .hooks()
+            .iter()
+            .copied()
+            .find(|hook| hook.purpose() == Purpose::Memory);
+        match memory {
+            Some(hook) => self.probes.set_active(hook, armed),
+            None => Ok(false),
+        }
     }
 }

@@ -23,6 +23,9 @@ pub enum WakeCause {
     MemcgThreshold,
     /// An eviction ended: the engine decides again on fresh numbers.
     EvictionEnded,
+    /// The node crossed the edge of the zone where the precise memory
+    /// hooks run (a cgroup v1 eventfd threshold), either way.
+    Zone,
 }
 
 impl WakeCause {
@@ -36,6 +39,7 @@ impl WakeCause {
             Self::Psi => "psi",
             Self::MemcgThreshold => "memcg-threshold",
             Self::EvictionEnded => "eviction-ended",
+            Self::Zone => "zone",
         }
     }
 }

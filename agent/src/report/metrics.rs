@@ -70,7 +70,7 @@ pub struct Metrics {
     /// Latest observation of every eviction signal (available amount).
     pub signal_available: IntGaugeVec,
     /// Engine runs by trigger (`startup`, `kernel`, `resync`, `poll`,
-    /// `close-watch`, `psi`, `memcg-threshold`, `eviction-ended`).
+    /// `close-watch`, `psi`, `memcg-threshold`, `eviction-ended`, `zone`).
     pub engine_runs: IntCounterVec,
     /// Seconds from the agent's start to protection: programs attached,
     /// scopes watched, the first engine run about to begin.
@@ -83,6 +83,11 @@ pub struct Metrics {
     /// Eviction reports by --eviction-action and result (`reported`,
     /// `pod-gone`, `failed`, `dropped`).
     pub eviction_reports: IntCounterVec,
+    /// 1 while the precise memory hooks are attached.
+    pub precise_hooks_armed: IntGauge,
+    /// Attachments and detachments of the precise memory hooks, by the state
+    /// reached (`armed`, `disarmed`) and why.
+    pub precise_hooks_transitions: IntCounterVec,
     /// Eviction reports in the journal, not yet final in the API.
     pub eviction_reports_pending: IntGauge,
     /// Versions of the --pod-metadata file that could not be used, by
@@ -174,7 +179,7 @@ impl Metrics {
             )?,
             engine_runs: counter_vec(
                 "engine_runs_total",
-                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch, psi, memcg-threshold, eviction-ended)",
+                "Eviction engine runs by trigger (startup, kernel, resync, poll, close-watch, psi, memcg-threshold, eviction-ended, zone)",
                 &["trigger"],
             )?,
             startup: {
@@ -191,6 +196,19 @@ impl Metrics {
                 &["signal"],
             )?,
             events: counter_vec("bpf_events_total", "Ring-buffer records by kind", &["kind"])?,
+            precise_hooks_armed: {
+                let metric = IntGauge::new(
+                    "precise_hooks_armed",
+                    "1 while the precise memory hooks (every page charged and freed) are attached",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            precise_hooks_transitions: counter_vec(
+                "precise_hooks_transitions_total",
+                "Attachments and detachments of the precise memory hooks, by state reached and reason",
+                &["state", "reason"],
+            )?,
             decode_errors: counter(
                 "bpf_decode_errors_total",
                 "Ring-buffer records that did not decode",

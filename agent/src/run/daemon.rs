@@ -23,7 +23,7 @@ use crate::{
         kill::Killer,
         wake::{Clock, Wake, WakeCause},
     },
-    config::RunArgs,
+    config::{PreciseHooks as PreciseHooksFlag, RunArgs},
     decide::thresholds::EvictionConfig,
     kernel::{
         bpf::{BpfError, KernelEvent, ProbeOptions, Purpose},
@@ -39,7 +39,11 @@ use crate::{
         kubernetes::{KubeError, Kubernetes},
         metrics::{Metrics, MetricsError},
     },
-    scopes::monitor::{KernelCoverage, Monitor, MonitorOptions},
+    run::precise::PreciseHooks,
+    scopes::{
+        monitor::{KernelCoverage, Monitor, MonitorOptions},
+        zone::{FarTrigger, ZoneOptions},
+    },
 };
 
 /// Why the agent stopped, naming the startup step that failed.
@@ -135,6 +139,8 @@ pub async fn run(
     // The kernel's answers were only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
+    let zone = zone_options(&armed, &args, check_interval);
+    let precise = zone.map(|_| PreciseHooks::new(cgroupfs.clone(), metrics.clone()));
     let notifier =
         notifier(&armed, &args, &cgroupfs, inventory.node_cgroup()).map_err(|source| {
             RunError::Notify {
@@ -193,6 +199,7 @@ pub async fn run(
             reclaim_timeout: args.reclaim_timeout,
             kernel_triggers: kernel.is_some(),
             budget: args.eviction_budget,
+            zone,
         },
     );
     if args.dry_run {
@@ -225,6 +232,7 @@ pub async fn run(
         Sources {
             kernel: kernel.as_mut(),
             notifier,
+            precise,
             check_interval,
             timer_cause,
         },
@@ -316,12 +324,46 @@ fn notifier(
     Ok(Some(notifier))
 }
 
+/// Where the precise memory hooks come and go with the node's distance to
+/// its memory thresholds: event mode with a kernel memory hook, unless
+/// `--precise-hooks always`, or a `--watch` memory scope (whose flags the
+/// hooks report at any distance) needs them all the time.
+fn zone_options(
+    armed: &triggers::Armed,
+    args: &RunArgs,
+    check_interval: Duration,
+) -> Option<ZoneOptions> {
+    if args.precise_hooks == PreciseHooksFlag::Always
+        || !matches!(
+            armed.triggers.get(Purpose::Memory).trigger,
+            triggers::Trigger::Kernel(_)
+        )
+    {
+        return None;
+    }
+    if !args.watch_memory.is_empty() {
+        info!("--watch-memory scopes keep the precise memory hooks attached");
+        return None;
+    }
+    let far = if armed.capabilities.memcg_event_control {
+        FarTrigger::MemcgEventfd
+    } else {
+        FarTrigger::AdaptiveRead {
+            max_period: check_interval,
+        }
+    };
+    info!(far_trigger = ?far, "precise memory hooks attached only near a memory threshold (--precise-hooks zone)");
+    Some(ZoneOptions::new(far))
+}
+
 /// What wakes the engine besides a close watch.
 pub struct Sources<'a, K> {
     /// Kernel records (event mode).
     pub kernel: Option<&'a mut K>,
     /// The push mechanism of --mode psi or memcg-threshold.
     pub notifier: Option<Notifier>,
+    /// The precise memory hooks' zone and its far trigger (event mode).
+    pub precise: Option<PreciseHooks>,
     pub check_interval: Duration,
     /// Why a timer tick wakes the engine: `Resync` behind the kernel
     /// programs, `Poll` where the timer is the trigger.
@@ -343,6 +385,7 @@ pub async fn serve<I: Io>(
     let Sources {
         mut kernel,
         mut notifier,
+        mut precise,
         check_interval,
         timer_cause,
     } = sources;
@@ -350,10 +393,11 @@ pub async fn serve<I: Io>(
     // already under pressure acts at once.
     let first = evictor.evaluate(evictor.clock().wake(WakeCause::Startup));
     rearm(notifier.as_mut(), first.memcg_levels.as_deref());
+    let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &first);
     // Ready (/readyz) once the node has been looked at and, under pressure,
     // relieved: a rolling update moves on only then.
     ready.store(true, Ordering::Release);
-    let mut close_watch = deadline(first.action);
+    let mut close_watch = deadline(first.action, attached);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -388,6 +432,15 @@ pub async fn serve<I: Io>(
                     }
                 }
             }
+            woke = or_never(precise.as_mut().map(PreciseHooks::wait)) => match woke {
+                Ok(at_ns) => Wake { cause: WakeCause::Zone, at_ns },
+                Err(e) => {
+                    if let Some(precise) = precise.as_mut() {
+                        precise.give_up(kernel.as_deref_mut(), &e);
+                    }
+                    continue;
+                }
+            },
             _ = timer.tick() => {
                 resync(evictor, kernel.as_deref_mut());
                 evictor.clock().wake(timer_cause)
@@ -401,8 +454,9 @@ pub async fn serve<I: Io>(
             }
         };
         let evaluation = evictor.evaluate(wake);
-        close_watch = deadline(evaluation.action);
         rearm(notifier.as_mut(), evaluation.memcg_levels.as_deref());
+        let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &evaluation);
+        close_watch = deadline(evaluation.action, attached);
     }
 }
 
@@ -494,7 +548,26 @@ fn rearm(notifier: Option<&mut Notifier>, levels: Option<&[u64]>) {
     }
 }
 
-fn deadline(action: Action) -> Option<tokio::time::Instant> {
+/// Attaches or detaches the precise memory hooks as the engine run just
+/// done says; true when they were just attached.
+fn place_hooks<K: KernelRecords>(
+    precise: Option<&mut PreciseHooks>,
+    kernel: Option<&mut K>,
+    evaluation: &crate::act::evictor::Evaluation,
+) -> bool {
+    match (precise, &evaluation.precise) {
+        (Some(precise), Some(plan)) => precise.apply(kernel, plan),
+        _ => false,
+    }
+}
+
+/// When the engine runs next without a wake-up: at once after the precise
+/// hooks were attached (a line crossed between the engine's read and the
+/// attachment would wait for the next charge), else as `action` says.
+fn deadline(action: Action, attached: bool) -> Option<tokio::time::Instant> {
+    if attached {
+        return Some(tokio::time::Instant::now());
+    }
     match action {
         Action::AwaitChange => None,
         Action::Requeue(after) => Some(tokio::time::Instant::now() + after),

@@ -429,3 +429,58 @@ async fn near_ties_fall_back_to_reading_every_pod_at_once() {
         "the largest (12 MiB) first of those tied: {victim:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_precise_hooks_come_near_the_line_and_go_while_the_victims_memory_returns() {
+    use crate::scopes::zone::{ArmReason, FarTrigger, ZoneOptions};
+    let zone = ZoneOptions::new(FarTrigger::AdaptiveRead {
+        max_period: Duration::from_secs(1),
+    });
+    // 500 MiB available: 400 MiB below the 100Mi line's 924 MiB of usage.
+    let mut harness = Harness::new(HarnessOptions {
+        pods: vec![pod("web", 100), pod("hog", 100)],
+        outside_pods: outside(200, 500),
+        zone: Some(zone),
+        ..HarnessOptions::default()
+    });
+    let plan = |evaluation: &Evaluation| evaluation.precise.clone().expect("a plan");
+    let set_hog = |harness: &Harness, mib: u64| {
+        harness.node.0.borrow_mut().pods[1]
+            .usage
+            .memory_working_set_bytes = mib * MIB;
+    };
+
+    let far = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        (plan(&far).armed, plan(&far).reason),
+        (false, ArmReason::Far)
+    );
+    let read_after = plan(&far).read_after.expect("v2: the adaptive read");
+    assert_eq!(far.action, Action::Requeue(read_after));
+
+    // 40 MiB below the line: inside the 64 MiB zone.
+    set_hog(&harness, 460);
+    let near = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        (plan(&near).armed, plan(&near).reason),
+        (true, ArmReason::Near)
+    );
+    assert_eq!(plan(&near).read_after, None);
+
+    // Past it: the decision's kill takes the hooks off at once.
+    set_hog(&harness, 550);
+    let decided = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 1);
+    assert_eq!(
+        (plan(&decided).armed, plan(&decided).reason),
+        (false, ArmReason::Reclaim)
+    );
+
+    // The hog's memory is back, far below the line: they stay off.
+    let last = harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("hog")]);
+    assert_eq!(
+        (plan(&last).armed, plan(&last).reason),
+        (false, ArmReason::Far)
+    );
+}

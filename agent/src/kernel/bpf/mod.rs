@@ -16,7 +16,7 @@ use std::{collections::BTreeMap, os::fd::AsRawFd};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{MapData, MapError, PerCpuArray, RingBuf},
-    programs::{ProgramError, RawTracePoint},
+    programs::{ProgramError, RawTracePoint, raw_trace_point::RawTracePointLinkId},
 };
 use evictd_common::names;
 use tokio::io::{Interest, unix::AsyncFd};
@@ -91,6 +91,10 @@ pub struct Probes {
     scope_maps: Option<ScopeMaps>,
     events: Option<RingBuf<MapData>>,
     hooks: Vec<Hook>,
+    /// The link of each program attached now. A hook's programs stay loaded
+    /// when it is detached ([`Probes::set_active`]), so attaching it again
+    /// costs one syscall per program and no verification.
+    links: BTreeMap<&'static str, RawTracePointLinkId>,
 }
 
 impl Probes {
@@ -117,6 +121,7 @@ impl Probes {
             scope_maps: Some(scope_maps),
             events,
             hooks: Vec::new(),
+            links: BTreeMap::new(),
         })
     }
 
@@ -129,6 +134,7 @@ impl Probes {
         for (done, program) in hook.programs().iter().enumerate() {
             if let Err(e) = self.attach_program(program) {
                 for attached in &hook.programs()[..done] {
+                    self.links.remove(attached.name);
                     if let Ok(prog) = self.raw_tracepoint(attached) {
                         // Unloading detaches its link; failing that, dropping
                         // the Probes does.
@@ -150,8 +156,47 @@ impl Probes {
         };
         let prog = self.raw_tracepoint(program)?;
         prog.load().map_err(error)?;
-        prog.attach(program.tracepoint).map_err(error)?;
+        let link = prog.attach(program.tracepoint).map_err(error)?;
+        self.links.insert(program.name, link);
         Ok(())
+    }
+
+    /// Detaches (`active` false) or attaches again the programs of an
+    /// attached hook; they stay loaded, with their maps. A detached
+    /// tracepoint costs the kernel nothing (its static key is off), where a
+    /// program that returns early still costs the call. Returns whether
+    /// anything changed.
+    pub fn set_active(&mut self, hook: Hook, active: bool) -> Result<bool, BpfError> {
+        if !self.hooks.contains(&hook) {
+            return Err(BpfError::Missing(hook.as_str()));
+        }
+        let mut changed = false;
+        for program in hook.programs() {
+            let error = |source| BpfError::Program {
+                program: program.name,
+                tracepoint: program.tracepoint,
+                source,
+            };
+            match (self.links.remove(program.name), active) {
+                (Some(link), false) => {
+                    self.raw_tracepoint(program)?.detach(link).map_err(error)?;
+                    changed = true;
+                }
+                (None, true) => {
+                    let link = self
+                        .raw_tracepoint(program)?
+                        .attach(program.tracepoint)
+                        .map_err(error)?;
+                    self.links.insert(program.name, link);
+                    changed = true;
+                }
+                (Some(link), true) => {
+                    self.links.insert(program.name, link);
+                }
+                (None, false) => {}
+            }
+        }
+        Ok(changed)
     }
 
     fn raw_tracepoint(&mut self, program: &Program) -> Result<&mut RawTracePoint, BpfError> {

@@ -21,6 +21,7 @@ async fn serve_for(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Dura
     let sources = Sources::<FakeKernel> {
         kernel: Some(kernel),
         notifier: None,
+        precise: None,
         check_interval: Duration::from_secs(3600),
         timer_cause: WakeCause::Resync,
     };
@@ -73,7 +74,7 @@ async fn the_close_watch_fires_while_usage_stays_past_the_band() {
     });
     harness.node.0.borrow_mut().page_cache = 100 * MIB;
     let (_records, receiver) = mpsc::unbounded_channel();
-    let mut kernel = FakeKernel(receiver);
+    let mut kernel = FakeKernel::new(receiver);
     serve_for(
         &mut harness,
         &mut kernel,
@@ -86,7 +87,7 @@ async fn the_close_watch_fires_while_usage_stays_past_the_band() {
     // Once usage is back below the band, nothing wakes the engine.
     harness.node.0.borrow_mut().page_cache = 0;
     let (_records, receiver) = mpsc::unbounded_channel();
-    let mut kernel = FakeKernel(receiver);
+    let mut kernel = FakeKernel::new(receiver);
     serve_for(&mut harness, &mut kernel, CLOSE_WATCH_INTERVAL * 5).await;
     assert_eq!(harness.engine_runs("close-watch"), 5);
 }
@@ -99,7 +100,7 @@ async fn one_kernel_record_is_one_observation_of_the_node() {
     });
     let (records, receiver) = mpsc::unbounded_channel();
     records.send(node_crossing(&harness)).unwrap();
-    let mut kernel = FakeKernel(receiver);
+    let mut kernel = FakeKernel::new(receiver);
     let (log, _guard) = LogCapture::start();
     serve_for(&mut harness, &mut kernel, Duration::from_millis(100)).await;
     assert_eq!(harness.engine_runs("kernel"), 1);
@@ -123,7 +124,7 @@ async fn a_failed_kill_does_not_wedge_the_loop() {
     });
     *harness.killer.fail.borrow_mut() = true;
     let (records, receiver) = mpsc::unbounded_channel();
-    let mut kernel = FakeKernel(receiver);
+    let mut kernel = FakeKernel::new(receiver);
     serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
     assert_eq!(
         harness.killer.killed.borrow().len(),
@@ -136,4 +137,94 @@ async fn a_failed_kill_does_not_wedge_the_loop() {
     records.send(node_crossing(&harness)).unwrap();
     serve_for(&mut harness, &mut kernel, Duration::from_millis(100)).await;
     assert!(harness.node.0.borrow().pods.is_empty());
+}
+
+/// Serves with the precise memory hooks managed (cgroup v2's adaptive
+/// read as the far trigger, as on a node without eventfd thresholds).
+async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Duration) {
+    let ready = AtomicBool::new(false);
+    // No eventfd thresholds are armed on the adaptive read: never read.
+    let cgroupfs = CgroupFs {
+        version: crate::node::cgroupfs::CgroupVersion::V2,
+        memory_root: harness._dir.path().join("memory"),
+        pids_root: None,
+        freezer_root: None,
+    };
+    let sources = Sources::<FakeKernel> {
+        kernel: Some(kernel),
+        notifier: None,
+        precise: Some(PreciseHooks::new(cgroupfs, harness.metrics.clone())),
+        check_interval: Duration::from_secs(3600),
+        timer_cause: WakeCause::Resync,
+    };
+    serve::<Fake>(
+        &mut harness.evictor,
+        sources,
+        &ready,
+        tokio::time::sleep(run_for),
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not_for_the_kill() {
+    use crate::scopes::zone::{FarTrigger, ZoneOptions};
+    let mut harness = Harness::new(HarnessOptions {
+        pods: vec![pod("hog", 100)],
+        // 500 MiB available, 400 MiB below the line.
+        outside_pods: NODE_CAPACITY - 600 * MIB,
+        zone: Some(ZoneOptions::new(FarTrigger::AdaptiveRead {
+            max_period: Duration::from_secs(1),
+        })),
+        ..HarnessOptions::default()
+    });
+    let (_records, receiver) = mpsc::unbounded_channel();
+    let mut kernel = FakeKernel::new(receiver);
+    let changes = kernel.memory_hook_changes.clone();
+    serve_zoned(&mut harness, &mut kernel, Duration::from_secs(3)).await;
+    assert_eq!(
+        *changes.borrow(),
+        [false],
+        "far: detached after the first run"
+    );
+    assert_eq!(harness.metrics.precise_hooks_armed.get(), 0);
+    let reads = harness.engine_runs("close-watch");
+    assert!(reads >= 2, "the adaptive read looks again: {reads}");
+
+    // The hog climbs to 40 MiB below the line: the next read attaches the
+    // hooks and the engine looks again at once.
+    harness.node.0.borrow_mut().pods[0]
+        .usage
+        .memory_working_set_bytes = 460 * MIB;
+    serve_zoned(&mut harness, &mut kernel, Duration::from_secs(1)).await;
+    assert_eq!(*changes.borrow(), [false, true]);
+    assert_eq!(harness.metrics.precise_hooks_armed.get(), 1);
+
+    // Past the line (a kernel record): killed with the hooks off; its
+    // memory back far below the line, they stay off.
+    harness.node.0.borrow_mut().pods[0]
+        .usage
+        .memory_working_set_bytes = 550 * MIB;
+    let (records, receiver) = mpsc::unbounded_channel();
+    records.send(node_crossing(&harness)).unwrap();
+    kernel.records = receiver;
+    serve_zoned(&mut harness, &mut kernel, Duration::from_millis(500)).await;
+    assert_eq!(
+        *harness.killer.killed.borrow(),
+        ["/node/kubepods/besteffort/podhog"]
+    );
+    assert_eq!(*changes.borrow(), [false, true, false]);
+    let transitions = |state: &str, reason: &str| {
+        harness
+            .metrics
+            .precise_hooks_transitions
+            .with_label_values(&[state, reason])
+            .get()
+    };
+    assert_eq!(
+        transitions("disarmed", "a victim's memory is being returned"),
+        1
+    );
+    assert_eq!(transitions("armed", "near a memory threshold"), 1);
 }

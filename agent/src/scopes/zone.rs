@@ -1,0 +1,375 @@
+//! When the precise memory hooks should run ("the zone"): a pure function
+//! of the engine's memory tripwires, the fastest allocation rate the node
+//! has shown, and whether a victim's memory is being returned.
+//!
+//! The memory hooks (`memcg-stat`, `page-alloc`) fire several times per
+//! page on every charge and uncharge on the node, so attached they tax every
+//! workload's page faults and frees whether or not the node is anywhere
+//! near a threshold. They are attached only while some engine memory scope
+//! is within the *zone* below its lowest line: `max(ZONE_MIN, fastest rate
+//! × lead)`, the distance the node can cover while the agent notices the
+//! far trigger and attaches them. Farther away a rare trigger stands in:
+//! cgroup v1 eventfd thresholds at the zone's edge (kernel-pushed, checked
+//! by the kernel every 128 page events per CPU), or on cgroup v2 an
+//! adaptive read whose period is the distance to the zone's edge over the
+//! fastest rate the node could allocate at. They are detached again only
+//! past twice the zone (hysteresis), and while a hard memory eviction's
+//! victim is being killed and its memory returned: then the engine polls
+//! anyway, and the hooks would tax the very return it waits for.
+use std::{collections::BTreeMap, time::Duration};
+
+use crate::{kernel::bpf::ScopeKind, scopes::tripwires::EngineScope};
+
+/// The zone is never narrower than this: the eventfd thresholds are checked
+/// every 128 page events per CPU (512 KiB), the agent's reaction takes a
+/// few milliseconds, and a workload that starts allocating fast from idle
+/// has shown no rate yet. 64 MiB is 64 ms at 1 GiB/s.
+pub const ZONE_MIN_BYTES: u64 = 64 << 20;
+
+/// How long the node is assumed to keep allocating at its fastest between
+/// entering the zone and the hooks being attached (the far trigger's wake-up,
+/// one engine run, the attach), with a wide margin over what was measured
+/// (docs/design.md).
+pub const ARM_LEAD: Duration = Duration::from_millis(50);
+
+/// The allocation rate the adaptive read (cgroup v2) assumes until the node
+/// has shown a faster one: faster than two cores fault in fresh anonymous
+/// memory on this machine (1.3 GiB/s each).
+pub const FLOOR_RATE_BYTES_PER_SEC: u64 = 4 << 30;
+
+/// The adaptive read's shortest period: a node at the zone's edge is armed,
+/// so a shorter one would only read more often as it approaches.
+pub const MIN_READ_PERIOD: Duration = Duration::from_millis(5);
+
+/// The shortest interval a rate is measured over: over a few milliseconds
+/// the page counter's per-CPU batching (and a huge page charged at once)
+/// would read as tens of GiB/s.
+pub const RATE_WINDOW: Duration = Duration::from_millis(100);
+
+/// What stands in for the precise hooks far from every threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FarTrigger {
+    /// cgroup v1 usage thresholds on an eventfd, at the zone's edge.
+    MemcgEventfd,
+    /// cgroup v2 has no usage thresholds: the engine reads the node again
+    /// after distance ÷ rate, at most every `max_period`.
+    AdaptiveRead { max_period: Duration },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZoneOptions {
+    pub far: FarTrigger,
+    pub min_bytes: u64,
+    pub lead: Duration,
+    pub floor_rate: u64,
+}
+
+impl ZoneOptions {
+    pub fn new(far: FarTrigger) -> Self {
+        Self {
+            far,
+            min_bytes: ZONE_MIN_BYTES,
+            lead: ARM_LEAD,
+            floor_rate: FLOOR_RATE_BYTES_PER_SEC,
+        }
+    }
+}
+
+/// Why the hooks are where the plan puts them: the `reason` of the log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArmReason {
+    /// An engine memory scope is within the zone (or within twice it, having
+    /// been in it).
+    Near,
+    /// Every engine memory scope is farther than the zone.
+    Far,
+    /// A hard memory eviction is under way or its memory is coming back.
+    Reclaim,
+    /// No memory threshold needs the hooks.
+    NoThreshold,
+}
+
+impl ArmReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Near => "near a memory threshold",
+            Self::Far => "far from every memory threshold",
+            Self::Reclaim => "a victim's memory is being returned",
+            Self::NoThreshold => "no memory threshold",
+        }
+    }
+}
+
+/// Where the hooks and the far trigger belong after one engine run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZonePlan {
+    pub armed: bool,
+    pub reason: ArmReason,
+    pub zone_bytes: u64,
+    /// The smallest distance of an engine memory scope to its lowest line
+    /// (0 past one); `None` when no scope has a line.
+    pub distance: Option<u64>,
+    /// cgroup v1: usage levels (bytes) at the zone's edge, per scope path.
+    pub eventfd_levels: Vec<(String, u64)>,
+    /// cgroup v2: read the node again after this long.
+    pub read_after: Option<Duration>,
+}
+
+/// The fastest the node's engine memory scopes have grown between two
+/// engine runs, per second. Only ever grows: a node that once allocated
+/// that fast can again, and a wider zone only costs hooks attached sooner.
+#[derive(Debug, Clone, Default)]
+pub struct AllocationRate {
+    last: BTreeMap<String, (u64, u64)>,
+    fastest: u64,
+}
+
+impl AllocationRate {
+    /// Takes the readings of one engine run at `now_ns`.
+    pub fn observe(&mut self, now_ns: u64, scopes: &[EngineScope]) {
+        for scope in memory_scopes(scopes) {
+            let Some(path) = &scope.path else { continue };
+            let value = scope.reading.value;
+            if let Some(&(at_ns, before)) = self.last.get(path) {
+                let elapsed = now_ns.saturating_sub(at_ns);
+                if u128::from(elapsed) < RATE_WINDOW.as_nanos() {
+                    continue;
+                }
+                if value > before {
+                    let rate = u128::from(value - before) * 1_000_000_000 / u128::from(elapsed);
+                    self.fastest = self.fastest.max(u64::try_from(rate).unwrap_or(u64::MAX));
+                }
+            }
+            self.last.insert(path.clone(), (now_ns, value));
+        }
+    }
+
+    /// Bytes per second.
+    pub fn fastest(&self) -> u64 {
+        self.fastest
+    }
+}
+
+fn memory_scopes(scopes: &[EngineScope]) -> impl Iterator<Item = &EngineScope> {
+    scopes
+        .iter()
+        .filter(|scope| scope.kind == ScopeKind::Memory && !scope.thresholds.is_empty())
+}
+
+/// The zone's width for a node that has allocated `fastest` bytes/s.
+pub fn zone_bytes(options: &ZoneOptions, fastest: u64) -> u64 {
+    let lead = u128::from(fastest) * options.lead.as_nanos() / 1_000_000_000;
+    options
+        .min_bytes
+        .max(u64::try_from(lead).unwrap_or(u64::MAX))
+}
+
+/// Where the hooks belong. `armed` is where they are now (for the
+/// hysteresis); `reclaiming` whether a hard memory eviction is under way
+/// or its victim's memory coming back.
+pub fn plan(
+    options: &ZoneOptions,
+    armed: bool,
+    scopes: &[EngineScope],
+    fastest: u64,
+    reclaiming: bool,
+) -> ZonePlan {
+    let zone = zone_bytes(options, fastest);
+    let lowest_line = |scope: &EngineScope| scope.thresholds.iter().copied().min();
+    let distance = memory_scopes(scopes)
+        .filter_map(|scope| Some(lowest_line(scope)?.saturating_sub(scope.reading.value)))
+        .min();
+    let eventfd_levels = match options.far {
+        FarTrigger::MemcgEventfd => memory_scopes(scopes)
+            .filter_map(|scope| {
+                let line = lowest_line(scope)?;
+                Some((scope.path.clone()?, line.saturating_sub(zone)))
+            })
+            .collect(),
+        FarTrigger::AdaptiveRead { .. } => Vec::new(),
+    };
+    let (armed, reason) = match distance {
+        _ if reclaiming => (false, ArmReason::Reclaim),
+        None => (false, ArmReason::NoThreshold),
+        Some(distance) if distance < zone => (true, ArmReason::Near),
+        Some(distance) if armed && distance < zone.saturating_mul(2) => (true, ArmReason::Near),
+        Some(_) => (false, ArmReason::Far),
+    };
+    let read_after = match (options.far, distance) {
+        (FarTrigger::AdaptiveRead { max_period }, Some(distance)) if !armed && !reclaiming => {
+            let rate = fastest.max(options.floor_rate).max(1);
+            let to_edge = distance.saturating_sub(zone);
+            let nanos = u128::from(to_edge) * 1_000_000_000 / u128::from(rate);
+            let period = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+            Some(period.clamp(MIN_READ_PERIOD, max_period.max(MIN_READ_PERIOD)))
+        }
+        _ => None,
+    };
+    ZonePlan {
+        armed,
+        reason,
+        zone_bytes: zone,
+        distance,
+        eventfd_levels,
+        read_after,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::scopes::registry::Reading;
+
+    const MIB: u64 = 1 << 20;
+
+    fn scope(path: &str, value: u64, lines: &[u64]) -> EngineScope {
+        EngineScope {
+            kind: ScopeKind::Memory,
+            path: Some(path.into()),
+            thresholds: lines.to_vec(),
+            reading: Reading {
+                value,
+                working_set: Some(value),
+            },
+        }
+    }
+
+    fn v1() -> ZoneOptions {
+        ZoneOptions::new(FarTrigger::MemcgEventfd)
+    }
+
+    fn v2() -> ZoneOptions {
+        ZoneOptions::new(FarTrigger::AdaptiveRead {
+            max_period: Duration::from_secs(1),
+        })
+    }
+
+    #[test]
+    fn far_from_every_line_the_hooks_go_and_the_eventfd_waits_at_the_zones_edge() {
+        let scopes = [
+            scope("/node", 100 * MIB, &[900 * MIB]),
+            scope("/node/kubepods", 80 * MIB, &[850 * MIB, 800 * MIB]),
+        ];
+        let plan = plan(&v1(), true, &scopes, 0, false);
+        assert!(!plan.armed);
+        assert_eq!(plan.reason, ArmReason::Far);
+        assert_eq!(plan.zone_bytes, ZONE_MIN_BYTES);
+        assert_eq!(plan.distance, Some(720 * MIB));
+        assert_eq!(
+            plan.eventfd_levels,
+            [
+                ("/node".to_owned(), 836 * MIB),
+                ("/node/kubepods".to_owned(), 736 * MIB)
+            ]
+        );
+        assert_eq!(plan.read_after, None);
+    }
+
+    #[test]
+    fn inside_the_zone_the_hooks_come_and_leave_only_past_twice_it() {
+        let at = |value| [scope("/node", value, &[900 * MIB])];
+        let zone = ZONE_MIN_BYTES;
+        // Entering: armed once closer than the zone.
+        assert!(!plan(&v1(), false, &at(900 * MIB - zone), 0, false).armed);
+        assert!(plan(&v1(), false, &at(900 * MIB - zone + 1), 0, false).armed);
+        // Leaving: armed until twice the zone away.
+        assert!(plan(&v1(), true, &at(900 * MIB - 2 * zone + 1), 0, false).armed);
+        assert!(!plan(&v1(), true, &at(900 * MIB - 2 * zone), 0, false).armed);
+        // Past the line: armed (the close watch reads; the hooks see the fall).
+        let past = plan(&v1(), false, &at(950 * MIB), 0, false);
+        assert_eq!((past.armed, past.distance), (true, Some(0)));
+    }
+
+    #[test]
+    fn while_a_victims_memory_comes_back_the_hooks_are_off_even_past_the_line() {
+        let scopes = [scope("/node", 950 * MIB, &[900 * MIB])];
+        let plan = plan(&v2(), true, &scopes, 0, true);
+        assert_eq!((plan.armed, plan.reason), (false, ArmReason::Reclaim));
+        assert_eq!(plan.read_after, None, "the reclaim's own poll reads");
+    }
+
+    #[test]
+    fn the_zone_widens_with_the_fastest_rate_the_node_has_shown() {
+        assert_eq!(zone_bytes(&v1(), 512 * MIB), ZONE_MIN_BYTES);
+        // 4 GiB/s × 50 ms.
+        assert_eq!(zone_bytes(&v1(), 4096 * MIB), 4096 * MIB / 20);
+        let mut rate = AllocationRate::default();
+        rate.observe(0, &[scope("/node", 100 * MIB, &[900 * MIB])]);
+        rate.observe(100_000_000, &[scope("/node", 300 * MIB, &[900 * MIB])]);
+        // A fall says nothing about how fast it can grow.
+        rate.observe(200_000_000, &[scope("/node", 100 * MIB, &[900 * MIB])]);
+        assert_eq!(rate.fastest(), 2000 * MIB);
+        // Nor does a step within the window (batching, a huge page): it
+        // counts over the window from the last anchor.
+        rate.observe(210_000_000, &[scope("/node", 150 * MIB, &[900 * MIB])]);
+        assert_eq!(rate.fastest(), 2000 * MIB);
+        // 300 MiB in the 200 ms since the anchor: slower than seen before.
+        rate.observe(400_000_000, &[scope("/node", 400 * MIB, &[900 * MIB])]);
+        assert_eq!(rate.fastest(), 2000 * MIB);
+        rate.observe(500_000_000, &[scope("/node", 700 * MIB, &[900 * MIB])]);
+        assert_eq!(rate.fastest(), 3000 * MIB);
+        let plan = plan(
+            &v1(),
+            false,
+            &[scope("/node", 700 * MIB, &[900 * MIB])],
+            rate.fastest(),
+            false,
+        );
+        assert_eq!(plan.zone_bytes, 150 * MIB);
+        assert!(!plan.armed);
+    }
+
+    #[test]
+    fn on_v2_the_read_period_is_the_distance_to_the_zone_over_the_fastest_rate() {
+        let scopes = [scope("/node", 100 * MIB, &[900 * MIB])];
+        // (800 − 64 MiB) at the 4 GiB/s floor: about 180 ms.
+        let plan = plan(&v2(), false, &scopes, 0, false);
+        let expected = (736 * MIB) as f64 / (4096 * MIB) as f64;
+        let period = plan.read_after.unwrap().as_secs_f64();
+        assert!((period - expected).abs() < 1e-6, "{period}");
+        let near = [scope("/node", 899 * MIB, &[900 * MIB])];
+        assert_eq!(super::plan(&v2(), false, &near, 0, false).read_after, None);
+        let idle = [scope("/node", 0, &[u64::MAX])];
+        assert_eq!(
+            super::plan(&v2(), false, &idle, 0, false).read_after,
+            Some(Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn without_a_memory_line_nothing_needs_the_hooks() {
+        let scopes = [scope("/node", 100 * MIB, &[])];
+        let plan = plan(&v1(), true, &scopes, 0, false);
+        assert_eq!((plan.armed, plan.reason), (false, ArmReason::NoThreshold));
+        assert!(plan.eventfd_levels.is_empty());
+    }
+
+    proptest! {
+        /// Whatever the rate and the readings, a node that allocates no
+        /// faster than it has shown cannot get from outside the zone to a
+        /// line within the lead: the hooks are attached before it arrives,
+        /// and the v2 read comes before it enters the zone.
+        #[test]
+        fn no_line_is_reached_within_the_lead_while_disarmed(
+            value in 0..4096 * MIB,
+            line in 0..4096 * MIB,
+            fastest in 0..8192 * MIB,
+            armed: bool,
+        ) {
+            let scopes = [scope("/node", value, &[line])];
+            let options = v2();
+            let plan = plan(&options, armed, &scopes, fastest, false);
+            if !plan.armed {
+                let reach = u128::from(fastest) * options.lead.as_nanos() / 1_000_000_000;
+                prop_assert!(u128::from(line - value.min(line)) > reach);
+                let rate = fastest.max(options.floor_rate);
+                let period = plan.read_after.unwrap();
+                let covered = u128::from(rate) * period.as_nanos() / 1_000_000_000;
+                let to_edge = u128::from((line - value).saturating_sub(plan.zone_bytes));
+                prop_assert!(covered <= to_edge.max(u128::from(rate) * MIN_READ_PERIOD.as_nanos() / 1_000_000_000));
+            }
+        }
+    }
+}

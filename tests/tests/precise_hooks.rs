@@ -1,0 +1,155 @@
+//! The precise memory hooks run only near a memory threshold
+//! (`--precise-hooks zone`, the default): far from it their programs are
+//! loaded but not linked to any tracepoint, a rare trigger stands in, and
+//! when the node climbs back the hooks are attached before the line, so the
+//! crossing still comes from the kernel. While a victim's memory is being
+//! returned they are off again, and back for the next climb.
+use aya::programs::loaded_links;
+use evictd_integration::{AGENT_DEADLINE, SandboxNode, http_get, memory_pods, metric, wait_until};
+use serde_json::Value;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+
+/// The programs of both memory hooks (`memcg-stat`, `page-alloc`).
+const MEMORY_PROGRAMS: [&str; 4] = [
+    "memcg_lruvec_state",
+    "memcg_state",
+    "page_alloc",
+    "page_free",
+];
+
+/// Ids of the memory programs in the `eBPF programs attached` line, whose
+/// `programs` field reads `{"name": id, ...}`.
+fn memory_program_ids(attached: &Value) -> Vec<u32> {
+    let programs = attached["programs"].as_str().unwrap_or_default();
+    programs
+        .trim_matches(|c| c == '{' || c == '}')
+        .split(", ")
+        .filter_map(|pair| {
+            let (name, id) = pair.split_once(": ")?;
+            MEMORY_PROGRAMS
+                .contains(&name.trim_matches('"'))
+                .then(|| id.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Whether the kernel has a link attaching one of `programs`.
+fn linked(programs: &[u32]) -> bool {
+    loaded_links()
+        .filter_map(Result::ok)
+        .any(|link| programs.contains(&link.program_id()))
+}
+
+fn position(log: &[Value], line: &Value) -> usize {
+    log.iter()
+        .position(|l| l == line)
+        .unwrap_or_else(|| panic!("{line} is not in the log"))
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caught_by_the_kernel() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[
+        ("db", 48 * MIB),
+        ("web", 32 * MIB),
+        ("batch", 48 * MIB),
+        ("node-exporter", 24 * MIB),
+    ])
+    .unwrap();
+    let mut agent = node
+        .start_agent(&[
+            "--eviction-hard",
+            "memory.available<96Mi",
+            // Only the kernel (and the zone's far trigger) may find the
+            // crossing, not a resync tick.
+            "--resync-interval",
+            "1h",
+        ])
+        .unwrap();
+    let attached = agent.log.expect("eBPF programs attached", &[]);
+    let programs = memory_program_ids(&attached);
+    assert!(!programs.is_empty(), "{attached}");
+    let far = agent.log.expect(
+        "precise memory hooks",
+        &[
+            ("state", "disarmed"),
+            ("reason", "far from every memory threshold"),
+        ],
+    );
+    wait_until(AGENT_DEADLINE, "the memory programs unlinked", || {
+        !linked(&programs)
+    })
+    .unwrap();
+    let address = agent.log.metrics_address();
+    let metrics = http_get(&address, "/metrics").unwrap();
+    assert_eq!(metric(&metrics, "evictd_precise_hooks_armed"), Some(0.0));
+
+    // The hog climbs 16 MiB at a time from far below the line.
+    node.grow_until_stopped("hog", 16 * MIB, NODE_MEMORY)
+        .unwrap();
+    let decided = agent.log.expect_eviction("default/hog", "memory");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    let near = agent.log.expect(
+        "precise memory hooks",
+        &[("state", "armed"), ("reason", "near a memory threshold")],
+    );
+    let returning = agent.log.expect(
+        "precise memory hooks",
+        &[
+            ("state", "disarmed"),
+            ("reason", "a victim's memory is being returned"),
+        ],
+    );
+    let killed = agent.log.expect("pod killed", &[("victim", "default/hog")]);
+    let back = agent
+        .log
+        .expect("memory back", &[("victim", "default/hog")]);
+    let log = agent.log.seen.clone();
+    assert!(position(&log, &far) < position(&log, &near));
+    assert!(position(&log, &near) < position(&log, &decided));
+    assert!(
+        position(&log, &decided) < position(&log, &returning)
+            && position(&log, &returning) < position(&log, &killed),
+        "the hooks go before the kill"
+    );
+    assert!(!node.alive("hog"));
+    // Back far below the line: the hooks stay off.
+    assert!(!linked(&programs), "memory back, far from the line");
+
+    // The next climb is caught the same way: web grows past its request
+    // and is the next pod kubelet's ranking takes.
+    node.grow_until_stopped("web", 16 * MIB, NODE_MEMORY)
+        .unwrap();
+    let decided = agent.log.expect_eviction("default/web", "memory");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    let log = agent.log.all("precise memory hooks");
+    let armed_again = log
+        .iter()
+        .filter(|line| line["state"] == "armed")
+        .nth(1)
+        .unwrap_or_else(|| panic!("armed again for the second climb: {log:#?}"));
+    let seen = agent.log.seen.clone();
+    assert!(position(&seen, &back) < position(&seen, armed_again));
+    assert!(position(&seen, armed_again) < position(&seen, &decided));
+    for name in ["db", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    let metrics = http_get(&address, "/metrics").unwrap();
+    let transitions = metrics
+        .lines()
+        .filter(|line| line.starts_with("evictd_precise_hooks_transitions_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(
+        transitions >= 5.0,
+        "far, near, reclaim, near, reclaim: {metrics}"
+    );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
