@@ -284,6 +284,23 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
     let _ = std::fs::remove_file(kubeconfig);
 }
 
+/// Agent flags of the outage tests: a hard memory threshold, and API
+/// requests that give up after a second.
+const OUTAGE_AGENT_ARGS: [&str; 4] = [
+    "--eviction-hard",
+    "memory.available<96Mi",
+    "--api-timeout",
+    "1s",
+];
+
+/// The stand-in API server and an agent that has listed its pods from it.
+fn listed(node: &SandboxNode) -> (ApiServer, Agent) {
+    let server = api_server(node, Faults::default());
+    let mut agent = start_agent(node, server.kubeconfig(), &OUTAGE_AGENT_ARGS);
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    (server, agent)
+}
+
 /// node-exporter (BestEffort, system-node-critical priority) holds more
 /// than the hog will: ranked on cgroups alone it would die first.
 const CRITICAL_POD_MEMORY: u64 = 240 * MIB;
@@ -294,15 +311,7 @@ fn a_critical_pod_stays_protected_through_an_api_outage_and_an_agent_restart() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     node.alloc(&[("node-exporter", CRITICAL_POD_MEMORY)])
         .unwrap();
-    let mut server = api_server(&node, Faults::default());
-    let args = [
-        "--eviction-hard",
-        "memory.available<96Mi",
-        "--api-timeout",
-        "1s",
-    ];
-    let mut agent = start_agent(&node, server.kubeconfig(), &args);
-    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    let (mut server, agent) = listed(&node);
     let cache = node.state_dir().join("pod-metadata.json");
     wait_until(REPORT_DEADLINE, "the pods in the metadata cache", || {
         std::fs::read_to_string(&cache).is_ok_and(|text| text.contains("\"node-exporter\""))
@@ -314,7 +323,7 @@ fn a_critical_pod_stays_protected_through_an_api_outage_and_an_agent_restart() {
     server.go_down();
     agent.signal(Signal::SIGKILL).unwrap();
     agent.wait_exit().unwrap();
-    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    let mut agent = start_agent(&node, server.kubeconfig(), &OUTAGE_AGENT_ARGS);
     let loaded = agent.log.expect(
         "pod metadata from the last agent's cache, until the API lists the pods",
         &[],
@@ -476,15 +485,7 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
         assert!(OUTAGE.as_secs() > OLD_RETRY_WINDOW.as_secs() + 5);
     }
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    let mut server = api_server(&node, Faults::default());
-    let args = [
-        "--eviction-hard",
-        "memory.available<96Mi",
-        "--api-timeout",
-        "1s",
-    ];
-    let mut agent = start_agent(&node, server.kubeconfig(), &args);
-    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    let (mut server, mut agent) = listed(&node);
 
     server.go_down();
     let outage = Instant::now();
@@ -506,7 +507,7 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
     let (status, _) = agent.wait_exit().unwrap();
     assert!(!status.success());
 
-    let mut agent = start_agent(&node, server.kubeconfig(), &args);
+    let mut agent = start_agent(&node, server.kubeconfig(), &OUTAGE_AGENT_ARGS);
     let replayed = agent.log.expect(
         "eviction reports left by the previous agent are replayed",
         &[],
