@@ -147,7 +147,19 @@ fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
-    assert!(log.problems().is_empty(), "{:#?}", log.problems());
+    // The one expected warning: the engine's scope here is the sandbox node,
+    // above the writable pods' cgroups, so on cgroup v1 the zone's eventfd
+    // (cgroup.event_control) cannot be armed and the precise hooks stay
+    // attached, which the agent says. In a cluster the scope is kubepods.
+    let problems: Vec<_> = log
+        .problems()
+        .into_iter()
+        .filter(|line| {
+            line["message"]
+                != "memory threshold at the zone's edge failed: the precise memory hooks stay attached"
+        })
+        .collect();
+    assert!(problems.is_empty(), "{problems:#?}");
 }
 
 #[test]
