@@ -47,6 +47,11 @@ use crate::{
 /// 100Mi default.
 pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
+/// How often a disk decision looks whether the runtime's thread has read
+/// the pods' disk usage (a walk of their logs and volumes: tens of
+/// milliseconds to seconds).
+const DISK_USAGE_WAIT: Duration = Duration::from_millis(100);
+
 /// Pods of the ranking a decision's log line explains.
 const CANDIDATES_LOGGED: usize = 5;
 
@@ -264,6 +269,11 @@ impl<I: Io> Evictor<I> {
     ) -> Action {
         let ranking = match self.choose(assessment, starvation) {
             Ok(ranking) => ranking,
+            // The runtime's thread is reading the pods' disk usage: decide
+            // on it, not on none, in every mode.
+            Err(InventoryError::DiskUsagePending) => {
+                return Action::Requeue(DISK_USAGE_WAIT);
+            }
             Err(e) => {
                 warn!(error = %e, "cannot list the node's pods");
                 return self.soon();

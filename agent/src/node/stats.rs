@@ -41,6 +41,9 @@ pub struct NodeSignals {
     pub node: String,
     pub nodefs: PathBuf,
     pub imagefs: PathBuf,
+    /// Where the runtime keeps writable layers, once it has said
+    /// (`ImageFsInfo`); the imagefs itself unless its layout is split.
+    pub containerfs: Option<PathBuf>,
 }
 
 /// One fresh look at the node: every signal's input, and the readings the
@@ -82,6 +85,13 @@ impl NodeSignals {
             None => None,
         };
         let (pid, scope_tasks) = self.pids()?;
+        let imagefs = statvfs(&self.imagefs)?;
+        // One filesystem for images and writable layers: one statvfs.
+        let containerfs = match &self.containerfs {
+            Some(path) if *path == self.imagefs => imagefs,
+            Some(path) => statvfs(path)?,
+            None => None,
+        };
         Ok(NodeObservation {
             stats: NodeStats {
                 memory: MemoryStats {
@@ -91,8 +101,8 @@ impl NodeSignals {
                 allocatable,
                 pid: Some(pid),
                 nodefs: statvfs(&self.nodefs)?,
-                imagefs: statvfs(&self.imagefs)?,
-                containerfs: None,
+                imagefs,
+                containerfs,
             },
             node_cgroup: self.node.clone(),
             node_memory,
@@ -347,6 +357,7 @@ mod tests {
             cgroupfs,
             node: "/sandbox".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().to_owned(),
         };
         let node = signals.observe().unwrap().stats;
@@ -396,6 +407,7 @@ mod tests {
             cgroupfs,
             node: "/sandbox".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().join("missing"),
         };
         let stats = signals.observe().unwrap().stats;
@@ -430,6 +442,7 @@ mod tests {
             cgroupfs,
             node: "/parent/node".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().join("missing"),
         };
         let node = signals.observe().unwrap().stats;

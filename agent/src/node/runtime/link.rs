@@ -1,0 +1,404 @@
+//! The live agent's link to the container runtime
+//! (`--container-runtime-endpoint`): a thread of its own, with its own
+//! tokio runtime, that holds the CRI connection. Everything slow the
+//! runtime side does (CRI calls that may hang up to their timeout, walking
+//! the pods' directories) happens there, so the decision loop, whose memory
+//! path must never wait, only ever reads what the thread left behind.
+//!
+//! A runtime that cannot be reached does not stop the agent: memory and
+//! PIDs need no runtime. The failure is logged (naming the socket),
+//! counted, and the thread connects again, backing off.
+//!
+//! The pods' disk usage is read lazily: only when a disk decision asks for
+//! it ([`RuntimeLink::pod_usage`]), and then kept for [`USAGE_MAX_AGE`].
+//! Walking every pod's logs and volumes on each memory event would cost the
+//! memory path what evictd exists to save; a disk signal moves slowly, and
+//! the writable layers' sizes the runtime reports are themselves refreshed
+//! only every 10 s.
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use tokio::sync::Notify;
+use tracing::{debug, info, warn};
+
+use super::{
+    RuntimeClient, RuntimeError,
+    disk_usage::PodDiskUsage,
+    filesystems::DiskLayout,
+    reading::{DiskReading, FsPaths},
+};
+use crate::report::metrics::Metrics;
+
+/// How old the pods' disk usage may be for a decision: containerd's
+/// `stats_collect_period` (10 s by default), how often it measures the
+/// writable layers, and kubelet's housekeeping period, at which kubelet's
+/// own eviction manager sees disk usage.
+pub const USAGE_MAX_AGE: Duration = Duration::from_secs(10);
+/// After a failed reading, how long before the next: a runtime that fails
+/// is not asked again on every 20 ms close watch.
+const READ_RETRY: Duration = Duration::from_secs(1);
+
+/// First wait before connecting again; doubled after each failure.
+const RECONNECT_FIRST: Duration = Duration::from_secs(1);
+/// Longest wait between two connection attempts: a runtime restarted by
+/// its node's operator is back in use within a minute.
+const RECONNECT_MAX: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("starting the container runtime thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// The decision loop's handle on the link; cheap to clone.
+#[derive(Clone)]
+pub struct RuntimeLink {
+    shared: Arc<Shared>,
+}
+
+/// Stops the link's thread when dropped (at the agent's shutdown).
+pub struct LinkThread {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    endpoint: String,
+    /// kubelet's root directory (`--nodefs-path`): nodefs, and the pods'
+    /// volumes below `pods/`.
+    kubelet_root: PathBuf,
+    state: Mutex<State>,
+    /// Wakes the thread: work was asked for, or it must stop.
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Whether the runtime answered the last call.
+    connected: bool,
+    stopping: bool,
+    /// Where the runtime last said its filesystems are, and their layout.
+    filesystems: Option<(FsPaths, DiskLayout)>,
+    /// The last reading of the pods' disk usage, and when it was taken.
+    usage: Option<(Instant, Arc<BTreeMap<String, PodDiskUsage>>)>,
+    /// A decision waits for a fresh reading.
+    usage_wanted: bool,
+    /// The last reading failed.
+    usage_failed: bool,
+}
+
+/// The pods' disk usage as a decision can have it now.
+#[derive(Debug, Clone)]
+pub enum PodUsage {
+    /// Read within [`USAGE_MAX_AGE`], by pod uid.
+    Fresh(Arc<BTreeMap<String, PodDiskUsage>>),
+    /// Being read: decide once it is there.
+    Pending,
+    /// The runtime is down or the last reading failed: decide without it,
+    /// as evictd does with no runtime at all (a new reading is asked for).
+    Unavailable,
+}
+
+impl RuntimeLink {
+    /// Starts the thread, which connects at once; `kubelet_root` is
+    /// `--nodefs-path`.
+    pub fn start(
+        endpoint: String,
+        kubelet_root: PathBuf,
+        metrics: Arc<Metrics>,
+    ) -> Result<(Self, LinkThread), LinkError> {
+        let shared = Arc::new(Shared {
+            endpoint,
+            kubelet_root,
+            state: Mutex::new(State::default()),
+            wake: Notify::new(),
+        });
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(LinkError::Thread)?;
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("evictd-cri".into())
+            .spawn(move || runtime.block_on(serve(thread_shared, metrics)))
+            .map_err(LinkError::Thread)?;
+        Ok((
+            Self {
+                shared: shared.clone(),
+            },
+            LinkThread { shared },
+        ))
+    }
+
+    /// Whether the runtime answered the last call.
+    pub fn connected(&self) -> bool {
+        self.shared.state().connected
+    }
+
+    /// Where the imagefs and containerfs signals are measured, once the
+    /// runtime has said.
+    pub fn filesystems(&self) -> Option<FsPaths> {
+        self.shared
+            .state()
+            .filesystems
+            .as_ref()
+            .map(|(paths, _)| paths.clone())
+    }
+
+    /// The pods' disk usage for a decision at `now`; asks the thread for a
+    /// fresh reading when the last is older than [`USAGE_MAX_AGE`].
+    pub fn pod_usage(&self, now: Instant) -> PodUsage {
+        let mut state = self.shared.state();
+        if let Some((at, usage)) = &state.usage
+            && now.saturating_duration_since(*at) <= USAGE_MAX_AGE
+        {
+            return PodUsage::Fresh(usage.clone());
+        }
+        if !state.usage_wanted {
+            state.usage_wanted = true;
+            self.shared.wake.notify_one();
+        }
+        if state.connected && !state.usage_failed {
+            PodUsage::Pending
+        } else {
+            PodUsage::Unavailable
+        }
+    }
+}
+
+#[cfg(test)]
+impl RuntimeLink {
+    /// A link with no thread behind it, in the state `connected` says.
+    pub(crate) fn detached(connected: bool) -> Self {
+        let link = Self {
+            shared: Arc::new(Shared {
+                endpoint: "/detached.sock".into(),
+                kubelet_root: PathBuf::new(),
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+            }),
+        };
+        link.shared.state().connected = connected;
+        link
+    }
+
+    /// What the thread leaves after a reading taken at `at`.
+    pub(crate) fn set_reading(
+        &self,
+        at: Instant,
+        paths: FsPaths,
+        pods: BTreeMap<String, PodDiskUsage>,
+    ) {
+        let mut state = self.shared.state();
+        state.filesystems = Some((paths, DiskLayout::Shared));
+        state.usage = Some((at, Arc::new(pods)));
+        state.usage_wanted = false;
+    }
+
+    pub(crate) fn usage_wanted(&self) -> bool {
+        self.shared.state().usage_wanted
+    }
+}
+
+impl Drop for LinkThread {
+    fn drop(&mut self) {
+        self.shared.state().stopping = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere while holding the lock leaves plain data behind.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn stopping(&self) -> bool {
+        self.state().stopping
+    }
+
+    /// Waits `period`, or less if woken; false once the link must stop.
+    async fn pause(&self, period: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = self.wake.notified() => {}
+        }
+        !self.stopping()
+    }
+}
+
+/// The thread's work: connect (again and again until the runtime answers),
+/// learn its filesystems, then read the pods' disk usage whenever a
+/// decision asks, until told to stop.
+async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
+    let Some(mut client) = connect(&shared, &metrics).await else {
+        return;
+    };
+    match client.version().await {
+        Ok((name, version)) => info!(
+            endpoint = shared.endpoint,
+            runtime = name,
+            version,
+            "container runtime connected"
+        ),
+        Err(e) => failed(&shared, &metrics, &e),
+    }
+    // The filesystems at once: the imagefs and containerfs signals need
+    // them before any disk decision.
+    read(&shared, &metrics, &mut client).await;
+    while !shared.stopping() {
+        let wanted = std::mem::take(&mut shared.state().usage_wanted);
+        if wanted && !read(&shared, &metrics, &mut client).await && !shared.pause(READ_RETRY).await
+        {
+            return;
+        }
+        if !shared.state().usage_wanted {
+            shared.wake.notified().await;
+        }
+    }
+}
+
+/// Takes a reading and leaves it for the loop; false when it failed.
+async fn read(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) -> bool {
+    let started = Instant::now();
+    match DiskReading::read(client, &shared.kubelet_root).await {
+        Ok(reading) => {
+            debug!(pods = reading.pods.len(), took = ?started.elapsed(), "pods' disk usage read");
+            let mut state = shared.state();
+            let layout = reading.filesystems.layout;
+            if state.filesystems.as_ref().map(|(_, l)| *l) != Some(layout) {
+                info!(imagefs = %reading.filesystems.imagefs.mountpoint.display(),
+                    containerfs = %reading.filesystems.containerfs.mountpoint.display(),
+                    layout = ?layout, "container runtime filesystems");
+            }
+            state.filesystems = Some((reading.paths(), layout));
+            state.usage = Some((started, Arc::new(reading.pods)));
+            state.usage_failed = false;
+            state.connected = true;
+            metrics.container_runtime_connected.set(1);
+            true
+        }
+        Err(e) => {
+            match e.runtime() {
+                Some(runtime) => failed(shared, metrics, runtime),
+                None => warn!(error = %e, "reading the pods' disk usage"),
+            }
+            shared.state().usage_failed = true;
+            false
+        }
+    }
+}
+
+/// Connects, backing off between failures; `None` once the link must stop.
+async fn connect(shared: &Shared, metrics: &Metrics) -> Option<RuntimeClient> {
+    let mut wait = RECONNECT_FIRST;
+    loop {
+        if shared.stopping() {
+            return None;
+        }
+        match RuntimeClient::connect(&shared.endpoint).await {
+            Ok(client) => {
+                shared.state().connected = true;
+                metrics.container_runtime_connected.set(1);
+                return Some(client);
+            }
+            Err(e) => {
+                failed(shared, metrics, &e);
+                warn!(retry_in = ?wait,
+                    "without the container runtime, disk decisions rank pods without their disk usage; memory and PIDs are protected as usual");
+                if !shared.pause(wait).await {
+                    return None;
+                }
+                wait = (wait * 2).min(RECONNECT_MAX);
+            }
+        }
+    }
+}
+
+/// Logs and counts a failed CRI call.
+fn failed(shared: &Shared, metrics: &Metrics, error: &RuntimeError) {
+    warn!(error = %error, "container runtime");
+    metrics
+        .container_runtime_errors
+        .with_label_values(&[error.call()])
+        .inc();
+    if matches!(
+        error,
+        RuntimeError::Connect { .. } | RuntimeError::ConnectTimeout { .. }
+    ) || matches!(error, RuntimeError::Call { source, .. } if source.code() == tonic::Code::Unavailable)
+    {
+        shared.state().connected = false;
+        metrics.container_runtime_connected.set(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn wait_until(deadline: Duration, mut done: impl FnMut() -> bool) {
+        let end = Instant::now() + deadline;
+        while !done() {
+            assert!(Instant::now() < end, "not within {deadline:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn an_absent_runtime_is_counted_and_retried_until_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("absent.sock");
+        let metrics = Metrics::new().unwrap();
+        let (link, thread) = RuntimeLink::start(
+            socket.display().to_string(),
+            dir.path().to_owned(),
+            metrics.clone(),
+        )
+        .unwrap();
+        let errors = || {
+            metrics
+                .container_runtime_errors
+                .with_label_values(&["Connect"])
+                .get()
+        };
+        wait_until(Duration::from_secs(10), || errors() >= 2);
+        assert!(!link.connected());
+        assert_eq!(metrics.container_runtime_connected.get(), 0);
+        // A disk decision goes on without it rather than wait.
+        assert!(matches!(
+            link.pod_usage(Instant::now()),
+            PodUsage::Unavailable
+        ));
+        assert!(link.filesystems().is_none());
+        drop(thread);
+    }
+
+    #[test]
+    fn a_reading_serves_decisions_for_its_age_then_a_new_one_is_asked_for() {
+        let link = RuntimeLink::detached(true);
+        let start = Instant::now();
+        assert!(matches!(link.pod_usage(start), PodUsage::Pending));
+        assert!(link.usage_wanted());
+        let paths = FsPaths {
+            imagefs: "/images".into(),
+            containerfs: "/images".into(),
+        };
+        link.set_reading(start, paths.clone(), BTreeMap::new());
+        assert_eq!(link.filesystems(), Some(paths));
+        assert!(matches!(
+            link.pod_usage(start + USAGE_MAX_AGE),
+            PodUsage::Fresh(_)
+        ));
+        assert!(!link.usage_wanted(), "a fresh reading asks for nothing");
+        let stale = start + USAGE_MAX_AGE + Duration::from_millis(1);
+        assert!(matches!(link.pod_usage(stale), PodUsage::Pending));
+        assert!(link.usage_wanted());
+    }
+}
