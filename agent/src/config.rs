@@ -103,7 +103,10 @@ pub struct InventoryArgs {
     /// (ImageFsInfo; they replace --imagefs-path), and disk decisions rank
     /// pods by the disk they use (writable layers, logs, local volumes under
     /// --nodefs-path/pods), read only for a disk decision and kept 10 s;
-    /// `snapshot` fills the pods' disk fields. A runtime that cannot be
+    /// before evicting for disk, dead containers and unused images are
+    /// removed through CRI and the node looked at again (kubelet's node
+    /// reclaim; --dry-run only logs them); `snapshot` fills the pods' disk
+    /// fields. A runtime that cannot be
     /// reached is a warning (counted in
     /// evictd_container_runtime_errors_total): memory and PIDs are
     /// protected as without it, disk decisions rank pods without their disk

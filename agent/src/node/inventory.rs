@@ -23,10 +23,10 @@ use tracing::{debug, warn};
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
-    decide::thresholds::Resource,
+    decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
     node::runtime::{
-        link::{PodUsage as LinkUsage, RuntimeLink},
+        link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
         reading::fill_pods,
     },
     node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
@@ -234,6 +234,15 @@ impl Inventory {
             })),
             Err(CgroupError::Gone(_)) => Ok(None),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Node-level reclaim through the runtime before a disk decision for
+    /// `signal` ([`RuntimeLink::reclaim`]).
+    pub fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
+        match &self.runtime {
+            Some(link) => link.reclaim(signal, dry_run, Instant::now()),
+            None => NodeReclaim::Unavailable,
         }
     }
 

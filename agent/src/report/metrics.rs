@@ -108,6 +108,9 @@ pub struct Metrics {
     /// Failed calls to the container runtime, by CRI method (`Connect` for
     /// the connection itself).
     pub container_runtime_errors: IntCounterVec,
+    /// What node-level reclaim removed through the runtime before any
+    /// eviction for disk, by kind (`container`, `image`).
+    pub node_reclaim_removals: IntCounterVec,
 }
 
 impl Metrics {
@@ -312,6 +315,11 @@ impl Metrics {
                 "Failed calls to the container runtime, by CRI method (Connect for the connection)",
                 &["call"],
             )?,
+            node_reclaim_removals: counter_vec(
+                "node_reclaim_removals_total",
+                "Dead containers and unused images removed through the container runtime before evicting for disk, by kind",
+                &["kind"],
+            )?,
             eviction_reports_pending: {
                 let metric = IntGauge::new(
                     "eviction_reports_pending",
@@ -381,7 +389,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 35] = [
+        let collectors: [&dyn Collector; 36] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -417,6 +425,7 @@ mod tests {
             &metrics.http_connections_closed,
             &metrics.container_runtime_connected,
             &metrics.container_runtime_errors,
+            &metrics.node_reclaim_removals,
         ];
         collectors
             .iter()

@@ -15,11 +15,16 @@
 //! memory path what evictd exists to save; a disk signal moves slowly, and
 //! the writable layers' sizes the runtime reports are themselves refreshed
 //! only every 10 s.
+//!
+//! Node-level reclaim (kubelet's `reclaimNodeLevelResources`) runs here
+//! too, when a disk decision asks ([`RuntimeLink::reclaim`]): dead
+//! containers and unused images are removed, and the decision looks at the
+//! node again before it evicts anyone.
 use std::{
     collections::BTreeMap,
     path::PathBuf,
     sync::{Arc, Mutex, MutexGuard},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use tokio::sync::Notify;
@@ -30,8 +35,9 @@ use super::{
     disk_usage::PodDiskUsage,
     filesystems::DiskLayout,
     reading::{DiskReading, FsPaths},
+    reclaim::{self, ImageTracker, ReclaimStep, Removal},
 };
-use crate::report::metrics::Metrics;
+use crate::{decide::thresholds::Signal, report::metrics::Metrics};
 
 /// How old the pods' disk usage may be for a decision: containerd's
 /// `stats_collect_period` (10 s by default), how often it measures the
@@ -88,6 +94,40 @@ struct State {
     usage_wanted: bool,
     /// The last reading failed.
     usage_failed: bool,
+    reclaim: ReclaimState,
+}
+
+/// Where node-level reclaim stands.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum ReclaimState {
+    #[default]
+    Idle,
+    /// Asked for; the thread takes it.
+    Requested {
+        steps: &'static [ReclaimStep],
+        dry_run: bool,
+    },
+    Running,
+    /// Finished at `at`; `seen` once a decision has been told, after which
+    /// it looked at the node again.
+    Done {
+        at: Instant,
+        seen: bool,
+    },
+}
+
+/// What node-level reclaim means for a disk decision now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeReclaim {
+    /// Nothing to reclaim for this signal and layout, or no runtime to
+    /// reclaim through: decide now.
+    Unavailable,
+    /// Under way, or just finished: look at the node again before
+    /// deciding.
+    Pending,
+    /// Done this round, and the node was looked at again since: the
+    /// threshold is still met, evict.
+    Done,
 }
 
 /// The pods' disk usage as a decision can have it now.
@@ -148,6 +188,41 @@ impl RuntimeLink {
             .map(|(paths, _)| paths.clone())
     }
 
+    /// Node-level reclaim before a decision for `signal` at `now`: asks the
+    /// thread for one when none was done in the last [`USAGE_MAX_AGE`]
+    /// (kubelet reclaims on every synchronize round under pressure, every
+    /// 10 s). With `dry_run` the thread only logs what it would remove.
+    pub fn reclaim(&self, signal: Signal, dry_run: bool, now: Instant) -> NodeReclaim {
+        let mut state = self.shared.state();
+        if !state.connected {
+            return NodeReclaim::Unavailable;
+        }
+        let Some((_, layout)) = state.filesystems else {
+            return NodeReclaim::Unavailable;
+        };
+        let steps = reclaim::steps_for(signal, layout);
+        if steps.is_empty() {
+            return NodeReclaim::Unavailable;
+        }
+        match &mut state.reclaim {
+            ReclaimState::Requested { .. } | ReclaimState::Running => NodeReclaim::Pending,
+            ReclaimState::Done { seen, .. } if !*seen => {
+                *seen = true;
+                NodeReclaim::Pending
+            }
+            ReclaimState::Done { at, .. }
+                if now.saturating_duration_since(*at) <= USAGE_MAX_AGE =>
+            {
+                NodeReclaim::Done
+            }
+            _ => {
+                state.reclaim = ReclaimState::Requested { steps, dry_run };
+                self.shared.wake.notify_one();
+                NodeReclaim::Pending
+            }
+        }
+    }
+
     /// The pods' disk usage for a decision at `now`; asks the thread for a
     /// fresh reading when the last is older than [`USAGE_MAX_AGE`].
     pub fn pod_usage(&self, now: Instant) -> PodUsage {
@@ -201,6 +276,17 @@ impl RuntimeLink {
     pub(crate) fn usage_wanted(&self) -> bool {
         self.shared.state().usage_wanted
     }
+
+    /// What the thread does with a requested reclaim: takes it, runs it,
+    /// finishes at `at`. The steps it was asked for.
+    pub(crate) fn run_reclaim(&self, at: Instant) -> Option<(&'static [ReclaimStep], bool)> {
+        let mut state = self.shared.state();
+        let ReclaimState::Requested { steps, dry_run } = state.reclaim else {
+            return None;
+        };
+        state.reclaim = ReclaimState::Done { at, seen: false };
+        Some((steps, dry_run))
+    }
 }
 
 impl Drop for LinkThread {
@@ -251,16 +337,149 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
     // The filesystems at once: the imagefs and containerfs signals need
     // them before any disk decision.
     read(&shared, &metrics, &mut client).await;
+    let mut images = ImageTracker::default();
+    track_images(&shared, &metrics, &mut client, &mut images).await;
     while !shared.stopping() {
-        let wanted = std::mem::take(&mut shared.state().usage_wanted);
-        if wanted && !read(&shared, &metrics, &mut client).await && !shared.pause(READ_RETRY).await
-        {
-            return;
+        let requested = {
+            let mut state = shared.state();
+            match state.reclaim {
+                ReclaimState::Requested { steps, dry_run } => {
+                    state.reclaim = ReclaimState::Running;
+                    Some((steps, dry_run))
+                }
+                _ => None,
+            }
+        };
+        if let Some((steps, dry_run)) = requested {
+            reclaim_node(&shared, &metrics, &mut client, &mut images, steps, dry_run).await;
+            shared.state().reclaim = ReclaimState::Done {
+                at: Instant::now(),
+                seen: false,
+            };
         }
-        if !shared.state().usage_wanted {
+        let wanted = std::mem::take(&mut shared.state().usage_wanted);
+        if wanted {
+            let read = read(&shared, &metrics, &mut client).await;
+            track_images(&shared, &metrics, &mut client, &mut images).await;
+            if !read && !shared.pause(READ_RETRY).await {
+                return;
+            }
+        }
+        let idle = {
+            let state = shared.state();
+            !state.usage_wanted && !matches!(state.reclaim, ReclaimState::Requested { .. })
+        };
+        if idle {
             shared.wake.notified().await;
         }
     }
+}
+
+/// Records which images containers use now, so that "least recently used"
+/// means what it means for kubelet's image GC, which looks every 5 minutes;
+/// evictd looks whenever it reads the pods' disk usage and before it
+/// removes images.
+async fn track_images(
+    shared: &Shared,
+    metrics: &Metrics,
+    client: &mut RuntimeClient,
+    tracker: &mut ImageTracker,
+) {
+    let listed = async {
+        let images = client.list_images().await?;
+        let containers = client.list_containers().await?;
+        Ok::<_, RuntimeError>((images, containers))
+    };
+    match listed.await {
+        Ok((images, containers)) => tracker.observe(&images, &containers, SystemTime::now()),
+        Err(e) => failed(shared, metrics, &e),
+    }
+}
+
+/// kubelet's node reclaim functions for the signal, in order; each removal
+/// is logged (by [`reclaim`]) and counted. A failure ends the round: the
+/// decision then goes on to evict, as kubelet's does.
+async fn reclaim_node(
+    shared: &Shared,
+    metrics: &Metrics,
+    client: &mut RuntimeClient,
+    images: &mut ImageTracker,
+    steps: &[ReclaimStep],
+    dry_run: bool,
+) {
+    for step in steps {
+        let removed = match (step, dry_run) {
+            (ReclaimStep::DeadContainers, false) => reclaim::remove_dead_containers(client).await,
+            (ReclaimStep::UnusedImages, false) => {
+                reclaim::remove_unused_images(client, images, SystemTime::now()).await
+            }
+            (_, true) => would_remove(client, images, *step).await,
+        };
+        match removed {
+            Ok(removed) if dry_run => {
+                for removal in &removed {
+                    info!(step = ?step, removal = ?removal, "--dry-run: node reclaim would remove");
+                }
+            }
+            Ok(removed) => {
+                for removal in &removed {
+                    let kind = match removal {
+                        Removal::Container { .. } => "container",
+                        Removal::Image { .. } => "image",
+                    };
+                    metrics
+                        .node_reclaim_removals
+                        .with_label_values(&[kind])
+                        .inc();
+                }
+                info!(step = ?step, removed = removed.len(), "node reclaim");
+            }
+            Err(e) => {
+                failed(shared, metrics, &e);
+                return;
+            }
+        }
+    }
+}
+
+/// What a step would remove, removing nothing (`--dry-run`).
+async fn would_remove(
+    client: &mut RuntimeClient,
+    images: &mut ImageTracker,
+    step: ReclaimStep,
+) -> Result<Vec<Removal>, RuntimeError> {
+    let containers = client.list_containers().await?;
+    Ok(match step {
+        ReclaimStep::DeadContainers => {
+            let sandboxes = client.list_pod_sandboxes().await?;
+            reclaim::dead_containers(&sandboxes, &containers)
+                .into_iter()
+                .map(|c| Removal::Container {
+                    id: c.id.clone(),
+                    name: c
+                        .metadata
+                        .as_ref()
+                        .map(|m| m.name.clone())
+                        .unwrap_or_default(),
+                    pod_sandbox_id: c.pod_sandbox_id.clone(),
+                })
+                .collect()
+        }
+        ReclaimStep::UnusedImages => {
+            let listed = client.list_images().await?;
+            let sandbox_image = client.sandbox_image().await?;
+            images.observe(&listed, &containers, SystemTime::now());
+            images
+                .unused(&listed, &containers, sandbox_image.as_deref())
+                .into_iter()
+                .map(|i| Removal::Image {
+                    id: i.id.clone(),
+                    tags: i.repo_tags.clone(),
+                    size_bytes: i.size,
+                })
+                .collect()
+        }
+    })
 }
 
 /// Takes a reading and leaves it for the loop; false when it failed.
@@ -400,5 +619,63 @@ mod tests {
         let stale = start + USAGE_MAX_AGE + Duration::from_millis(1);
         assert!(matches!(link.pod_usage(stale), PodUsage::Pending));
         assert!(link.usage_wanted());
+    }
+
+    #[test]
+    fn node_reclaim_is_asked_for_then_the_node_is_looked_at_again_before_evicting() {
+        let start = Instant::now();
+        let link = RuntimeLink::detached(true);
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, false, start),
+            NodeReclaim::Unavailable,
+            "the layout is not known yet"
+        );
+        let paths = FsPaths {
+            imagefs: "/images".into(),
+            containerfs: "/images".into(),
+        };
+        link.set_reading(start, paths, BTreeMap::new());
+        assert_eq!(
+            link.reclaim(Signal::MemoryAvailable, false, start),
+            NodeReclaim::Unavailable
+        );
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, true, start),
+            NodeReclaim::Pending
+        );
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, true, start),
+            NodeReclaim::Pending,
+            "asked for once"
+        );
+        assert_eq!(
+            link.run_reclaim(start),
+            Some((
+                &[ReclaimStep::DeadContainers, ReclaimStep::UnusedImages][..],
+                true
+            ))
+        );
+        // Just done: the decision looks at the node again first.
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, true, start),
+            NodeReclaim::Pending
+        );
+        assert_eq!(link.run_reclaim(start), None, "nothing asked again");
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, true, start),
+            NodeReclaim::Done
+        );
+        // The next round reclaims again.
+        let later = start + USAGE_MAX_AGE + Duration::from_secs(1);
+        assert_eq!(
+            link.reclaim(Signal::NodeFsAvailable, true, later),
+            NodeReclaim::Pending
+        );
+        assert!(link.run_reclaim(later).is_some());
+        assert_eq!(
+            RuntimeLink::detached(false).reclaim(Signal::NodeFsAvailable, false, start),
+            NodeReclaim::Unavailable,
+            "no runtime, no reclaim"
+        );
     }
 }
