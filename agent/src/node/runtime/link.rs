@@ -33,7 +33,7 @@ use tracing::{debug, info, warn};
 use super::{
     RuntimeClient, RuntimeError,
     disk_usage::PodDiskUsage,
-    filesystems::DiskLayout,
+    filesystems::{DiskLayout, FilesystemsError, RuntimeFilesystems},
     reading::{DiskReading, FsPaths},
     reclaim::{self, ImageTracker, ReclaimStep, Removal},
 };
@@ -334,9 +334,9 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
         ),
         Err(e) => failed(&shared, &metrics, &e),
     }
-    // The filesystems at once: the imagefs and containerfs signals need
-    // them before any disk decision.
-    read(&shared, &metrics, &mut client).await;
+    // The filesystems at once (one CRI call, no walk): the imagefs and
+    // containerfs signals need them before any disk decision.
+    learn_filesystems(&shared, &metrics, &mut client).await;
     let mut images = ImageTracker::default();
     track_images(&shared, &metrics, &mut client, &mut images).await;
     while !shared.stopping() {
@@ -482,20 +482,39 @@ async fn would_remove(
     })
 }
 
+async fn learn_filesystems(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) {
+    match RuntimeFilesystems::observe(client, &shared.kubelet_root).await {
+        Ok(filesystems) => remember(shared, &filesystems),
+        Err(FilesystemsError::Runtime(e)) => failed(shared, metrics, &e),
+        Err(e) => warn!(error = %e, "the container runtime's filesystems"),
+    }
+}
+
+/// Where the imagefs and containerfs are, logged when first known or
+/// changed.
+fn remember(shared: &Shared, filesystems: &RuntimeFilesystems) {
+    let paths = FsPaths {
+        imagefs: filesystems.imagefs.mountpoint.clone(),
+        containerfs: filesystems.containerfs.mountpoint.clone(),
+    };
+    let known = Some((paths, filesystems.layout));
+    let mut state = shared.state();
+    if state.filesystems != known {
+        info!(imagefs = %filesystems.imagefs.mountpoint.display(),
+            containerfs = %filesystems.containerfs.mountpoint.display(),
+            layout = ?filesystems.layout, "container runtime filesystems");
+        state.filesystems = known;
+    }
+}
+
 /// Takes a reading and leaves it for the loop; false when it failed.
 async fn read(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) -> bool {
     let started = Instant::now();
     match DiskReading::read(client, &shared.kubelet_root).await {
         Ok(reading) => {
             debug!(pods = reading.pods.len(), took = ?started.elapsed(), "pods' disk usage read");
+            remember(shared, &reading.filesystems);
             let mut state = shared.state();
-            let layout = reading.filesystems.layout;
-            if state.filesystems.as_ref().map(|(_, l)| *l) != Some(layout) {
-                info!(imagefs = %reading.filesystems.imagefs.mountpoint.display(),
-                    containerfs = %reading.filesystems.containerfs.mountpoint.display(),
-                    layout = ?layout, "container runtime filesystems");
-            }
-            state.filesystems = Some((reading.paths(), layout));
             state.usage = Some((started, Arc::new(reading.pods)));
             state.usage_failed = false;
             state.connected = true;

@@ -60,13 +60,6 @@ impl DiskReading {
         Ok(Self { filesystems, pods })
     }
 
-    pub fn paths(&self) -> FsPaths {
-        FsPaths {
-            imagefs: self.filesystems.imagefs.mountpoint.clone(),
-            containerfs: self.filesystems.containerfs.mountpoint.clone(),
-        }
-    }
-
     /// The snapshot's imagefs and containerfs as the runtime names them,
     /// and its pods' disk fields.
     pub fn fill(&self, snapshot: &mut Snapshot) {
