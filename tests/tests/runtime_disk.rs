@@ -13,9 +13,9 @@
 use std::{path::Path, time::Duration};
 
 use evictd_integration::{
-    CriNode, IMAGE, OciImage, PodSpec, cgroupfs_path, http_get, metric, wait_until,
+    CriNode, IMAGE, OciImage, PodSpec, cgroupfs_path, http_get, metric, run_evictd, wait_until,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
@@ -107,6 +107,31 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
         node.writable_layer_bytes("filler").unwrap() >= bytes
     })
     .unwrap();
+    // `evictd snapshot` shows what the agent will rank by.
+    let mut snapshot_args = vec!["snapshot".to_owned()];
+    snapshot_args.extend(node.runtime_agent_args());
+    let snapshot_args: Vec<&str> = snapshot_args.iter().map(String::as_str).collect();
+    let (status, out) = run_evictd(&snapshot_args).unwrap();
+    assert!(status.success(), "{out}");
+    let snapshot: Value = serde_json::from_str(&out).unwrap();
+    let pod = |name: &str| {
+        snapshot["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        pod("filler")["usage"]["rootfs_bytes"].as_u64().unwrap() >= bytes,
+        "{out}"
+    );
+    assert!(pod("big-memory")["usage"]["rootfs_bytes"].as_u64().unwrap() < MIB);
+    let imagefs = &snapshot["node"]["imagefs"];
+    assert!(imagefs["available_bytes"].as_u64().unwrap() < THRESHOLD_MIB * MIB);
+    assert_eq!(snapshot["node"]["containerfs"], *imagefs);
+
     let args = agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = node.start_agent_with_runtime(&args).unwrap();
