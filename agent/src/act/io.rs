@@ -60,6 +60,12 @@ pub trait NodeSource {
     fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
     /// Cgroups were created or removed (a kernel record, or a resync).
     fn cgroups_changed(&mut self);
+    /// Each container's ephemeral storage (writable layer and logs, by
+    /// name) in pod `uid`, as the last disk reading found it; empty without
+    /// a container runtime.
+    fn container_ephemeral_storage(&self, _uid: &str) -> Vec<(String, Option<u64>)> {
+        Vec::new()
+    }
     /// Node-level reclaim before a disk decision for `signal` (kubelet's
     /// `reclaimNodeLevelResources`): a node without a container runtime
     /// has none.
@@ -144,6 +150,18 @@ impl NodeSource for Inventory {
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
         Inventory::reclaim(self, signal, dry_run)
+    }
+
+    fn container_ephemeral_storage(&self, uid: &str) -> Vec<(String, Option<u64>)> {
+        self.runtime()
+            .and_then(|link| link.last_pod_usage(uid))
+            .map(|pod| {
+                pod.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.ephemeral_storage_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {

@@ -160,6 +160,11 @@ impl Inventory {
         self.runtime = Some(link);
     }
 
+    /// The container runtime's link, if there is one.
+    pub fn runtime(&self) -> Option<&RuntimeLink> {
+        self.runtime.as_ref()
+    }
+
     pub fn cgroupfs(&self) -> &CgroupFs {
         &self.signals.cgroupfs
     }

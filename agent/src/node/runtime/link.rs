@@ -223,6 +223,16 @@ impl RuntimeLink {
         }
     }
 
+    /// Pod `uid`'s disk usage in the last reading, however old: what the
+    /// decision that just ranked it saw.
+    pub fn last_pod_usage(&self, uid: &str) -> Option<PodDiskUsage> {
+        self.shared
+            .state()
+            .usage
+            .as_ref()
+            .and_then(|(_, pods)| pods.get(uid).cloned())
+    }
+
     /// The pods' disk usage for a decision at `now`; asks the thread for a
     /// fresh reading when the last is older than [`USAGE_MAX_AGE`].
     pub fn pod_usage(&self, now: Instant) -> PodUsage {
