@@ -110,6 +110,8 @@ pub struct Inventory {
     /// The container runtime (--container-runtime-endpoint): the pods' disk
     /// usage and where the imagefs and containerfs are.
     runtime: Option<RuntimeLink>,
+    /// The runtime's filesystems as last taken into `signals`.
+    runtime_filesystems: u64,
 }
 
 impl Inventory {
@@ -138,6 +140,7 @@ impl Inventory {
                 containerfs: None,
             },
             runtime: None,
+            runtime_filesystems: 0,
             metadata,
         })
     }
@@ -182,9 +185,15 @@ impl Inventory {
     /// Every signal's input and the engine scopes' readings, read now. The
     /// imagefs and containerfs are where the runtime says, once it has.
     pub fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
-        if let Some(paths) = self.runtime.as_ref().and_then(RuntimeLink::filesystems) {
-            self.signals.imagefs = paths.imagefs;
-            self.signals.containerfs = Some(paths.containerfs);
+        if let Some(link) = &self.runtime {
+            let version = link.filesystems_version();
+            if version != self.runtime_filesystems
+                && let Some(paths) = link.filesystems()
+            {
+                self.signals.imagefs = paths.imagefs;
+                self.signals.containerfs = Some(paths.containerfs);
+                self.runtime_filesystems = version;
+            }
         }
         Ok(self.signals.observe()?)
     }

@@ -420,6 +420,31 @@ mod tests {
         assert_eq!(stats.allocatable.unwrap().capacity_bytes, 1048576);
         let pid = stats.pid.unwrap();
         assert!(pid.max > 3, "no pids.max: the kernel's limit");
+        assert_eq!(stats.containerfs, None, "until the runtime names it");
+
+        // The runtime's filesystems: writable layers on the imagefs, then
+        // apart from it (a missing one is not observed).
+        let layers = dir.path().join("layers");
+        fs::create_dir(&layers).unwrap();
+        let on_imagefs = NodeSignals {
+            imagefs: dir.path().to_owned(),
+            containerfs: Some(dir.path().to_owned()),
+            ..signals
+        };
+        let stats = on_imagefs.observe().unwrap().stats;
+        assert!(stats.imagefs.is_some());
+        assert_eq!(stats.containerfs, stats.imagefs);
+        let apart = NodeSignals {
+            containerfs: Some(layers),
+            ..on_imagefs.clone()
+        };
+        let containerfs = apart.observe().unwrap().stats.containerfs.unwrap();
+        assert_eq!(containerfs.device, stats.imagefs.unwrap().device);
+        let gone = NodeSignals {
+            containerfs: Some(dir.path().join("gone")),
+            ..on_imagefs
+        };
+        assert_eq!(gone.observe().unwrap().stats.containerfs, None);
     }
 
     #[test]

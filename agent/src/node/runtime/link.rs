@@ -23,7 +23,10 @@
 use std::{
     collections::BTreeMap,
     path::PathBuf,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::{Duration, Instant, SystemTime},
 };
 
@@ -77,6 +80,9 @@ struct Shared {
     /// volumes below `pods/`.
     kubelet_root: PathBuf,
     state: Mutex<State>,
+    /// Bumped whenever the filesystems change, so that the loop's every
+    /// observation costs one atomic load, not a lock and a copy.
+    filesystems_changed: AtomicU64,
     /// Wakes the thread: work was asked for, or it must stop.
     wake: Notify,
 }
@@ -154,6 +160,7 @@ impl RuntimeLink {
             endpoint,
             kubelet_root,
             state: Mutex::new(State::default()),
+            filesystems_changed: AtomicU64::new(0),
             wake: Notify::new(),
         });
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -186,6 +193,12 @@ impl RuntimeLink {
             .filesystems
             .as_ref()
             .map(|(paths, _)| paths.clone())
+    }
+
+    /// How many times the filesystems have changed: call
+    /// [`filesystems`](Self::filesystems) again only when this moves.
+    pub fn filesystems_version(&self) -> u64 {
+        self.shared.filesystems_changed.load(Ordering::Acquire)
     }
 
     /// Node-level reclaim before a decision for `signal` at `now`: asks the
@@ -263,6 +276,7 @@ impl RuntimeLink {
                 endpoint: "/detached.sock".into(),
                 kubelet_root: PathBuf::new(),
                 state: Mutex::new(State::default()),
+                filesystems_changed: AtomicU64::new(0),
                 wake: Notify::new(),
             }),
         };
@@ -279,6 +293,9 @@ impl RuntimeLink {
     ) {
         let mut state = self.shared.state();
         state.filesystems = Some((paths, DiskLayout::Shared));
+        self.shared
+            .filesystems_changed
+            .fetch_add(1, Ordering::Release);
         state.usage = Some((at, Arc::new(pods)));
         state.usage_wanted = false;
     }
@@ -318,13 +335,20 @@ impl Shared {
         self.state().stopping
     }
 
-    /// Waits `period`, or less if woken; false once the link must stop.
+    /// Waits `period`, cut short only to stop (work asked for meanwhile is
+    /// in the state, and taken after): a decision asking on every close
+    /// watch must not turn the back-off into a busy loop. False once the
+    /// link must stop.
     async fn pause(&self, period: Duration) -> bool {
-        tokio::select! {
-            () = tokio::time::sleep(period) => {}
-            () = self.wake.notified() => {}
+        let until = tokio::time::Instant::now() + period;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => return !self.stopping(),
+                () = self.wake.notified() => if self.stopping() {
+                    return false;
+                },
+            }
         }
-        !self.stopping()
     }
 }
 
@@ -514,6 +538,7 @@ fn remember(shared: &Shared, filesystems: &RuntimeFilesystems) {
             containerfs = %filesystems.containerfs.mountpoint.display(),
             layout = ?filesystems.layout, "container runtime filesystems");
         state.filesystems = known;
+        shared.filesystems_changed.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -616,7 +641,18 @@ mod tests {
                 .with_label_values(&["Connect"])
                 .get()
         };
-        wait_until(Duration::from_secs(10), || errors() >= 2);
+        // Asked for disk usage all the while: the back-off still holds.
+        let asked = Instant::now();
+        wait_until(Duration::from_secs(10), || {
+            let _ = link.pod_usage(Instant::now());
+            errors() >= 2
+        });
+        assert!(
+            asked.elapsed() >= RECONNECT_FIRST / 2,
+            "connected again {:?} after the first failure",
+            asked.elapsed()
+        );
+        assert_eq!(errors(), 2, "one attempt per back-off, not per request");
         assert!(!link.connected());
         assert_eq!(metrics.container_runtime_connected.get(), 0);
         // A disk decision goes on without it rather than wait.
