@@ -166,25 +166,45 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
     assert!(status.success());
 }
 
-#[test]
-#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
-fn an_unused_image_is_removed_and_no_pod_is_evicted() {
-    let Some(node) = node() else {
-        return;
-    };
-    // An image no container uses: its blob and its unpacked layer each
-    // take half of what the node must lose.
+const UNUSED_IMAGE: &str = "evictd.local/big:unused";
+
+/// [`node`] with an image no container uses filling the imagefs to
+/// [`SHORT_MIB`] below the threshold: its blob and its unpacked layer each
+/// take half of what the node must lose.
+fn node_with_unused_image() -> Option<CriNode> {
+    let node = node()?;
     let layer = to_fill(&node) / 2;
     let archive = node.containerd.dir().join("big-image.tar");
     OciImage::new()
         .file("/big", vec![0x5a; usize::try_from(layer).unwrap()])
-        .write_archive("evictd.local/big:unused", &archive)
+        .write_archive(UNUSED_IMAGE, &archive)
         .unwrap();
     node.containerd.import(&archive).unwrap();
     std::fs::remove_file(&archive).unwrap();
-    let threshold = THRESHOLD_MIB * MIB;
-    assert!(available(&node.containerd.root()) < threshold);
+    assert!(available(&node.containerd.root()) < THRESHOLD_MIB * MIB);
+    Some(node)
+}
 
+fn image_tags(node: &CriNode) -> Vec<String> {
+    let images = node
+        .containerd
+        .call("ListImages", |mut client| async move {
+            client
+                .list_images()
+                .await
+                .map_err(|e| tonic::Status::unknown(e.to_string()))
+        })
+        .unwrap();
+    images.into_iter().flat_map(|i| i.repo_tags).collect()
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn an_unused_image_is_removed_and_no_pod_is_evicted() {
+    let Some(node) = node_with_unused_image() else {
+        return;
+    };
+    let threshold = THRESHOLD_MIB * MIB;
     let args = agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = node.start_agent_with_runtime(&args).unwrap();
@@ -200,6 +220,7 @@ fn an_unused_image_is_removed_and_no_pod_is_evicted() {
         "{removed}"
     );
     assert!(available(&node.containerd.root()) > threshold);
+    assert!(!image_tags(&node).iter().any(|t| t == UNUSED_IMAGE));
     // The agent has looked at the node again since, and found enough.
     let series = r#"evictd_signal_available{signal="imagefs.available"}"#;
     wait_until(
@@ -234,6 +255,41 @@ fn an_unused_image_is_removed_and_no_pod_is_evicted() {
             .iter()
             .all(|line| !line["tags"].as_str().unwrap_or_default().contains(IMAGE))
     );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn a_dry_run_says_what_node_reclaim_would_remove_and_removes_nothing() {
+    let Some(mut node) = node_with_unused_image() else {
+        return;
+    };
+    let mut args = agent_args();
+    args.push("--dry-run".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = node.start_agent_with_runtime(&args).unwrap();
+    let would = agent
+        .log
+        .expect("--dry-run: node reclaim would remove", &[]);
+    assert!(
+        would["removal"].as_str().unwrap().contains(UNUSED_IMAGE),
+        "{would}"
+    );
+    // Nothing was freed, so the decision goes on, and kills nothing.
+    let decided = agent.log.expect("eviction decided", &[]);
+    assert_eq!(decided["signal"], "imagefs.available", "{decided}");
+    assert_eq!(decided["dry_run"], true, "{decided}");
+    assert!(image_tags(&node).iter().any(|t| t == UNUSED_IMAGE));
+    assert!(
+        agent
+            .log
+            .all("node reclaim: removed an unused image")
+            .is_empty()
+    );
+    for name in ["filler", "big-memory"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }
