@@ -4,20 +4,23 @@
 //! ranks pods by the writable layers the runtime reports, and removes
 //! unused images before it evicts anyone.
 //!
+//! The agent runs under the DaemonSet's seccomp profile where it acts.
 //! Each test starts its own containerd and leaves nothing behind (the
 //! filesystem is unmounted with containerd's mounts, also on failure).
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::{path::Path, time::Duration};
+use std::{path::Path, process::Command, time::Duration};
 
 use evictd_integration::{
-    CriNode, IMAGE, OciImage, PodSpec, cgroupfs_path, http_get, metric, run_evictd, wait_until,
+    Agent, CriNode, IMAGE, OciImage, PodSpec, agent_binary, cgroupfs_path, http_get, metric,
+    run_evictd, wait_until,
 };
 use serde_json::{Value, json};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
 /// containerd's root: big enough for the workload image twice (its blobs
@@ -78,6 +81,23 @@ fn to_fill(node: &CriNode) -> u64 {
     free - target
 }
 
+/// The agent for `node` with its runtime and `extra`, under the seccomp
+/// profile the DaemonSet gives it (deploy/seccomp/evictd.json, applied as a
+/// runtime applies a Localhost profile): the CRI client, the disk walk and
+/// the removals must all be allowed.
+fn start_confined(node: &CriNode, extra: &[String]) -> Agent {
+    let mut command = Command::new(SECCOMP);
+    command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/seccomp/evictd.json"
+        ))
+        .arg(agent_binary())
+        .args(node.runtime_agent_args())
+        .args(extra);
+    Agent::spawn(command).unwrap()
+}
+
 fn agent_args() -> Vec<String> {
     vec![
         "--eviction-hard".into(),
@@ -132,9 +152,7 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
     assert!(imagefs["available_bytes"].as_u64().unwrap() < THRESHOLD_MIB * MIB);
     assert_eq!(snapshot["node"]["containerfs"], *imagefs);
 
-    let args = agent_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = node.start_agent_with_runtime(&args).unwrap();
+    let mut agent = start_confined(&node, &agent_args());
     agent.log.expect("container runtime connected", &[]);
     let filesystems = agent.log.expect(
         "container runtime filesystems",
@@ -162,8 +180,9 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
             .is_empty()
     );
     assert_eq!(agent.log.all("eviction decided").len(), 1);
-    let (status, _) = agent.stop().unwrap();
+    let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
+    assert!(log.problems().is_empty(), "{:#?}", log.problems());
 }
 
 const UNUSED_IMAGE: &str = "evictd.local/big:unused";
@@ -205,9 +224,7 @@ fn an_unused_image_is_removed_and_no_pod_is_evicted() {
         return;
     };
     let threshold = THRESHOLD_MIB * MIB;
-    let args = agent_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut agent = node.start_agent_with_runtime(&args).unwrap();
+    let mut agent = start_confined(&node, &agent_args());
     let address = agent.log.metrics_address();
     let removed = agent
         .log
