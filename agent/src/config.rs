@@ -95,6 +95,31 @@ pub struct InventoryArgs {
     /// image store. containerd's by default.
     #[arg(long, value_name = "PATH", default_value = "/var/lib/containerd")]
     pub imagefs_path: PathBuf,
+
+    /// The container runtime's CRI socket (kubelet's flag:
+    /// `unix:///run/containerd/containerd.sock`, or an absolute path),
+    /// connected to at startup on a thread of its own. With it the imagefs
+    /// and containerfs signals measure the filesystems the runtime names
+    /// (ImageFsInfo; they replace --imagefs-path), and disk decisions rank
+    /// pods by the disk they use (writable layers, logs, local volumes under
+    /// --nodefs-path/pods), read only for a disk decision and kept 10 s;
+    /// before evicting for disk, dead containers and unused images are
+    /// removed through CRI and the node looked at again (kubelet's node
+    /// reclaim; --dry-run only logs them); `snapshot` fills the pods' disk
+    /// fields. A runtime that cannot be
+    /// reached is a warning (counted in
+    /// evictd_container_runtime_errors_total): memory and PIDs are
+    /// protected as without it, disk decisions rank pods without their disk
+    /// usage, and evictd connects again. Without it, no CRI.
+    #[arg(long, value_name = "ENDPOINT", value_parser = parse_runtime_endpoint)]
+    pub container_runtime_endpoint: Option<String>,
+}
+
+/// An endpoint naming a unix socket, kept as written (logs quote it).
+fn parse_runtime_endpoint(text: &str) -> Result<String, String> {
+    crate::node::runtime::socket_path(text)
+        .map(|_| text.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Debug, Clone, Args)]

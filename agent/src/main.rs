@@ -8,6 +8,7 @@ use evictd::{
     decide::thresholds::EvictionConfig,
     node::cgroupfs::CgroupFs,
     node::inventory::{Inventory, InventoryError},
+    node::runtime::{RuntimeClient, reading::DiskReading},
     run::{seccomp, simulate},
 };
 use tracing_subscriber::EnvFilter;
@@ -114,7 +115,7 @@ fn seccomp_profile(args: &SeccompProfileArgs) -> ExitCode {
 /// `evictd snapshot`: the live node as one JSON object on stdout.
 fn snapshot(args: &InventoryArgs) -> ExitCode {
     let result = open_inventory(args).and_then(|mut inventory| inventory.snapshot(0.0));
-    let snapshot = match result {
+    let mut snapshot = match result {
         Ok(snapshot) => snapshot,
         Err(e) if e.is_input_error() => return usage_error(e),
         Err(e) => {
@@ -122,7 +123,27 @@ fn snapshot(args: &InventoryArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(endpoint) = &args.container_runtime_endpoint {
+        match read_disk(endpoint, &args.nodefs_path) {
+            Ok(reading) => reading.fill(&mut snapshot),
+            Err(e) => {
+                eprintln!("evictd: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     print_json(serde_json::to_string_pretty(&snapshot))
+}
+
+/// The runtime's filesystems and the pods' disk usage, read once.
+fn read_disk(endpoint: &str, kubelet_root: &std::path::Path) -> anyhow::Result<DiskReading> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut client = RuntimeClient::connect(endpoint).await?;
+        Ok(DiskReading::read(&mut client, kubelet_root).await?)
+    })
 }
 
 fn open_inventory(args: &InventoryArgs) -> Result<Inventory, InventoryError> {

@@ -93,12 +93,18 @@ pub(crate) mod fakes {
             wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
-        decide::{engine::VictimPolicy, thresholds::Resource},
+        decide::{
+            engine::VictimPolicy,
+            thresholds::{Resource, Signal},
+        },
         kernel::bpf::{BpfError, DecodeError, Received},
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
             inventory::InventoryError,
-            snapshot::{MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass},
+            runtime::link::NodeReclaim,
+            snapshot::{
+                FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
+            },
             stats::NodeObservation,
         },
         report::{
@@ -144,6 +150,14 @@ pub(crate) mod fakes {
         /// Observations taken, and pod listings.
         pub observations: usize,
         pub listings: usize,
+        /// The node's nodefs, if observed.
+        pub nodefs: Option<FsStats>,
+        /// What node-level reclaim answers a disk decision, and the signals
+        /// it was asked for.
+        pub reclaim: Option<NodeReclaim>,
+        pub reclaims: Vec<Signal>,
+        /// A disk decision finds the pods' disk usage still being read.
+        pub disk_usage_pending: bool,
     }
 
     impl NodeModel {
@@ -208,7 +222,7 @@ pub(crate) mod fakes {
                         max: pid_max,
                         in_use: tasks,
                     }),
-                    nodefs: None,
+                    nodefs: model.nodefs,
                     imagefs: None,
                     containerfs: None,
                 },
@@ -231,6 +245,11 @@ pub(crate) mod fakes {
         /// Memory bounds count each pod's page cache too, as bytes charged
         /// do; the process count is left unknown (0).
         fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+            if matches!(resource, Resource::EphemeralStorage | Resource::Inodes)
+                && self.0.borrow().disk_usage_pending
+            {
+                return Err(InventoryError::DiskUsagePending);
+            }
             let mut pods = self.pods()?;
             if resource == Resource::Memory {
                 let model = self.0.borrow();
@@ -249,6 +268,12 @@ pub(crate) mod fakes {
         }
 
         fn cgroups_changed(&mut self) {}
+
+        fn reclaim(&mut self, signal: Signal, _dry_run: bool) -> NodeReclaim {
+            let mut model = self.0.borrow_mut();
+            model.reclaims.push(signal);
+            model.reclaim.unwrap_or(NodeReclaim::Unavailable)
+        }
 
         fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
             let model = self.0.borrow();

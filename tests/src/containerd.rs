@@ -134,6 +134,15 @@ impl Containerd {
     /// `evictd-workload` binary). `Ok(None)` when the tier is skipped (the
     /// reason is printed).
     pub fn start(workload: &Path) -> io::Result<Option<Self>> {
+        Self::start_with(workload, None)
+    }
+
+    /// [`start`](Self::start), with containerd's root (its images, and the
+    /// containers' writable layers) on a filesystem of its own of
+    /// `root_disk` bytes when given: an ext4 image loop-mounted at
+    /// `<dir>/root`, unmounted with everything else on drop. A small disk
+    /// the tests can fill, as a node's dedicated imagefs.
+    pub fn start_with(workload: &Path, root_disk: Option<u64>) -> io::Result<Option<Self>> {
         if let Some(reason) = containerd_unavailable()? {
             eprintln!("evictd-integration: SKIPPING the containerd test: {reason}");
             return Ok(None);
@@ -158,6 +167,9 @@ impl Containerd {
             client: None,
             sandboxes: Vec::new(),
         };
+        if let Some(bytes) = root_disk {
+            containerd.mount_root_disk(bytes)?;
+        }
         let config = containerd.dir.join("config.toml");
         fs::write(&config, containerd.config())?;
         let log = fs::File::create(containerd.dir.join("containerd.log"))?;
@@ -348,6 +360,36 @@ impl Containerd {
             _ => {}
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// containerd's root directory.
+    pub fn root(&self) -> PathBuf {
+        self.dir.join("root")
+    }
+
+    /// An ext4 filesystem of `bytes` at [`root`](Self::root), with no
+    /// blocks reserved for root (statvfs's available is all of its free
+    /// space). `mount -o loop` sets the loop device to detach itself once
+    /// the filesystem is unmounted.
+    fn mount_root_disk(&self, bytes: u64) -> io::Result<()> {
+        let image = self.dir.join("root.img");
+        fs::File::create(&image)?.set_len(bytes)?;
+        run_bounded(
+            Command::new("mkfs.ext4")
+                .args(["-q", "-F", "-m", "0"])
+                .arg(&image)
+                .stdin(Stdio::null()),
+            CALL_DEADLINE,
+        )?;
+        fs::create_dir(self.root())?;
+        run_bounded(
+            Command::new("mount")
+                .args(["-o", "loop"])
+                .arg(&image)
+                .arg(self.root())
+                .stdin(Stdio::null()),
+            CALL_DEADLINE,
+        )
     }
 
     fn config(&self) -> String {

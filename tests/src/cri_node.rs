@@ -86,11 +86,23 @@ impl CriNode {
     /// on a node of `memory_limit` bytes. `workload` is the
     /// `evictd-workload` binary.
     pub fn new(pods: Vec<PodSpec>, memory_limit: u64, workload: &Path) -> io::Result<Option<Self>> {
+        Self::new_with(pods, memory_limit, workload, None)
+    }
+
+    /// [`new`](Self::new), with containerd's root on a filesystem of
+    /// `root_disk` bytes ([`Containerd::start_with`]): the node's imagefs,
+    /// apart from its nodefs.
+    pub fn new_with(
+        pods: Vec<PodSpec>,
+        memory_limit: u64,
+        workload: &Path,
+        root_disk: Option<u64>,
+    ) -> io::Result<Option<Self>> {
         let tree = PrivateCgroupTree::new()?;
         tree.create("node/kubepods/burstable")?;
         tree.create("node/kubepods/besteffort")?;
         tree.set_memory_limit("node", memory_limit)?;
-        let Some(containerd) = Containerd::start(workload)? else {
+        let Some(containerd) = Containerd::start_with(workload, root_disk)? else {
             return Ok(None);
         };
         let dir = containerd.dir().join("node");
@@ -133,6 +145,55 @@ impl CriNode {
         ]
         .map(str::to_owned)
         .to_vec()
+    }
+
+    /// Agent arguments for this node with its container runtime: the
+    /// runtime's endpoint, kubelet's root as nodefs; the imagefs and
+    /// containerfs are what the runtime names.
+    pub fn runtime_agent_args(&self) -> Vec<String> {
+        [
+            "--node-cgroup",
+            &self.node_cgroup(),
+            "--pod-metadata",
+            &self.metadata_file.display().to_string(),
+            "--nodefs-path",
+            &self.kubelet_dir().display().to_string(),
+            "--imagefs-path",
+            "/nonexistent",
+            "--container-runtime-endpoint",
+            &self.containerd.endpoint(),
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    /// The agent with [`runtime_agent_args`](Self::runtime_agent_args) and
+    /// `extra`.
+    pub fn start_agent_with_runtime(&self, extra: &[&str]) -> io::Result<Agent> {
+        let mut args = self.runtime_agent_args();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Agent::start(&args)
+    }
+
+    /// The bytes pod `name`'s container's writable layer holds, as the
+    /// runtime reports it (`ListContainerStats`); 0 before it has measured.
+    pub fn writable_layer_bytes(&self, name: &str) -> io::Result<u64> {
+        let id = self.pod(name)?.container_id.clone();
+        let stats = self
+            .containerd
+            .call("ListContainerStats", |mut client| async move {
+                client
+                    .list_container_stats()
+                    .await
+                    .map_err(|e| tonic::Status::unknown(e.to_string()))
+            })?;
+        Ok(stats
+            .into_iter()
+            .filter(|s| s.attributes.as_ref().is_some_and(|a| a.id == id))
+            .filter_map(|s| Some(s.writable_layer?.used_bytes?.value))
+            .next()
+            .unwrap_or(0))
     }
 
     /// kubelet's root directory on this node (what `--nodefs-path` names).

@@ -30,7 +30,7 @@ use crate::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
         thresholds::{EvictionConfig, NodeCondition, Resource},
     },
-    node::{inventory::InventoryError, snapshot::PodSnapshot},
+    node::{inventory::InventoryError, runtime::link::NodeReclaim, snapshot::PodSnapshot},
     report::metrics::Metrics,
     scopes::{
         monitor::Monitor,
@@ -46,6 +46,11 @@ use crate::{
 /// allocating 1 GiB/s moves 20 MiB in that time, well inside kubelet's
 /// 100Mi default.
 pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
+
+/// How often a disk decision looks whether the runtime's thread has read
+/// the pods' disk usage (a walk of their logs and volumes: tens of
+/// milliseconds to seconds) or finished its node-level reclaim.
+const DISK_USAGE_WAIT: Duration = Duration::from_millis(100);
 
 /// Pods of the ranking a decision's log line explains.
 const CANDIDATES_LOGGED: usize = 5;
@@ -250,29 +255,47 @@ impl<I: Io> Evictor<I> {
                 waiting = self.soon();
                 continue;
             }
-            return self.decide_for(wake, assessment, starvation);
+            // Disk: the runtime's dead containers and unused images go
+            // first, and the node is looked at again before anyone is
+            // evicted (kubelet's reclaimNodeLevelResources). Its thread
+            // works meanwhile; other resources are decided now.
+            if matches!(resource, Resource::EphemeralStorage | Resource::Inodes)
+                && self
+                    .node
+                    .reclaim(starvation.threshold.signal, self.options.dry_run)
+                    == NodeReclaim::Pending
+            {
+                waiting = sooner(waiting, Some(DISK_USAGE_WAIT));
+                continue;
+            }
+            match self.decide_for(wake, assessment, starvation) {
+                Some(action) => return action,
+                None => waiting = sooner(waiting, Some(DISK_USAGE_WAIT)),
+            }
         }
         waiting
     }
 
-    /// Who goes for `starvation`.
+    /// Who goes for `starvation`; `None` while the runtime's thread reads
+    /// the pods' disk usage (the decision is made on it, not on none).
     fn decide_for(
         &mut self,
         wake: &Wake,
         assessment: &Assessment,
         starvation: &Starvation,
-    ) -> Action {
+    ) -> Option<Action> {
         let ranking = match self.choose(assessment, starvation) {
             Ok(ranking) => ranking,
+            Err(InventoryError::DiskUsagePending) => return None,
             Err(e) => {
                 warn!(error = %e, "cannot list the node's pods");
-                return self.soon();
+                return Some(self.soon());
             }
         };
         self.metrics
             .decision_latency
             .observe(self.clock.since(wake.at_ns).as_secs_f64());
-        self.start_evictions(wake, starvation, &ranking)
+        Some(self.start_evictions(wake, starvation, &ranking))
     }
 
     /// Ranks the pods for `starvation` and picks the victims, reading no

@@ -7,11 +7,12 @@ use std::{future::Future, time::Duration};
 use crate::{
     act::kill::{KillError, KillReport, Killer},
     config::EvictionAction,
-    decide::thresholds::Resource,
+    decide::thresholds::{Resource, Signal},
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
     node::{
         cgroupfs::CgroupError,
         inventory::{Inventory, InventoryError},
+        runtime::link::NodeReclaim,
         snapshot::PodSnapshot,
         stats::NodeObservation,
     },
@@ -59,6 +60,18 @@ pub trait NodeSource {
     fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
     /// Cgroups were created or removed (a kernel record, or a resync).
     fn cgroups_changed(&mut self);
+    /// Each container's ephemeral storage (writable layer and logs, by
+    /// name) in pod `uid`, as the last disk reading found it; empty without
+    /// a container runtime.
+    fn container_ephemeral_storage(&self, _uid: &str) -> Vec<(String, Option<u64>)> {
+        Vec::new()
+    }
+    /// Node-level reclaim before a disk decision for `signal` (kubelet's
+    /// `reclaimNodeLevelResources`): a node without a container runtime
+    /// has none.
+    fn reclaim(&mut self, _signal: Signal, _dry_run: bool) -> NodeReclaim {
+        NodeReclaim::Unavailable
+    }
     /// A cgroup's working set now; 0 once the cgroup is gone.
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
     /// Each container's working set (by name), found below the pod's cgroup
@@ -133,6 +146,22 @@ impl NodeSource for Inventory {
 
     fn cgroups_changed(&mut self) {
         Inventory::cgroups_changed(self);
+    }
+
+    fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
+        Inventory::reclaim(self, signal, dry_run)
+    }
+
+    fn container_ephemeral_storage(&self, uid: &str) -> Vec<(String, Option<u64>)> {
+        self.runtime()
+            .and_then(|link| link.last_pod_usage(uid))
+            .map(|pod| {
+                pod.containers
+                    .iter()
+                    .map(|c| (c.name.clone(), c.ephemeral_storage_bytes()))
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {

@@ -15,6 +15,7 @@ use std::{
     fs, io,
     path::{Path, PathBuf},
     sync::Arc,
+    time::Instant,
 };
 
 use tracing::{debug, warn};
@@ -22,8 +23,12 @@ use tracing::{debug, warn};
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
-    decide::thresholds::Resource,
+    decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
+    node::runtime::{
+        link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
+        reading::fill_pods,
+    },
     node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
     quantity::Quantity,
@@ -58,6 +63,8 @@ pub enum InventoryError {
     Signals(#[from] SignalsError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error("the pods' disk usage is being read from the container runtime")]
+    DiskUsagePending,
 }
 
 impl InventoryError {
@@ -100,6 +107,11 @@ pub struct Inventory {
     /// pod from the downward API, to recognise the pod evictd runs in.
     own_cgroup: Option<String>,
     own_pod_uid: Option<String>,
+    /// The container runtime (--container-runtime-endpoint): the pods' disk
+    /// usage and where the imagefs and containerfs are.
+    runtime: Option<RuntimeLink>,
+    /// The runtime's filesystems as last taken into `signals`.
+    runtime_filesystems: u64,
 }
 
 impl Inventory {
@@ -125,7 +137,10 @@ impl Inventory {
                 node,
                 nodefs: args.nodefs_path.clone(),
                 imagefs: args.imagefs_path.clone(),
+                containerfs: None,
             },
+            runtime: None,
+            runtime_filesystems: 0,
             metadata,
         })
     }
@@ -143,6 +158,16 @@ impl Inventory {
         self.metadata = Some(source);
     }
 
+    /// Takes disk usage and the runtime's filesystems from `link`.
+    pub fn set_runtime(&mut self, link: RuntimeLink) {
+        self.runtime = Some(link);
+    }
+
+    /// The container runtime's link, if there is one.
+    pub fn runtime(&self) -> Option<&RuntimeLink> {
+        self.runtime.as_ref()
+    }
+
     pub fn cgroupfs(&self) -> &CgroupFs {
         &self.signals.cgroupfs
     }
@@ -157,8 +182,19 @@ impl Inventory {
         self.signals.kubepods()
     }
 
-    /// Every signal's input and the engine scopes' readings, read now.
-    pub fn observe(&self) -> Result<NodeObservation, InventoryError> {
+    /// Every signal's input and the engine scopes' readings, read now. The
+    /// imagefs and containerfs are where the runtime says, once it has.
+    pub fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
+        if let Some(link) = &self.runtime {
+            let version = link.filesystems_version();
+            if version != self.runtime_filesystems
+                && let Some(paths) = link.filesystems()
+            {
+                self.signals.imagefs = paths.imagefs;
+                self.signals.containerfs = Some(paths.containerfs);
+                self.runtime_filesystems = version;
+            }
+        }
         Ok(self.signals.observe()?)
     }
 
@@ -173,11 +209,29 @@ impl Inventory {
     /// upper bound of the working set the ranking compares, which
     /// [`Inventory::refine`] makes exact for the pods a decision turns on;
     /// every other resource's usage is exact.
+    ///
+    /// For disk, each pod's disk usage comes from the runtime, read at most
+    /// [`USAGE_MAX_AGE`](crate::node::runtime::link::USAGE_MAX_AGE) ago;
+    /// while a fresh reading is under way this is
+    /// [`InventoryError::DiskUsagePending`]. Without a runtime (or while it
+    /// is down) pods have no disk usage, and rank by priority and requests.
     pub fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
         match resource {
             Resource::Memory => self.read_pods(Reads::MemoryBound),
-            Resource::Pids | Resource::EphemeralStorage | Resource::Inodes => {
-                self.read_pods(Reads::Exact)
+            Resource::Pids => self.read_pods(Reads::Exact),
+            Resource::EphemeralStorage | Resource::Inodes => {
+                let usage = self
+                    .runtime
+                    .as_ref()
+                    .map(|link| link.pod_usage(Instant::now()));
+                if matches!(usage, Some(LinkUsage::Pending)) {
+                    return Err(InventoryError::DiskUsagePending);
+                }
+                let mut pods = self.read_pods(Reads::Exact)?;
+                if let Some(LinkUsage::Fresh(usage)) = usage {
+                    fill_pods(&usage, &mut pods);
+                }
+                Ok(pods)
             }
         }
     }
@@ -194,6 +248,15 @@ impl Inventory {
             })),
             Err(CgroupError::Gone(_)) => Ok(None),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Node-level reclaim through the runtime before a disk decision for
+    /// `signal` ([`RuntimeLink::reclaim`]).
+    pub fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
+        match &self.runtime {
+            Some(link) => link.reclaim(signal, dry_run, Instant::now()),
+            None => NodeReclaim::Unavailable,
         }
     }
 

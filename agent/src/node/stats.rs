@@ -41,6 +41,9 @@ pub struct NodeSignals {
     pub node: String,
     pub nodefs: PathBuf,
     pub imagefs: PathBuf,
+    /// Where the runtime keeps writable layers, once it has said
+    /// (`ImageFsInfo`); the imagefs itself unless its layout is split.
+    pub containerfs: Option<PathBuf>,
 }
 
 /// One fresh look at the node: every signal's input, and the readings the
@@ -82,6 +85,13 @@ impl NodeSignals {
             None => None,
         };
         let (pid, scope_tasks) = self.pids()?;
+        let imagefs = statvfs(&self.imagefs)?;
+        // One filesystem for images and writable layers: one statvfs.
+        let containerfs = match &self.containerfs {
+            Some(path) if *path == self.imagefs => imagefs,
+            Some(path) => statvfs(path)?,
+            None => None,
+        };
         Ok(NodeObservation {
             stats: NodeStats {
                 memory: MemoryStats {
@@ -91,8 +101,8 @@ impl NodeSignals {
                 allocatable,
                 pid: Some(pid),
                 nodefs: statvfs(&self.nodefs)?,
-                imagefs: statvfs(&self.imagefs)?,
-                containerfs: None,
+                imagefs,
+                containerfs,
             },
             node_cgroup: self.node.clone(),
             node_memory,
@@ -347,6 +357,7 @@ mod tests {
             cgroupfs,
             node: "/sandbox".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().to_owned(),
         };
         let node = signals.observe().unwrap().stats;
@@ -396,6 +407,7 @@ mod tests {
             cgroupfs,
             node: "/sandbox".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().join("missing"),
         };
         let stats = signals.observe().unwrap().stats;
@@ -408,6 +420,31 @@ mod tests {
         assert_eq!(stats.allocatable.unwrap().capacity_bytes, 1048576);
         let pid = stats.pid.unwrap();
         assert!(pid.max > 3, "no pids.max: the kernel's limit");
+        assert_eq!(stats.containerfs, None, "until the runtime names it");
+
+        // The runtime's filesystems: writable layers on the imagefs, then
+        // apart from it (a missing one is not observed).
+        let layers = dir.path().join("layers");
+        fs::create_dir(&layers).unwrap();
+        let on_imagefs = NodeSignals {
+            imagefs: dir.path().to_owned(),
+            containerfs: Some(dir.path().to_owned()),
+            ..signals
+        };
+        let stats = on_imagefs.observe().unwrap().stats;
+        assert!(stats.imagefs.is_some());
+        assert_eq!(stats.containerfs, stats.imagefs);
+        let apart = NodeSignals {
+            containerfs: Some(layers),
+            ..on_imagefs.clone()
+        };
+        let containerfs = apart.observe().unwrap().stats.containerfs.unwrap();
+        assert_eq!(containerfs.device, stats.imagefs.unwrap().device);
+        let gone = NodeSignals {
+            containerfs: Some(dir.path().join("gone")),
+            ..on_imagefs
+        };
+        assert_eq!(gone.observe().unwrap().stats.containerfs, None);
     }
 
     #[test]
@@ -430,6 +467,7 @@ mod tests {
             cgroupfs,
             node: "/parent/node".into(),
             nodefs: dir.path().join("missing"),
+            containerfs: None,
             imagefs: dir.path().join("missing"),
         };
         let node = signals.observe().unwrap().stats;

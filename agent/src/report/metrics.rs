@@ -102,6 +102,15 @@ pub struct Metrics {
     /// `displaced` (a slow client made room for a new one), `refused`
     /// (every slot was busy answering), `header-timeout`, `deadline`.
     pub http_connections_closed: IntCounterVec,
+    /// 1 while the container runtime (--container-runtime-endpoint)
+    /// answers.
+    pub container_runtime_connected: IntGauge,
+    /// Failed calls to the container runtime, by CRI method (`Connect` for
+    /// the connection itself).
+    pub container_runtime_errors: IntCounterVec,
+    /// What node-level reclaim removed through the runtime before any
+    /// eviction for disk, by kind (`container`, `image`).
+    pub node_reclaim_removals: IntCounterVec,
 }
 
 impl Metrics {
@@ -293,6 +302,24 @@ impl Metrics {
                 "Versions of the --pod-metadata file that could not be used (the last good copy answered), by reason",
                 &["reason"],
             )?,
+            container_runtime_connected: {
+                let metric = IntGauge::new(
+                    "container_runtime_connected",
+                    "1 while the container runtime (--container-runtime-endpoint) answers",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            container_runtime_errors: counter_vec(
+                "container_runtime_errors_total",
+                "Failed calls to the container runtime, by CRI method (Connect for the connection)",
+                &["call"],
+            )?,
+            node_reclaim_removals: counter_vec(
+                "node_reclaim_removals_total",
+                "Dead containers and unused images removed through the container runtime before evicting for disk, by kind",
+                &["kind"],
+            )?,
             eviction_reports_pending: {
                 let metric = IntGauge::new(
                     "eviction_reports_pending",
@@ -362,7 +389,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 33] = [
+        let collectors: [&dyn Collector; 36] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -396,6 +423,9 @@ mod tests {
             &metrics.pod_metadata_stale,
             &metrics.http_connections,
             &metrics.http_connections_closed,
+            &metrics.container_runtime_connected,
+            &metrics.container_runtime_errors,
+            &metrics.node_reclaim_removals,
         ];
         collectors
             .iter()

@@ -31,7 +31,11 @@ use crate::{
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
         triggers,
     },
-    node::{cgroupfs::CgroupFs, inventory::Inventory},
+    node::{
+        cgroupfs::CgroupFs,
+        inventory::Inventory,
+        runtime::link::{LinkError, RuntimeLink},
+    },
     report::{
         self,
         endpoint::{Endpoint, EndpointError, EndpointLimits},
@@ -61,6 +65,8 @@ pub enum RunError {
         #[source]
         source: NotifyError,
     },
+    #[error("startup, {0}")]
+    RuntimeLink(#[source] LinkError),
     #[error("startup, serving metrics: {0}")]
     Endpoint(#[source] EndpointError),
     #[error("reading kernel records: {0}")]
@@ -95,6 +101,20 @@ pub async fn run(
     lock_memory();
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
+    // Held to the end: dropping it stops the runtime's thread.
+    let _runtime_thread = match &args.inventory.container_runtime_endpoint {
+        Some(endpoint) => {
+            let (link, thread) = RuntimeLink::start(
+                endpoint.clone(),
+                args.inventory.nodefs_path.clone(),
+                metrics.clone(),
+            )
+            .map_err(RunError::RuntimeLink)?;
+            inventory.set_runtime(link);
+            Some(thread)
+        }
+        None => None,
+    };
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
             let kubernetes = Kubernetes::start(

@@ -393,13 +393,14 @@ impl<I: Io> Evictor<I> {
             threshold: starvation.threshold_quantity,
             available: starvation.observation.available,
         };
-        let working_sets = match signal.resource {
+        let usages = match signal.resource {
             Resource::Memory => self
                 .node
                 .container_working_sets(cgroup, &known.container_ids),
+            Resource::EphemeralStorage => self.node.container_ephemeral_storage(&pod.uid),
             _ => Vec::new(),
         };
-        Some(EvictionNotice::new(&known, signal, &working_sets))
+        Some(EvictionNotice::new(&known, signal, &usages))
     }
 
     /// Looks at every resource on its way back after a kill; one that is

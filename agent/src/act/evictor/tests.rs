@@ -484,3 +484,89 @@ async fn the_precise_hooks_come_near_the_line_and_go_while_the_victims_memory_re
         (false, ArmReason::Far)
     );
 }
+
+/// A nodefs of 1000 MiB with `free_mib` available.
+fn nodefs(free_mib: u64) -> crate::node::snapshot::FsStats {
+    crate::node::snapshot::FsStats {
+        capacity_bytes: 1000 * MIB,
+        available_bytes: free_mib * MIB,
+        inodes: 1_000_000,
+        inodes_free: 900_000,
+        device: Some(1),
+    }
+}
+
+/// A pod holding `mib` MiB of memory and `disk_mib` MiB in its writable
+/// layer.
+fn writer(name: &str, mib: u64, disk_mib: u64) -> PodSnapshot {
+    let mut pod = pod(name, mib);
+    pod.usage.rootfs_bytes = disk_mib * MIB;
+    pod
+}
+
+fn disk_harness() -> Harness {
+    let harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["nodefs.available<100Mi".into()],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
+        outside_pods: outside(510, 400),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
+    harness
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_user() {
+    let mut harness = disk_harness();
+    harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Pending);
+    let waiting = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(waiting.action, Action::Requeue(DISK_USAGE_WAIT));
+    assert!(
+        killed(&harness).is_empty(),
+        "nobody goes before the reclaim"
+    );
+    assert_eq!(
+        harness.node.0.borrow().reclaims,
+        [crate::decide::thresholds::Signal::NodeFsAvailable]
+    );
+    // Reclaimed, looked at again, still short: the pod filling the disk
+    // goes, not the one holding the most memory.
+    harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Done);
+    harness.evictor.evaluate(wake(&harness));
+    harness.evictor.next_ended().await;
+    assert_eq!(killed(&harness), [cgroup("filler")]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory() {
+    let mut harness = disk_harness();
+    harness.node.0.borrow_mut().disk_usage_pending = true;
+    let waiting = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(waiting.action, Action::Requeue(DISK_USAGE_WAIT));
+    assert!(killed(&harness).is_empty(), "not ranked on no disk usage");
+
+    // The same node also short of memory: decided at once.
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![
+                "nodefs.available<100Mi".into(),
+                "memory.available<100Mi".into(),
+            ],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
+        outside_pods: outside(510, 20),
+        ..HarnessOptions::default()
+    });
+    {
+        let mut node = harness.node.0.borrow_mut();
+        node.nodefs = Some(nodefs(50));
+        node.disk_usage_pending = true;
+    }
+    harness.evictor.evaluate(wake(&harness));
+    harness.evictor.next_ended().await;
+    assert_eq!(killed(&harness), [cgroup("big-memory")]);
+}

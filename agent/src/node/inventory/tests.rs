@@ -37,6 +37,7 @@ fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
         pod_metadata: metadata.map(Path::to_owned),
         nodefs_path: root.join("missing"),
         imagefs_path: root.join("missing"),
+        container_runtime_endpoint: None,
     };
     Inventory::new(cgroupfs, &args).unwrap()
 }
@@ -198,6 +199,7 @@ fn a_missing_node_cgroup_is_an_input_error() {
         pod_metadata: None,
         nodefs_path: "/".into(),
         imagefs_path: "/".into(),
+        container_runtime_endpoint: None,
     };
     let err = match Inventory::new(cgroupfs, &args) {
         Err(e) => e,
@@ -312,4 +314,114 @@ fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
         false,
     );
     assert_eq!(ranking[0].pod, burstable.key());
+}
+
+/// What observing the node reads besides its memory: its PIDs, and the
+/// pods' cgroup.
+fn observable(root: &Path) {
+    write(&root.join("pids/sandbox/pids.current"), "5\n");
+    write(&root.join("pids/sandbox/pids.max"), "1000\n");
+    let kubepods = root.join("memory/sandbox/kubepods");
+    write(&kubepods.join("memory.usage_in_bytes"), "20\n");
+    write(&kubepods.join("memory.stat"), "total_inactive_file 0\n");
+    write(
+        &kubepods.join("memory.limit_in_bytes"),
+        "9223372036854771712\n",
+    );
+}
+
+#[test]
+fn disk_decisions_take_each_pods_disk_usage_from_the_runtime_and_wait_for_it() {
+    use std::{collections::BTreeMap, time::Instant};
+
+    use crate::node::runtime::{
+        disk_usage::{ContainerDiskUsage, FsUsage, PodDiskUsage, VolumeUsage},
+        link::RuntimeLink,
+        reading::FsPaths,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/podfiller", 10, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podquiet", 10, 1);
+    observable(root);
+    let mut inventory = inventory(root, "/sandbox", None);
+    let link = RuntimeLink::detached(true);
+    inventory.set_runtime(link.clone());
+    assert!(matches!(
+        inventory.pods_for(Resource::EphemeralStorage),
+        Err(InventoryError::DiskUsagePending)
+    ));
+    // Memory decisions never wait on the runtime.
+    assert_eq!(inventory.pods_for(Resource::Memory).unwrap().len(), 2);
+
+    let images = root.join("images");
+    fs::create_dir(&images).unwrap();
+    let filler = PodDiskUsage {
+        containers: vec![ContainerDiskUsage {
+            name: "app".into(),
+            id: "c1".into(),
+            rootfs: Some(FsUsage {
+                bytes: 300,
+                inodes: 3,
+            }),
+            logs: Some(FsUsage {
+                bytes: 20,
+                inodes: 2,
+            }),
+        }],
+        volumes: vec![VolumeUsage {
+            name: "scratch".into(),
+            plugin: "kubernetes.io~empty-dir".into(),
+            usage: FsUsage {
+                bytes: 4000,
+                inodes: 1,
+            },
+        }],
+        ..PodDiskUsage::default()
+    };
+    link.set_reading(
+        Instant::now(),
+        FsPaths {
+            imagefs: images.clone(),
+            containerfs: images,
+        },
+        BTreeMap::from([("filler".to_owned(), filler)]),
+    );
+    let pods = inventory.pods_for(Resource::EphemeralStorage).unwrap();
+    let usage = |uid: &str| pods.iter().find(|p| p.uid == uid).unwrap().usage;
+    let filled = usage("filler");
+    assert_eq!(
+        (
+            filled.rootfs_bytes,
+            filled.logs_bytes,
+            filled.local_volume_bytes,
+            filled.inodes
+        ),
+        (300, 20, 4000, 6)
+    );
+    assert_eq!(filled.memory_working_set_bytes, 10, "cgroups still count");
+    assert_eq!(usage("quiet").rootfs_bytes, 0, "not run by the runtime");
+
+    // The filesystems the runtime names are observed: imagefs where
+    // --imagefs-path had nothing, and containerfs on it.
+    let node = inventory.observe().unwrap().stats;
+    let imagefs = node.imagefs.expect("imagefs observed");
+    assert_eq!(node.containerfs, Some(imagefs));
+}
+
+#[test]
+fn without_the_runtime_disk_decisions_rank_pods_without_disk_usage() {
+    use crate::node::runtime::link::RuntimeLink;
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/podx", 10, 1);
+    observable(root);
+    let mut inventory = inventory(root, "/sandbox", None);
+    inventory.set_runtime(RuntimeLink::detached(false));
+    let pods = inventory.pods_for(Resource::Inodes).unwrap();
+    assert_eq!(pods[0].usage.inodes, 0);
+    let node = inventory.observe().unwrap().stats;
+    assert_eq!((node.imagefs, node.containerfs), (None, None));
 }

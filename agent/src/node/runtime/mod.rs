@@ -11,6 +11,7 @@
 //!   images, least recently used first) before any pod is evicted.
 //! - [`local_storage`]: kubelet's local-storage limit evictions (emptyDir
 //!   `sizeLimit`, ephemeral-storage limits) with kubelet's messages.
+//! - [`link`]: the live agent's connection, on a thread of its own.
 //!
 //! The CRI API comes from the `k8s-cri` crate (cri-api's `runtime/v1`
 //! `api.proto`, compiled by its build script with tonic and prost).
@@ -18,7 +19,9 @@ pub mod disk_usage;
 pub mod filesystems;
 #[cfg(test)]
 mod fixtures;
+pub mod link;
 pub mod local_storage;
+pub mod reading;
 pub mod reclaim;
 
 use std::{
@@ -78,6 +81,15 @@ impl RuntimeError {
     /// Whether the user's input is at fault (exit status 2).
     pub fn is_input_error(&self) -> bool {
         matches!(self, Self::Endpoint { .. })
+    }
+
+    /// What failed, as the `call` label of evictd_container_runtime_errors_total
+    /// counts it: the CRI method, or `Connect`.
+    pub fn call(&self) -> &'static str {
+        match self {
+            Self::Endpoint { .. } | Self::Connect { .. } | Self::ConnectTimeout { .. } => "Connect",
+            Self::Call { call, .. } | Self::Incomplete { call, .. } => call,
+        }
     }
 }
 

@@ -15,9 +15,11 @@ pub const STARVED_RESOURCE_KEY: &str = "starved_resource";
 #[derive(Debug, Clone, PartialEq)]
 pub struct ContainerUsage {
     pub name: String,
-    /// Working set in bytes, read from the container's cgroup; `None` when
-    /// it could not be read (kubelet then leaves the container out too).
-    pub working_set_bytes: Option<u64>,
+    /// Its use of the starved resource in bytes: for memory the working
+    /// set, read from the container's cgroup; for ephemeral storage its
+    /// writable layer and logs, from the container runtime. `None` when it
+    /// could not be read (kubelet then leaves the container out too).
+    pub usage_bytes: Option<u64>,
     /// The container's request of the starved resource; none is "0".
     pub request: Option<Quantity>,
 }
@@ -40,10 +42,9 @@ pub struct EvictionMessage {
 }
 
 /// kubelet's `evictionMessage`: the resource, the threshold met and what
-/// was available, then, for memory, every container using more than it
-/// requested (kubelet also names containers for ephemeral storage; evictd
-/// does not measure a container's disk use). Each sentence ends in a space,
-/// as kubelet's do.
+/// was available, then, for memory and ephemeral storage, every container
+/// using more than it requested. Each sentence ends in a space, as
+/// kubelet's do.
 pub fn eviction_message(signal: StarvedSignal, containers: &[ContainerUsage]) -> EvictionMessage {
     let resource = signal.resource.as_str();
     // Bytes print in binary units (BinarySI), counts in decimal ones, as
@@ -60,9 +61,9 @@ pub fn eviction_message(signal: StarvedSignal, containers: &[ContainerUsage]) ->
     ));
     let mut offending = Vec::new();
     let mut offending_usage = Vec::new();
-    if signal.resource == Resource::Memory {
+    if bytes {
         for container in containers {
-            let Some(bytes) = container.working_set_bytes else {
+            let Some(bytes) = container.usage_bytes else {
                 continue;
             };
             let usage = Quantity::from_units(i64::try_from(bytes).unwrap_or(i64::MAX), true);
@@ -97,7 +98,7 @@ mod tests {
     fn container(name: &str, bytes: Option<u64>, request: Option<&str>) -> ContainerUsage {
         ContainerUsage {
             name: name.into(),
-            working_set_bytes: bytes,
+            usage_bytes: bytes,
             request: request.map(|r| Quantity::parse(r).unwrap()),
         }
     }
@@ -129,6 +130,28 @@ mod tests {
             "1Gi,200Mi"
         );
         assert_eq!(message.annotations[STARVED_RESOURCE_KEY], "memory");
+    }
+
+    #[test]
+    fn ephemeral_storage_names_each_container_over_its_request_as_kubelet_does() {
+        let message = eviction_message(
+            StarvedSignal {
+                resource: Resource::EphemeralStorage,
+                threshold: 64 * MI,
+                available: 32 * MI,
+            },
+            &[
+                container("filler", Some(300 << 20), None),
+                container("quiet", Some(1 << 20), Some("10Mi")),
+            ],
+        );
+        assert_eq!(
+            message.text,
+            "The node was low on resource: ephemeral-storage. Threshold quantity: 64Mi, available: 32Mi. \
+             Container filler was using 300Mi, request is 0, has larger consumption of ephemeral-storage. "
+        );
+        assert_eq!(message.annotations[OFFENDING_CONTAINERS_KEY], "filler");
+        assert_eq!(message.annotations[OFFENDING_CONTAINERS_USAGE_KEY], "300Mi");
     }
 
     #[test]

@@ -266,25 +266,23 @@ async fn client(kubeconfig: Option<&Path>, api_timeout: Duration) -> Result<Clie
 
 impl EvictionNotice {
     /// What the API is told about the eviction of `pod`: kubelet's message
-    /// for `signal`, naming each container's usage from `working_sets` (by
-    /// container name, read just before the kill; memory only).
-    pub fn new(
-        pod: &KnownPod,
-        signal: StarvedSignal,
-        working_sets: &[(String, Option<u64>)],
-    ) -> Self {
+    /// for `signal`, naming each container's usage of the starved resource
+    /// from `usages` (by container name: for memory the working set read
+    /// just before the kill, for ephemeral storage what the decision's
+    /// disk reading found).
+    pub fn new(pod: &KnownPod, signal: StarvedSignal, usages: &[(String, Option<u64>)]) -> Self {
         let containers: Vec<ContainerUsage> = match signal.resource {
-            Resource::Memory => pod
+            Resource::Memory | Resource::EphemeralStorage => pod
                 .snapshot
                 .containers
                 .iter()
                 .map(|container| ContainerUsage {
                     name: container.name.clone(),
-                    working_set_bytes: working_sets
+                    usage_bytes: usages
                         .iter()
                         .find(|(name, _)| *name == container.name)
                         .and_then(|(_, bytes)| *bytes),
-                    request: container.requests.get(Resource::Memory.as_str()).copied(),
+                    request: container.requests.get(signal.resource.as_str()).copied(),
                 })
                 .collect(),
             _ => Vec::new(),

@@ -1,0 +1,312 @@
+//! kubelet's disk side against a real containerd (`--container-runtime-
+//! endpoint`): containerd's root, and so the node's imagefs, is a small
+//! loop-mounted filesystem of its own; evictd learns it from `ImageFsInfo`,
+//! ranks pods by the writable layers the runtime reports, and removes
+//! unused images before it evicts anyone.
+//!
+//! The agent runs under the DaemonSet's seccomp profile where it acts.
+//! Each test starts its own containerd and leaves nothing behind (the
+//! filesystem is unmounted with containerd's mounts, also on failure).
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+use std::{path::Path, process::Command, time::Duration};
+
+use evictd_integration::{
+    Agent, CriNode, IMAGE, OciImage, PodSpec, agent_binary, cgroupfs_path, http_get, metric,
+    run_evictd, wait_until,
+};
+use serde_json::{Value, json};
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+/// containerd's root: big enough for the workload image twice (its blobs
+/// and its unpacked layer) and the pods' writable layers.
+const ROOT_DISK: u64 = 384 * MIB;
+/// The imagefs threshold the agent is given.
+const THRESHOLD_MIB: u64 = 64;
+/// How far below the threshold each test takes the imagefs.
+const SHORT_MIB: u64 = 32;
+/// containerd measures writable layers every second here
+/// (`stats_collect_period`).
+const MEASURED_DEADLINE: Duration = Duration::from_secs(30);
+const KILLED: i32 = 128 + 9;
+
+/// Two BestEffort pods of the same priority: `filler` (little memory) and
+/// `big-memory`.
+fn pods() -> Vec<PodSpec> {
+    let filler = "00000000-0000-4000-8000-0000000000d1";
+    let big = "00000000-0000-4000-8000-0000000000d2";
+    vec![
+        PodSpec::new(
+            "filler",
+            filler,
+            cgroupfs_path("besteffort/", filler),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "big-memory",
+            big,
+            cgroupfs_path("besteffort/", big),
+            0,
+            json!({}),
+        ),
+    ]
+}
+
+fn node() -> Option<CriNode> {
+    let mut node =
+        CriNode::new_with(pods(), NODE_MEMORY, WORKLOAD.as_ref(), Some(ROOT_DISK)).unwrap()?;
+    node.workload("big-memory")
+        .unwrap()
+        .alloc(128 * MIB)
+        .unwrap();
+    Some(node)
+}
+
+fn available(path: &Path) -> u64 {
+    let stats = nix::sys::statvfs::statvfs(path).unwrap();
+    stats.blocks_available() * stats.fragment_size()
+}
+
+/// What takes the imagefs to [`SHORT_MIB`] below the threshold.
+fn to_fill(node: &CriNode) -> u64 {
+    let free = available(&node.containerd.root());
+    let target = (THRESHOLD_MIB - SHORT_MIB) * MIB;
+    assert!(free > target + 64 * MIB, "{free} bytes free on {ROOT_DISK}");
+    free - target
+}
+
+/// The agent for `node` with its runtime and `extra`, under the seccomp
+/// profile the DaemonSet gives it (deploy/seccomp/evictd.json, applied as a
+/// runtime applies a Localhost profile): the CRI client, the disk walk and
+/// the removals must all be allowed.
+fn start_confined(node: &CriNode, extra: &[String]) -> Agent {
+    let mut command = Command::new(SECCOMP);
+    command
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../deploy/seccomp/evictd.json"
+        ))
+        .arg(agent_binary())
+        .args(node.runtime_agent_args())
+        .args(extra);
+    Agent::spawn(command).unwrap()
+}
+
+fn agent_args() -> Vec<String> {
+    vec![
+        "--eviction-hard".into(),
+        format!("imagefs.available<{THRESHOLD_MIB}Mi"),
+        "--resync-interval".into(),
+        "200ms".into(),
+    ]
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
+    let Some(mut node) = node() else {
+        return;
+    };
+    let bytes = to_fill(&node);
+    let reply = node
+        .workload("filler")
+        .unwrap()
+        .command(&format!("write {bytes} /fill"))
+        .unwrap();
+    assert_eq!(reply, bytes.to_string());
+    // The agent starts on a node already short of disk, once the runtime
+    // has measured the layer: its first reading is then the pods' real
+    // usage (a reading serves 10 s, as kubelet's would).
+    wait_until(MEASURED_DEADLINE, "containerd to measure the layer", || {
+        node.writable_layer_bytes("filler").unwrap() >= bytes
+    })
+    .unwrap();
+    // `evictd snapshot` shows what the agent will rank by.
+    let mut snapshot_args = vec!["snapshot".to_owned()];
+    snapshot_args.extend(node.runtime_agent_args());
+    let snapshot_args: Vec<&str> = snapshot_args.iter().map(String::as_str).collect();
+    let (status, out) = run_evictd(&snapshot_args).unwrap();
+    assert!(status.success(), "{out}");
+    let snapshot: Value = serde_json::from_str(&out).unwrap();
+    let pod = |name: &str| {
+        snapshot["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        pod("filler")["usage"]["rootfs_bytes"].as_u64().unwrap() >= bytes,
+        "{out}"
+    );
+    assert!(pod("big-memory")["usage"]["rootfs_bytes"].as_u64().unwrap() < MIB);
+    let imagefs = &snapshot["node"]["imagefs"];
+    assert!(imagefs["available_bytes"].as_u64().unwrap() < THRESHOLD_MIB * MIB);
+    assert_eq!(snapshot["node"]["containerfs"], *imagefs);
+
+    let mut agent = start_confined(&node, &agent_args());
+    agent.log.expect("container runtime connected", &[]);
+    let filesystems = agent.log.expect(
+        "container runtime filesystems",
+        &[("layout", "DedicatedImageFs")],
+    );
+    assert!(
+        filesystems["imagefs"]
+            .as_str()
+            .unwrap()
+            .starts_with(&node.containerd.root().display().to_string()),
+        "{filesystems}"
+    );
+    let decided = agent
+        .log
+        .expect_eviction("default/filler", "ephemeral-storage");
+    assert_eq!(decided["signal"], "imagefs.available", "{decided}");
+    let status = node.wait_exited("filler").unwrap();
+    assert_eq!(status.exit_code, KILLED, "{status:?}");
+    assert!(node.alive("big-memory"), "the memory holder was killed");
+    // Nothing the runtime could remove: the one image runs every pod.
+    assert!(
+        agent
+            .log
+            .all("node reclaim: removed an unused image")
+            .is_empty()
+    );
+    assert_eq!(agent.log.all("eviction decided").len(), 1);
+    let (status, mut log) = agent.stop().unwrap();
+    assert!(status.success());
+    assert!(log.problems().is_empty(), "{:#?}", log.problems());
+}
+
+const UNUSED_IMAGE: &str = "evictd.local/big:unused";
+
+/// [`node`] with an image no container uses filling the imagefs to
+/// [`SHORT_MIB`] below the threshold: its blob and its unpacked layer each
+/// take half of what the node must lose.
+fn node_with_unused_image() -> Option<CriNode> {
+    let node = node()?;
+    let layer = to_fill(&node) / 2;
+    let archive = node.containerd.dir().join("big-image.tar");
+    OciImage::new()
+        .file("/big", vec![0x5a; usize::try_from(layer).unwrap()])
+        .write_archive(UNUSED_IMAGE, &archive)
+        .unwrap();
+    node.containerd.import(&archive).unwrap();
+    std::fs::remove_file(&archive).unwrap();
+    assert!(available(&node.containerd.root()) < THRESHOLD_MIB * MIB);
+    Some(node)
+}
+
+fn image_tags(node: &CriNode) -> Vec<String> {
+    let images = node
+        .containerd
+        .call("ListImages", |mut client| async move {
+            client
+                .list_images()
+                .await
+                .map_err(|e| tonic::Status::unknown(e.to_string()))
+        })
+        .unwrap();
+    images.into_iter().flat_map(|i| i.repo_tags).collect()
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn an_unused_image_is_removed_and_no_pod_is_evicted() {
+    let Some(node) = node_with_unused_image() else {
+        return;
+    };
+    let threshold = THRESHOLD_MIB * MIB;
+    let mut agent = start_confined(&node, &agent_args());
+    let address = agent.log.metrics_address();
+    let removed = agent
+        .log
+        .expect("node reclaim: removed an unused image", &[]);
+    assert!(
+        removed["tags"]
+            .as_str()
+            .unwrap()
+            .contains("evictd.local/big:unused"),
+        "{removed}"
+    );
+    assert!(available(&node.containerd.root()) > threshold);
+    assert!(!image_tags(&node).iter().any(|t| t == UNUSED_IMAGE));
+    // The agent has looked at the node again since, and found enough.
+    let series = r#"evictd_signal_available{signal="imagefs.available"}"#;
+    wait_until(
+        Duration::from_secs(30),
+        "the agent to observe the reclaimed imagefs",
+        || {
+            http_get(&address, "/metrics")
+                .ok()
+                .and_then(|text| metric(&text, series))
+                .is_some_and(|value| value > threshold as f64)
+        },
+    )
+    .unwrap();
+    let reclaimed = http_get(&address, "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &reclaimed,
+            r#"evictd_node_reclaim_removals_total{kind="image"}"#
+        ),
+        Some(1.0)
+    );
+    assert!(agent.log.all("eviction decided").is_empty());
+    let mut node = node;
+    for name in ["filler", "big-memory"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    // The image every pod runs stays.
+    assert!(
+        agent
+            .log
+            .all("node reclaim: removed an unused image")
+            .iter()
+            .all(|line| !line["tags"].as_str().unwrap_or_default().contains(IMAGE))
+    );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn a_dry_run_says_what_node_reclaim_would_remove_and_removes_nothing() {
+    let Some(mut node) = node_with_unused_image() else {
+        return;
+    };
+    let mut args = agent_args();
+    args.push("--dry-run".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = node.start_agent_with_runtime(&args).unwrap();
+    let would = agent
+        .log
+        .expect("--dry-run: node reclaim would remove", &[]);
+    assert!(
+        would["removal"].as_str().unwrap().contains(UNUSED_IMAGE),
+        "{would}"
+    );
+    // Nothing was freed, so the decision goes on, and kills nothing.
+    let decided = agent.log.expect("eviction decided", &[]);
+    assert_eq!(decided["signal"], "imagefs.available", "{decided}");
+    assert_eq!(decided["dry_run"], true, "{decided}");
+    assert!(image_tags(&node).iter().any(|t| t == UNUSED_IMAGE));
+    assert!(
+        agent
+            .log
+            .all("node reclaim: removed an unused image")
+            .is_empty()
+    );
+    for name in ["filler", "big-memory"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
