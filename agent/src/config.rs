@@ -109,8 +109,9 @@ pub struct InventoryArgs {
     /// fields. A runtime that cannot be
     /// reached is a warning (counted in
     /// evictd_container_runtime_errors_total): memory and PIDs are
-    /// protected as without it, disk decisions rank pods without their disk
-    /// usage, and evictd connects again. Without it, no CRI.
+    /// protected as without it, disk evictions are held until it answers
+    /// (ranked on no disk usage, the lowest-priority pod would go whatever
+    /// it writes), and evictd connects again. Without it, no CRI.
     #[arg(long, value_name = "ENDPOINT", value_parser = parse_runtime_endpoint)]
     pub container_runtime_endpoint: Option<String>,
 }

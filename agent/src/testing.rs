@@ -158,6 +158,9 @@ pub(crate) mod fakes {
         pub reclaims: Vec<Signal>,
         /// A disk decision finds the pods' disk usage still being read.
         pub disk_usage_pending: bool,
+        /// A disk decision finds the runtime unable to say what the pods
+        /// use.
+        pub disk_usage_unknown: bool,
     }
 
     impl NodeModel {
@@ -245,10 +248,14 @@ pub(crate) mod fakes {
         /// Memory bounds count each pod's page cache too, as bytes charged
         /// do; the process count is left unknown (0).
         fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
-            if matches!(resource, Resource::EphemeralStorage | Resource::Inodes)
-                && self.0.borrow().disk_usage_pending
-            {
-                return Err(InventoryError::DiskUsagePending);
+            if matches!(resource, Resource::EphemeralStorage | Resource::Inodes) {
+                let model = self.0.borrow();
+                if model.disk_usage_pending {
+                    return Err(InventoryError::DiskUsagePending);
+                }
+                if model.disk_usage_unknown {
+                    return Err(InventoryError::DiskUsageUnknown);
+                }
             }
             let mut pods = self.pods()?;
             if resource == Resource::Memory {

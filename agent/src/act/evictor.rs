@@ -51,6 +51,9 @@ pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// the pods' disk usage (a walk of their logs and volumes: tens of
 /// milliseconds to seconds) or finished its node-level reclaim.
 const DISK_USAGE_WAIT: Duration = Duration::from_millis(100);
+/// How often a disk decision held because the runtime is down looks again
+/// (the runtime's thread reconnects 1 s doubling to 60 s apart).
+const DISK_UNKNOWN_WAIT: Duration = Duration::from_secs(1);
 
 /// Pods of the ranking a decision's log line explains.
 const CANDIDATES_LOGGED: usize = 5;
@@ -269,33 +272,43 @@ impl<I: Io> Evictor<I> {
                 continue;
             }
             match self.decide_for(wake, assessment, starvation) {
-                Some(action) => return action,
-                None => waiting = sooner(waiting, Some(DISK_USAGE_WAIT)),
+                Ok(action) => return action,
+                Err(look_again) => waiting = sooner(waiting, Some(look_again)),
             }
         }
         waiting
     }
 
-    /// Who goes for `starvation`; `None` while the runtime's thread reads
-    /// the pods' disk usage (the decision is made on it, not on none).
+    /// Who goes for `starvation`; no decision, and when to look again,
+    /// while the runtime's thread reads the pods' disk usage (the decision
+    /// is made on it, not on none) or while the runtime cannot say what the
+    /// pods use (held); the next starved resource is decided meanwhile.
     fn decide_for(
         &mut self,
         wake: &Wake,
         assessment: &Assessment,
         starvation: &Starvation,
-    ) -> Option<Action> {
+    ) -> Result<Action, Duration> {
         let ranking = match self.choose(assessment, starvation) {
             Ok(ranking) => ranking,
-            Err(InventoryError::DiskUsagePending) => return None,
+            Err(InventoryError::DiskUsagePending) => return Err(DISK_USAGE_WAIT),
+            Err(InventoryError::DiskUsageUnknown) => {
+                self.safeguards.hold_disk_unknown(
+                    starvation.threshold.signal,
+                    self.clock.now_ns(),
+                    &self.metrics,
+                );
+                return Err(DISK_UNKNOWN_WAIT);
+            }
             Err(e) => {
                 warn!(error = %e, "cannot list the node's pods");
-                return Some(self.soon());
+                return Ok(self.soon());
             }
         };
         self.metrics
             .decision_latency
             .observe(self.clock.since(wake.at_ns).as_secs_f64());
-        Some(self.start_evictions(wake, starvation, &ranking))
+        Ok(self.start_evictions(wake, starvation, &ranking))
     }
 
     /// Ranks the pods for `starvation` and picks the victims, reading no

@@ -65,6 +65,10 @@ pub enum InventoryError {
     Cgroup(#[from] CgroupError),
     #[error("the pods' disk usage is being read from the container runtime")]
     DiskUsagePending,
+    #[error(
+        "the container runtime cannot say what disk the pods use (down, or its reading failed)"
+    )]
+    DiskUsageUnknown,
 }
 
 impl InventoryError {
@@ -213,8 +217,11 @@ impl Inventory {
     /// For disk, each pod's disk usage comes from the runtime, read at most
     /// [`USAGE_MAX_AGE`](crate::node::runtime::link::USAGE_MAX_AGE) ago;
     /// while a fresh reading is under way this is
-    /// [`InventoryError::DiskUsagePending`]. Without a runtime (or while it
-    /// is down) pods have no disk usage, and rank by priority and requests.
+    /// [`InventoryError::DiskUsagePending`], and while the runtime is down
+    /// or its reading failed [`InventoryError::DiskUsageUnknown`] (ranking
+    /// on no usage would take the lowest-priority pod, whatever it
+    /// writes). Without a runtime pods have no disk usage, and rank by
+    /// priority and requests.
     pub fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
         match resource {
             Resource::Memory => self.read_pods(Reads::MemoryBound),
@@ -224,8 +231,10 @@ impl Inventory {
                     .runtime
                     .as_ref()
                     .map(|link| link.pod_usage(Instant::now()));
-                if matches!(usage, Some(LinkUsage::Pending)) {
-                    return Err(InventoryError::DiskUsagePending);
+                match usage {
+                    Some(LinkUsage::Pending) => return Err(InventoryError::DiskUsagePending),
+                    Some(LinkUsage::Unavailable) => return Err(InventoryError::DiskUsageUnknown),
+                    Some(LinkUsage::Fresh(_)) | None => {}
                 }
                 let mut pods = self.read_pods(Reads::Exact)?;
                 if let Some(LinkUsage::Fresh(usage)) = usage {

@@ -165,7 +165,7 @@ impl Metrics {
             )?,
             evictions_held: counter_vec(
                 "evictions_held_total",
-                "Evictions held back by a safeguard (budget, outside-pods)",
+                "Evictions held back by a safeguard (budget, outside-pods, disk-usage-unknown)",
                 &["reason"],
             )?,
             pressure_outside_pods: gauge_vec(

@@ -1,6 +1,7 @@
 //! What keeps evictd from a runaway or a loop: the eviction budget, the
-//! back-off of a pod whose kill failed, and the hold on a signal whose
-//! pressure turned out to be outside the pods. Pure state over the loop's
+//! back-off of a pod whose kill failed, the hold on a signal whose
+//! pressure turned out to be outside the pods, and the hold on a disk
+//! decision while the runtime cannot say what the pods use. Pure state over the loop's
 //! clock (nanoseconds), so each rule is unit-tested with made-up times.
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -23,6 +24,8 @@ use crate::{
 const BACKOFF_FIRST: Duration = Duration::from_secs(10);
 /// Back-offs double up to this.
 const BACKOFF_MAX: Duration = Duration::from_secs(5 * 60);
+/// How often a disk decision held for unknown disk usage is logged again.
+const DISK_UNKNOWN_LOG_PERIOD: Duration = Duration::from_secs(60);
 
 /// At most `count` evictions started per `period` (`--eviction-budget`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,6 +69,9 @@ pub(super) struct Safeguards {
     spent: VecDeque<u64>,
     /// Until when the budget's exhaustion has been logged.
     budget_logged_until: u64,
+    /// Until when a disk decision held for unknown disk usage has been
+    /// logged.
+    disk_unknown_logged_until: u64,
     backoff: HashMap<String, Backoff>,
     /// Signals held back, until when.
     holds: BTreeMap<Signal, u64>,
@@ -77,8 +83,26 @@ impl Safeguards {
             budget,
             spent: VecDeque::new(),
             budget_logged_until: 0,
+            disk_unknown_logged_until: 0,
             backoff: HashMap::new(),
             holds: BTreeMap::new(),
+        }
+    }
+
+    /// A disk decision for `signal` with the runtime configured but the
+    /// pods' disk usage unknown (the runtime is down, or its last reading
+    /// failed): held, counted, logged once a minute. Ranked on no usage,
+    /// the lowest-priority pod would go whatever it writes; kubelet's own
+    /// disk eviction stands in meanwhile.
+    pub(super) fn hold_disk_unknown(&mut self, signal: Signal, now_ns: u64, metrics: &Metrics) {
+        metrics
+            .evictions_held
+            .with_label_values(&["disk-usage-unknown"])
+            .inc();
+        if now_ns >= self.disk_unknown_logged_until {
+            self.disk_unknown_logged_until = now_ns + DISK_UNKNOWN_LOG_PERIOD.as_nanos() as u64;
+            warn!(signal = %signal,
+                "disk threshold met but the container runtime cannot say what the pods use: no eviction for it until it can (kubelet's own disk eviction stands in)");
         }
     }
 

@@ -570,3 +570,48 @@ async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("big-memory")]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_the_runtime_down_a_disk_decision_is_held_and_memory_still_decided() {
+    let both = || {
+        let harness = Harness::new(HarnessOptions {
+            eviction: EvictionArgs {
+                eviction_hard: vec![
+                    "nodefs.available<100Mi".into(),
+                    "memory.available<100Mi".into(),
+                ],
+                ..EvictionArgs::default()
+            },
+            pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
+            outside_pods: outside(510, 20),
+            ..HarnessOptions::default()
+        });
+        {
+            let mut node = harness.node.0.borrow_mut();
+            node.nodefs = Some(nodefs(50));
+            node.disk_usage_unknown = true;
+        }
+        harness
+    };
+    // Disk alone: nobody is ranked on no disk usage; looked at again soon.
+    let mut harness = disk_harness();
+    harness.node.0.borrow_mut().disk_usage_unknown = true;
+    let waiting = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(waiting.action, Action::Requeue(DISK_UNKNOWN_WAIT));
+    assert!(killed(&harness).is_empty(), "not ranked on no disk usage");
+    assert_eq!(
+        harness
+            .evictor
+            .metrics()
+            .evictions_held
+            .with_label_values(&["disk-usage-unknown"])
+            .get(),
+        1
+    );
+
+    // Short of memory too: the memory decision is not held behind it.
+    let mut harness = both();
+    harness.evictor.evaluate(wake(&harness));
+    harness.evictor.next_ended().await;
+    assert_eq!(killed(&harness), [cgroup("big-memory")]);
+}

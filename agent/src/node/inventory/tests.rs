@@ -411,7 +411,7 @@ fn disk_decisions_take_each_pods_disk_usage_from_the_runtime_and_wait_for_it() {
 }
 
 #[test]
-fn without_the_runtime_disk_decisions_rank_pods_without_disk_usage() {
+fn with_the_runtime_down_disk_decisions_are_told_the_usage_is_unknown() {
     use crate::node::runtime::link::RuntimeLink;
 
     let dir = tempfile::tempdir().unwrap();
@@ -420,8 +420,11 @@ fn without_the_runtime_disk_decisions_rank_pods_without_disk_usage() {
     observable(root);
     let mut inventory = inventory(root, "/sandbox", None);
     inventory.set_runtime(RuntimeLink::detached(false));
-    let pods = inventory.pods_for(Resource::Inodes).unwrap();
-    assert_eq!(pods[0].usage.inodes, 0);
+    assert!(matches!(
+        inventory.pods_for(Resource::Inodes),
+        Err(InventoryError::DiskUsageUnknown)
+    ));
+    assert_eq!(inventory.pods_for(Resource::Memory).unwrap().len(), 1);
     let node = inventory.observe().unwrap().stats;
     assert_eq!((node.imagefs, node.containerfs), (None, None));
 }

@@ -143,8 +143,8 @@ pub enum PodUsage {
     Fresh(Arc<BTreeMap<String, PodDiskUsage>>),
     /// Being read: decide once it is there.
     Pending,
-    /// The runtime is down or the last reading failed: decide without it,
-    /// as evictd does with no runtime at all (a new reading is asked for).
+    /// The runtime is down or the last reading failed: the disk decision
+    /// is held until a reading comes (one is asked for).
     Unavailable,
 }
 
@@ -655,7 +655,7 @@ mod tests {
         assert_eq!(errors(), 2, "one attempt per back-off, not per request");
         assert!(!link.connected());
         assert_eq!(metrics.container_runtime_connected.get(), 0);
-        // A disk decision goes on without it rather than wait.
+        // A disk decision cannot rank pods on it.
         assert!(matches!(
             link.pod_usage(Instant::now()),
             PodUsage::Unavailable
