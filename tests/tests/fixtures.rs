@@ -145,7 +145,9 @@ fn touch_unmap_and_kill_large_charge_and_return_what_they_say() {
     let before = tree.memory_usage("pod").unwrap();
     let faults = workload.touch(32 * MIB).unwrap();
     let touched = tree.memory_usage("pod").unwrap();
-    assert!(touched >= before + 32 * MIB, "{before} -> {touched}");
+    // Within 2 MiB: what the workload held at start (its stack, libc's
+    // pages) may be uncharged meanwhile (seen: 31.8 MiB more).
+    assert!(touched + 2 * MIB >= before + 32 * MIB, "{before} -> {touched}");
     assert!(faults > Duration::ZERO);
     // One mapping at a time: the bench times each on its own.
     let err = workload.touch(MIB).unwrap_err();
