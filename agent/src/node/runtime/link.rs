@@ -6,8 +6,9 @@
 //! path must never wait, only ever reads what the thread left behind.
 //!
 //! A runtime that cannot be reached does not stop the agent: memory and
-//! PIDs need no runtime. The failure is logged (naming the socket),
-//! counted, and the thread connects again, backing off.
+//! PIDs need no runtime, and disk decisions are held until it answers. The
+//! failure is logged (naming the socket), counted, and the thread connects
+//! again, backing off.
 //!
 //! The pods' disk usage is read lazily: only when a disk decision asks for
 //! it ([`RuntimeLink::pod_usage`]), and then kept for [`USAGE_MAX_AGE`].
@@ -583,7 +584,7 @@ async fn connect(shared: &Shared, metrics: &Metrics) -> Option<RuntimeClient> {
             Err(e) => {
                 failed(shared, metrics, &e);
                 warn!(retry_in = ?wait,
-                    "without the container runtime, disk decisions rank pods without their disk usage; memory and PIDs are protected as usual");
+                    "without the container runtime, disk evictions are held (the pods' disk usage is unknown); memory and PIDs are protected as usual");
                 if !shared.pause(wait).await {
                     return None;
                 }
