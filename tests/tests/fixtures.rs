@@ -147,7 +147,10 @@ fn touch_unmap_and_kill_large_charge_and_return_what_they_say() {
     let touched = tree.memory_usage("pod").unwrap();
     // Within 2 MiB: what the workload held at start (its stack, libc's
     // pages) may be uncharged meanwhile (seen: 31.8 MiB more).
-    assert!(touched + 2 * MIB >= before + 32 * MIB, "{before} -> {touched}");
+    assert!(
+        touched + 2 * MIB >= before + 32 * MIB,
+        "{before} -> {touched}"
+    );
     assert!(faults > Duration::ZERO);
     // One mapping at a time: the bench times each on its own.
     let err = workload.touch(MIB).unwrap_err();
