@@ -518,6 +518,25 @@ fn disk_harness() -> Harness {
     harness
 }
 
+/// [`disk_harness`]'s node short of memory too: the pod holding the most
+/// memory is the memory victim.
+fn disk_and_memory_harness() -> Harness {
+    let harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![
+                "nodefs.available<100Mi".into(),
+                "memory.available<100Mi".into(),
+            ],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
+        outside_pods: outside(510, 20),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
+    harness
+}
+
 #[tokio::test(start_paused = true)]
 async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_user() {
     let mut harness = disk_harness();
@@ -549,23 +568,8 @@ async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory
     assert!(killed(&harness).is_empty(), "not ranked on no disk usage");
 
     // The same node also short of memory: decided at once.
-    let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![
-                "nodefs.available<100Mi".into(),
-                "memory.available<100Mi".into(),
-            ],
-            ..EvictionArgs::default()
-        },
-        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 20),
-        ..HarnessOptions::default()
-    });
-    {
-        let mut node = harness.node.0.borrow_mut();
-        node.nodefs = Some(nodefs(50));
-        node.disk_usage_pending = true;
-    }
+    let mut harness = disk_and_memory_harness();
+    harness.node.0.borrow_mut().disk_usage_pending = true;
     harness.evictor.evaluate(wake(&harness));
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("big-memory")]);
@@ -573,26 +577,6 @@ async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory
 
 #[tokio::test(start_paused = true)]
 async fn with_the_runtime_down_a_disk_decision_is_held_and_memory_still_decided() {
-    let both = || {
-        let harness = Harness::new(HarnessOptions {
-            eviction: EvictionArgs {
-                eviction_hard: vec![
-                    "nodefs.available<100Mi".into(),
-                    "memory.available<100Mi".into(),
-                ],
-                ..EvictionArgs::default()
-            },
-            pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-            outside_pods: outside(510, 20),
-            ..HarnessOptions::default()
-        });
-        {
-            let mut node = harness.node.0.borrow_mut();
-            node.nodefs = Some(nodefs(50));
-            node.disk_usage_unknown = true;
-        }
-        harness
-    };
     // Disk alone: nobody is ranked on no disk usage; looked at again soon.
     let mut harness = disk_harness();
     harness.node.0.borrow_mut().disk_usage_unknown = true;
@@ -610,7 +594,8 @@ async fn with_the_runtime_down_a_disk_decision_is_held_and_memory_still_decided(
     );
 
     // Short of memory too: the memory decision is not held behind it.
-    let mut harness = both();
+    let mut harness = disk_and_memory_harness();
+    harness.node.0.borrow_mut().disk_usage_unknown = true;
     harness.evictor.evaluate(wake(&harness));
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("big-memory")]);
