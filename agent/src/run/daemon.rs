@@ -98,6 +98,7 @@ pub async fn run(
     let killer = Killer::new(inventory.cgroupfs().clone());
     thaw_abandoned_pods(&mut inventory, &killer);
     raise_file_limit();
+    return_freed_heap();
     lock_memory();
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
@@ -295,6 +296,26 @@ fn raise_file_limit() {
         },
         Ok(_) => {}
         Err(e) => warn!(error = %e, "cannot read the open-file limit"),
+    }
+}
+
+/// Has glibc give freed heap back to the kernel. glibc raises its trim
+/// threshold to twice the largest mmapped block freed so far, so once the
+/// startup peak (the kernel's BTF, the BPF object, the first pod list) was
+/// freed, 13 MiB of free heap stayed resident below the heap's top, locked
+/// with the rest ([`lock_memory`]). A fixed 1 MiB threshold returns it:
+/// release build on the sandbox node, resident 25.8 → 12.8 MiB and 30.3 →
+/// 17.7 MiB with the API watch (tests/tests/footprint.rs). musl's
+/// allocator, the container image's, returns freed memory by itself.
+fn return_freed_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        // SAFETY: mallopt takes two integers and only changes the
+        // allocator's parameters.
+        let set = unsafe { libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 20) };
+        if set != 1 {
+            warn!("cannot set the allocator's trim threshold: freed heap stays resident");
+        }
     }
 }
 
