@@ -75,13 +75,23 @@ fn each_pods_disk_usage_is_counted_as_kubelet_counts_it() {
         .unwrap();
 
     let mut client = node.containerd.client().unwrap();
-    let found = node
-        .containerd
-        .block_on(RuntimeFilesystems::observe(
-            &mut client,
-            &node.kubelet_dir(),
-        ))
-        .unwrap();
+    // containerd measures its snapshotter's usage on its stats period:
+    // until then ImageFsInfo reports 0 bytes used.
+    let mut found = None;
+    wait_until(STATS_DEADLINE, "the imagefs usage", || {
+        let observed = node
+            .containerd
+            .block_on(RuntimeFilesystems::observe(
+                &mut client,
+                &node.kubelet_dir(),
+            ))
+            .unwrap();
+        let measured = observed.imagefs.runtime_used_bytes > Some(MIB);
+        found = Some(observed);
+        measured
+    })
+    .unwrap();
+    let found = found.unwrap();
     // containerd's root is on the same filesystem as this kubelet dir.
     assert_eq!(found.layout, DiskLayout::Shared, "{found:?}");
     assert!(
