@@ -304,8 +304,8 @@ fn raise_file_limit() {
 /// startup peak (the kernel's BTF, the BPF object, the first pod list) was
 /// freed, 13 MiB of free heap stayed resident below the heap's top, locked
 /// with the rest ([`lock_memory`]). A fixed 1 MiB threshold returns it:
-/// release build on the sandbox node, resident 25.8 → 12.8 MiB and 30.3 →
-/// 17.7 MiB with the API watch (tests/tests/footprint.rs). musl's
+/// release build on the sandbox node, resident 25.8 → 12.5 MiB and 30.3 →
+/// 17.4 MiB with the API watch (tests/tests/footprint.rs). musl's
 /// allocator, the container image's, returns freed memory by itself.
 fn return_freed_heap() {
     #[cfg(target_env = "gnu")]

@@ -1,8 +1,9 @@
 //! What keeps evictd from a runaway or a loop: the eviction budget, the
 //! back-off of a pod whose kill failed, the hold on a signal whose
 //! pressure turned out to be outside the pods, and the hold on a disk
-//! decision while the runtime cannot say what the pods use. Pure state over the loop's
-//! clock (nanoseconds), so each rule is unit-tested with made-up times.
+//! decision while the runtime cannot say what the pods use. Pure state
+//! over the loop's clock (nanoseconds), so each rule is unit-tested with
+//! made-up times.
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     fmt,
