@@ -305,15 +305,12 @@ impl RuntimeLink {
         self.shared.state().usage_wanted
     }
 
-    /// What the thread does with a requested reclaim: takes it, runs it,
-    /// finishes at `at`. The steps it was asked for.
+    /// The thread's part of a reclaim, without removing anything: takes
+    /// the request and finishes it at `at`. The steps it was asked for.
     pub(crate) fn run_reclaim(&self, at: Instant) -> Option<(&'static [ReclaimStep], bool)> {
-        let mut state = self.shared.state();
-        let ReclaimState::Requested { steps, dry_run } = state.reclaim else {
-            return None;
-        };
-        state.reclaim = ReclaimState::Done { at, seen: false };
-        Some((steps, dry_run))
+        let request = self.shared.take_reclaim()?;
+        self.shared.finish_reclaim(at);
+        Some(request)
     }
 }
 
@@ -334,6 +331,23 @@ impl Shared {
 
     fn stopping(&self) -> bool {
         self.state().stopping
+    }
+
+    /// A requested reclaim, now running: its steps and whether it is a dry
+    /// run.
+    fn take_reclaim(&self) -> Option<(&'static [ReclaimStep], bool)> {
+        let mut state = self.state();
+        let ReclaimState::Requested { steps, dry_run } = state.reclaim else {
+            return None;
+        };
+        state.reclaim = ReclaimState::Running;
+        Some((steps, dry_run))
+    }
+
+    /// The running reclaim finished at `at`: the next decision looks at the
+    /// node again before it evicts.
+    fn finish_reclaim(&self, at: Instant) {
+        self.state().reclaim = ReclaimState::Done { at, seen: false };
     }
 
     /// Waits `period`, cut short only to stop (work asked for meanwhile is
@@ -375,22 +389,9 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
     let mut images = ImageTracker::default();
     track_images(&shared, &metrics, &mut client, &mut images).await;
     while !shared.stopping() {
-        let requested = {
-            let mut state = shared.state();
-            match state.reclaim {
-                ReclaimState::Requested { steps, dry_run } => {
-                    state.reclaim = ReclaimState::Running;
-                    Some((steps, dry_run))
-                }
-                _ => None,
-            }
-        };
-        if let Some((steps, dry_run)) = requested {
+        if let Some((steps, dry_run)) = shared.take_reclaim() {
             reclaim_node(&shared, &metrics, &mut client, &mut images, steps, dry_run).await;
-            shared.state().reclaim = ReclaimState::Done {
-                at: Instant::now(),
-                seen: false,
-            };
+            shared.finish_reclaim(Instant::now());
         }
         let wanted = std::mem::take(&mut shared.state().usage_wanted);
         if wanted {
