@@ -101,7 +101,11 @@ pub(crate) mod fakes {
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
             inventory::InventoryError,
-            runtime::link::NodeReclaim,
+            runtime::{
+                disk_usage::PodDiskUsage,
+                link::NodeReclaim,
+                local_storage::{self, LocalStorageEviction},
+            },
             snapshot::{
                 FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
             },
@@ -161,6 +165,10 @@ pub(crate) mod fakes {
         /// A disk decision finds the runtime unable to say what the pods
         /// use.
         pub disk_usage_unknown: bool,
+        /// The runtime's reading of the pods' disk, by uid.
+        pub pod_disk: BTreeMap<String, PodDiskUsage>,
+        /// Pods held to their local-storage limits.
+        pub local_storage_checks: usize,
     }
 
     impl NodeModel {
@@ -187,6 +195,7 @@ pub(crate) mod fakes {
             init_containers: Vec::new(),
             overhead: Default::default(),
             resources: None,
+            empty_dirs: Vec::new(),
             termination_grace_period_seconds: None,
             usage: PodUsage {
                 memory_working_set_bytes: mib * MIB,
@@ -275,6 +284,36 @@ pub(crate) mod fakes {
         }
 
         fn cgroups_changed(&mut self) {}
+
+        /// As the inventory: only pods that set a limit, judged on the
+        /// runtime's reading when there is one.
+        fn local_storage_violations(
+            &mut self,
+            dedicated_imagefs: bool,
+        ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
+            let mut model = self.0.borrow_mut();
+            model.local_storage_checks += 1;
+            let limited: Vec<PodSnapshot> = model
+                .pods
+                .iter()
+                .filter(|pod| local_storage::has_limit(pod))
+                .cloned()
+                .collect();
+            if limited.is_empty() {
+                return Ok(Vec::new());
+            }
+            if model.disk_usage_pending {
+                return Err(InventoryError::DiskUsagePending);
+            }
+            if model.disk_usage_unknown {
+                return Err(InventoryError::DiskUsageUnknown);
+            }
+            Ok(local_storage::violations(
+                limited,
+                &model.pod_disk,
+                dedicated_imagefs,
+            ))
+        }
 
         fn reclaim(&mut self, signal: Signal, _dry_run: bool) -> NodeReclaim {
             let mut model = self.0.borrow_mut();

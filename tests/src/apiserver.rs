@@ -232,8 +232,9 @@ pub fn write_kubeconfig(server: &str) -> io::Result<PathBuf> {
 }
 
 /// The API Pod object of a sandbox pod bound to `node`: what the API
-/// server returns for it (spec, status with the container's runtime id,
-/// which names the sandbox's container cgroup).
+/// server returns for it (spec, with the emptyDirs of the metadata's
+/// `empty_dirs`; status with the container's runtime id, which names the
+/// sandbox's container cgroup).
 pub fn api_pod(pod: &PodSpec, node: &str) -> Value {
     let meta = &pod.metadata;
     let container_cgroup = pod.container.rsplit('/').next().unwrap_or_default();
@@ -260,6 +261,18 @@ pub fn api_pod(pod: &PodSpec, node: &str) -> Value {
                    "state": {"running": {"startedAt": "2026-11-23T00:00:00Z"}}})
         })
         .collect();
+    let volumes: Vec<Value> = meta["empty_dirs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|volume| {
+            let mut empty_dir = json!({});
+            if !volume["size_limit"].is_null() {
+                empty_dir["sizeLimit"] = volume["size_limit"].clone();
+            }
+            json!({"name": volume["name"], "emptyDir": empty_dir})
+        })
+        .collect();
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -269,7 +282,8 @@ pub fn api_pod(pod: &PodSpec, node: &str) -> Value {
         },
         "spec": {
             "nodeName": node, "priority": meta["priority"],
-            "containers": containers, "terminationGracePeriodSeconds": 30,
+            "containers": containers, "volumes": volumes,
+            "terminationGracePeriodSeconds": 30,
         },
         "status": {"phase": "Running", "containerStatuses": statuses},
     })

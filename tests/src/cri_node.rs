@@ -151,11 +151,34 @@ impl CriNode {
     /// runtime's endpoint, kubelet's root as nodefs; the imagefs and
     /// containerfs are what the runtime names.
     pub fn runtime_agent_args(&self) -> Vec<String> {
+        let mut args = self.runtime_args();
+        args.extend([
+            "--pod-metadata".to_owned(),
+            self.metadata_file.display().to_string(),
+        ]);
+        args
+    }
+
+    /// [`runtime_agent_args`](Self::runtime_agent_args) with the pods'
+    /// metadata from the Kubernetes API at `kubeconfig`, for node
+    /// `node_name`, instead of the file.
+    pub fn runtime_api_agent_args(&self, node_name: &str, kubeconfig: &Path) -> Vec<String> {
+        let mut args = self.runtime_args();
+        args.extend([
+            "--node-name".to_owned(),
+            node_name.to_owned(),
+            "--kubeconfig".to_owned(),
+            kubeconfig.display().to_string(),
+            "--state-dir".to_owned(),
+            self.dir.join("state").display().to_string(),
+        ]);
+        args
+    }
+
+    fn runtime_args(&self) -> Vec<String> {
         [
             "--node-cgroup",
             &self.node_cgroup(),
-            "--pod-metadata",
-            &self.metadata_file.display().to_string(),
             "--nodefs-path",
             &self.kubelet_dir().display().to_string(),
             "--imagefs-path",

@@ -2,7 +2,9 @@
 //! endpoint`): containerd's root, and so the node's imagefs, is a small
 //! loop-mounted filesystem of its own; evictd learns it from `ImageFsInfo`,
 //! ranks pods by the writable layers the runtime reports, and removes
-//! unused images before it evicts anyone.
+//! unused images before it evicts anyone. A pod whose emptyDir outgrows
+//! its `sizeLimit` (from the API's pod spec) is evicted with no pressure
+//! at all.
 //!
 //! The agent runs under the DaemonSet's seccomp profile where it acts.
 //! Each test starts its own containerd and leaves nothing behind (the
@@ -14,8 +16,8 @@
 use std::{path::Path, process::Command, time::Duration};
 
 use evictd_integration::{
-    Agent, CriNode, IMAGE, OciImage, PodSpec, agent_binary, cgroupfs_path, http_get, metric,
-    run_evictd, wait_until,
+    Agent, ApiServer, CriNode, Faults, IMAGE, OciImage, PodSpec, SCRATCH_PATH, agent_binary,
+    api_pod, cgroupfs_path, http_get, metric, run_evictd, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -81,11 +83,11 @@ fn to_fill(node: &CriNode) -> u64 {
     free - target
 }
 
-/// The agent for `node` with its runtime and `extra`, under the seccomp
-/// profile the DaemonSet gives it (deploy/seccomp/evictd.json, applied as a
-/// runtime applies a Localhost profile): the CRI client, the disk walk and
-/// the removals must all be allowed.
-fn start_confined(node: &CriNode, extra: &[String]) -> Agent {
+/// The agent with `args`, under the seccomp profile the DaemonSet gives
+/// it (deploy/seccomp/evictd.json, applied as a runtime applies a
+/// Localhost profile): the CRI client, the disk walk, the removals and the
+/// kill must all be allowed.
+fn start_confined(args: &[Vec<String>]) -> Agent {
     let mut command = Command::new(SECCOMP);
     command
         .arg(concat!(
@@ -93,8 +95,7 @@ fn start_confined(node: &CriNode, extra: &[String]) -> Agent {
             "/../deploy/seccomp/evictd.json"
         ))
         .arg(agent_binary())
-        .args(node.runtime_agent_args())
-        .args(extra);
+        .args(args.concat());
     Agent::spawn(command).unwrap()
 }
 
@@ -152,7 +153,7 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
     assert!(imagefs["available_bytes"].as_u64().unwrap() < THRESHOLD_MIB * MIB);
     assert_eq!(snapshot["node"]["containerfs"], *imagefs);
 
-    let mut agent = start_confined(&node, &agent_args());
+    let mut agent = start_confined(&[node.runtime_agent_args(), agent_args()]);
     agent.log.expect("container runtime connected", &[]);
     let filesystems = agent.log.expect(
         "container runtime filesystems",
@@ -224,7 +225,7 @@ fn an_unused_image_is_removed_and_no_pod_is_evicted() {
         return;
     };
     let threshold = THRESHOLD_MIB * MIB;
-    let mut agent = start_confined(&node, &agent_args());
+    let mut agent = start_confined(&[node.runtime_agent_args(), agent_args()]);
     let address = agent.log.metrics_address();
     let removed = agent
         .log
@@ -309,4 +310,135 @@ fn a_dry_run_says_what_node_reclaim_would_remove_and_removes_nothing() {
     }
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
+}
+
+const NODE_NAME: &str = "node-a";
+/// The emptyDir limit of `scratchy`, and what each pod writes there.
+const SIZE_LIMIT: &str = "4Mi";
+const SCRATCH_WRITE: u64 = 8 * MIB;
+/// Pods are held to their limits every 10 s, on a disk reading at most
+/// 10 s old; reports follow the kill on another thread.
+const LIMIT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// `scratchy`, whose `scratch` emptyDir has a [`SIZE_LIMIT`], and
+/// `bystander`, whose emptyDir has none.
+fn scratch_pods() -> Vec<PodSpec> {
+    let scratchy = "00000000-0000-4000-8000-0000000000e1";
+    let bystander = "00000000-0000-4000-8000-0000000000e2";
+    let mut pods = vec![
+        PodSpec::new(
+            "scratchy",
+            scratchy,
+            cgroupfs_path("besteffort/", scratchy),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "bystander",
+            bystander,
+            cgroupfs_path("besteffort/", bystander),
+            0,
+            json!({}),
+        ),
+    ];
+    pods[0].metadata["empty_dirs"] = json!([{"name": "scratch", "size_limit": SIZE_LIMIT}]);
+    pods[1].metadata["empty_dirs"] = json!([{"name": "scratch"}]);
+    pods
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel and containerd: run with cargo xtask test"]
+fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_kubelets_message_without_pressure() {
+    let pods = scratch_pods();
+    let api_pods = pods.iter().map(|pod| api_pod(pod, NODE_NAME)).collect();
+    let Some(mut node) = CriNode::new(pods, NODE_MEMORY, WORKLOAD.as_ref()).unwrap() else {
+        return;
+    };
+    let server = ApiServer::start(api_pods, Faults::default()).unwrap();
+    // Far from every threshold: only the pod's own limit can evict it.
+    let thresholds = vec![
+        "--eviction-hard".to_owned(),
+        "memory.available<32Mi".to_owned(),
+    ];
+    let mut agent = start_confined(&[
+        node.runtime_api_agent_args(NODE_NAME, server.kubeconfig()),
+        thresholds,
+    ]);
+    agent.log.expect(
+        "pods listed from the Kubernetes API",
+        &[("node", NODE_NAME)],
+    );
+    for name in ["scratchy", "bystander"] {
+        let written = node
+            .workload(name)
+            .unwrap()
+            .command(&format!("write {SCRATCH_WRITE} {SCRATCH_PATH}/fill"))
+            .unwrap();
+        assert_eq!(written, SCRATCH_WRITE.to_string());
+    }
+    let message =
+        format!("Usage of EmptyDir volume \"scratch\" exceeds the limit \"{SIZE_LIMIT}\". ");
+    // The next check may still find the reading taken before the write.
+    wait_until(LIMIT_DEADLINE, "the eviction of scratchy", || {
+        agent
+            .log
+            .count("eviction decided", "victim", "default/scratchy")
+            > 0
+    })
+    .unwrap();
+    let decided = agent
+        .log
+        .expect_eviction("default/scratchy", "ephemeral-storage");
+    assert_eq!(decided["signal"], "emptydirfs.limit", "{decided}");
+    assert_eq!(decided["eviction_message"], message.as_str(), "{decided}");
+    assert!(decided["used_bytes"].as_u64().unwrap() >= SCRATCH_WRITE);
+    let status = node.wait_exited("scratchy").unwrap();
+    assert_eq!(status.exit_code, KILLED, "{status:?}");
+    assert!(
+        node.alive("bystander"),
+        "the pod without a limit was killed"
+    );
+
+    // kubelet's status and pod event; no node event, as no threshold was
+    // met.
+    server
+        .wait_for_request(LIMIT_DEADLINE, "the pod's Evicted event", |r| {
+            r.method == "POST" && r.body["reason"] == "Evicted"
+        })
+        .unwrap();
+    let writes: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_write())
+        .collect();
+    let summary: Vec<(&str, &str)> = writes
+        .iter()
+        .map(|r| (r.method.as_str(), r.path.as_str()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("PATCH", "/api/v1/namespaces/default/pods/scratchy/status"),
+            ("POST", "/api/v1/namespaces/default/events"),
+        ]
+    );
+    assert_eq!(writes[0].body["status"]["message"], message.as_str());
+    assert_eq!(writes[0].body["status"]["reason"], "Evicted");
+    assert_eq!(writes[1].body["message"], message.as_str());
+    assert_eq!(writes[1].body["involvedObject"]["name"], "scratchy");
+
+    let address = agent.log.metrics_address();
+    let metrics = http_get(&address, "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"evictd_evictions_total{qos="BestEffort",signal="emptydirfs.limit"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(agent.log.all("eviction decided").len(), 1);
+    let (status, mut log) = agent.stop().unwrap();
+    assert!(status.success());
+    assert!(log.problems().is_empty(), "{:#?}", log.problems());
 }

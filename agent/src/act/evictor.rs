@@ -11,6 +11,7 @@
 //! Everything it touches outside memory goes through the seams of [`Io`],
 //! so the loop runs in unit tests without root.
 mod eviction;
+mod local_storage;
 mod precise;
 mod safeguards;
 
@@ -128,6 +129,7 @@ pub struct Evictor<I: Io> {
     evictions: eviction::Evictions,
     safeguards: safeguards::Safeguards,
     zone: Option<precise::Zone>,
+    local_storage: local_storage::LocalStorageChecks,
 }
 
 /// The parts of an [`Evictor`], for its constructor.
@@ -161,6 +163,7 @@ impl<I: Io> Evictor<I> {
             evictions: eviction::Evictions::default(),
             safeguards: safeguards::Safeguards::new(options.budget),
             zone: options.zone.map(precise::Zone::new),
+            local_storage: local_storage::LocalStorageChecks::default(),
         }
     }
 
@@ -215,6 +218,8 @@ impl<I: Io> Evictor<I> {
         let wires = tripwires(&self.config, &observation);
         let engine_raised = self.monitor.apply_engine(&wires.scopes);
         let reclaiming = self.check_reclaims(&assessment);
+        // Before any threshold, as kubelet's synchronize takes them.
+        let pod_limits = self.check_local_storage(&wake, assessment.dedicated_imagefs);
         let action = if assessment.starved.is_empty() {
             self.unacted = None;
             self.safeguards.release(&assessment, &self.metrics);
@@ -230,7 +235,7 @@ impl<I: Io> Evictor<I> {
         let precise = self.plan_precise(&wires.scopes);
         let read_after = precise.as_ref().and_then(|plan| plan.read_after);
         Evaluation {
-            action: sooner(sooner(action, reclaiming), read_after),
+            action: sooner(sooner(sooner(action, reclaiming), read_after), pod_limits),
             memcg_levels: Some(wires.memcg_levels),
             precise,
         }
@@ -249,7 +254,12 @@ impl<I: Io> Evictor<I> {
             // Killing more before a victim's resource is back would take
             // pods for nothing; its end, or the reclaim's poll, wakes the
             // engine.
-            if self.evictions.reclaiming(resource) || self.evictions.hard_running(resource) {
+            // A pod killed for its local-storage limit frees disk too.
+            let disk = matches!(resource, Resource::EphemeralStorage | Resource::Inodes);
+            if self.evictions.reclaiming(resource)
+                || self.evictions.hard_running(resource)
+                || (disk && self.evictions.pod_limit_running())
+            {
                 continue;
             }
             if (!starvation.threshold.hard && self.evictions.soft_running(resource))
@@ -262,7 +272,7 @@ impl<I: Io> Evictor<I> {
             // first, and the node is looked at again before anyone is
             // evicted (kubelet's reclaimNodeLevelResources). Its thread
             // works meanwhile; other resources are decided now.
-            if matches!(resource, Resource::EphemeralStorage | Resource::Inodes)
+            if disk
                 && self
                     .node
                     .reclaim(starvation.threshold.signal, self.options.dry_run)
@@ -332,7 +342,9 @@ impl<I: Io> Evictor<I> {
     ) -> Result<Ranking, InventoryError> {
         let now_ns = self.clock.now_ns();
         let keep = |pod: &PodSnapshot, bounded: bool| {
-            (bounded || pod.usage.pids > 0) && !self.safeguards.backing_off(pod, now_ns)
+            (bounded || pod.usage.pids > 0)
+                && !self.safeguards.backing_off(pod, now_ns)
+                && !self.evictions.pod_limit_kill_of(&pod.uid)
         };
         let bounded = starvation.resource == Resource::Memory;
         let mut pods: Vec<PodSnapshot> = self

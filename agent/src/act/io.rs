@@ -12,7 +12,7 @@ use crate::{
     node::{
         cgroupfs::CgroupError,
         inventory::{Inventory, InventoryError},
-        runtime::link::NodeReclaim,
+        runtime::{link::NodeReclaim, local_storage::LocalStorageEviction},
         snapshot::PodSnapshot,
         stats::NodeObservation,
     },
@@ -71,6 +71,15 @@ pub trait NodeSource {
     /// has none.
     fn reclaim(&mut self, _signal: Signal, _dry_run: bool) -> NodeReclaim {
         NodeReclaim::Unavailable
+    }
+    /// The running pods over a local-storage limit (kubelet's
+    /// `localStorageEviction`), judged on the runtime's reading of their
+    /// disk; none without a container runtime.
+    fn local_storage_violations(
+        &mut self,
+        _dedicated_imagefs: bool,
+    ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
+        Ok(Vec::new())
     }
     /// A cgroup's working set now; 0 once the cgroup is gone.
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
@@ -150,6 +159,13 @@ impl NodeSource for Inventory {
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
         Inventory::reclaim(self, signal, dry_run)
+    }
+
+    fn local_storage_violations(
+        &mut self,
+        dedicated_imagefs: bool,
+    ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
+        Inventory::local_storage_violations(self, dedicated_imagefs)
     }
 
     fn container_ephemeral_storage(&self, uid: &str) -> Vec<(String, Option<u64>)> {

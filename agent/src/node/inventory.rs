@@ -27,6 +27,7 @@ use crate::{
     node::cgroupfs::{CgroupError, CgroupFs, is_gone},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
+        local_storage::{self, LocalStorageEviction},
         reading::fill_pods,
     },
     node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
@@ -269,6 +270,54 @@ impl Inventory {
         }
     }
 
+    /// The running pods over a local-storage limit
+    /// ([`local_storage::violations`]). Only pods that set a limit are
+    /// looked at, and only when one does is the runtime asked for the
+    /// pods' disk usage (a reading serves
+    /// [`USAGE_MAX_AGE`](crate::node::runtime::link::USAGE_MAX_AGE)): while
+    /// it is being read this is [`InventoryError::DiskUsagePending`], and
+    /// while the runtime is down [`InventoryError::DiskUsageUnknown`].
+    /// Without a runtime, none.
+    pub fn local_storage_violations(
+        &mut self,
+        dedicated_imagefs: bool,
+    ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
+        if self.runtime.is_none() {
+            return Ok(Vec::new());
+        }
+        let limited: Vec<PodSnapshot> = self
+            .read_pods(Reads::MemoryBound)?
+            .into_iter()
+            .filter(local_storage::has_limit)
+            .collect();
+        let mut running = Vec::with_capacity(limited.len());
+        for pod in &limited {
+            // A killed pod's volumes stay until kubelet cleans it up: only
+            // a pod with processes is judged again.
+            if let Some(pod) = self.refine(pod)?
+                && pod.usage.pids > 0
+            {
+                running.push(pod);
+            }
+        }
+        if running.is_empty() {
+            return Ok(Vec::new());
+        }
+        match self
+            .runtime
+            .as_ref()
+            .map(|link| link.pod_usage(Instant::now()))
+        {
+            Some(LinkUsage::Fresh(usage)) => Ok(local_storage::violations(
+                running,
+                &usage,
+                dedicated_imagefs,
+            )),
+            Some(LinkUsage::Pending) => Err(InventoryError::DiskUsagePending),
+            Some(LinkUsage::Unavailable) | None => Err(InventoryError::DiskUsageUnknown),
+        }
+    }
+
     /// Cgroups were created or removed: the pods are listed again before
     /// the next decision.
     pub fn cgroups_changed(&mut self) {
@@ -360,6 +409,7 @@ impl Inventory {
                 init_containers: Vec::new(),
                 overhead: Default::default(),
                 resources: guaranteed_shape,
+                empty_dirs: Vec::new(),
                 termination_grace_period_seconds: None,
                 usage,
                 cgroup: Some(cgroup.path),

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{node::resources, quantity::Quantity};
+use crate::{
+    node::{resources, runtime::local_storage::EmptyDirVolume},
+    quantity::Quantity,
+};
 
 /// Pods whose priority is at least this are critical (kubelet's
 /// `scheduling.SystemCriticalPriority`, 2 * 10^9).
@@ -104,6 +107,11 @@ pub struct PodSnapshot {
     /// `spec.resources`: requests and limits for the pod as a whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
+    /// `spec.volumes` that are emptyDirs, with their `sizeLimit`: the live
+    /// agent evicts a pod whose emptyDir outgrows it (with
+    /// --container-runtime-endpoint, which measures the volumes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub empty_dirs: Vec<EmptyDirVolume>,
     /// `spec.terminationGracePeriodSeconds`; Kubernetes defaults it to 30.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub termination_grace_period_seconds: Option<i64>,

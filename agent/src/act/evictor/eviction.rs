@@ -23,7 +23,7 @@ use crate::{
         engine::{Assessment, Choice, Starvation, Victim},
         thresholds::{Resource, Signal},
     },
-    node::snapshot::PodSnapshot,
+    node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
     report::kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
 };
 
@@ -54,25 +54,56 @@ pub enum Ended {
 
 type Running = Pin<Box<dyn Future<Output = (u64, Ended)>>>;
 
+/// What an eviction answers.
+#[derive(Debug, Clone)]
+pub(super) enum Cause {
+    /// A threshold met: the starved resource is watched until it is back.
+    Threshold(Starvation),
+    /// The pod outgrew one of its own local-storage limits: no threshold
+    /// need be met, the kill is immediate, and nothing is watched after
+    /// (its disk comes back when kubelet removes the pod).
+    PodLimit(LocalStorageViolation),
+}
+
+impl Cause {
+    fn hard(&self) -> bool {
+        match self {
+            Self::Threshold(starvation) => starvation.threshold.hard,
+            Self::PodLimit(_) => true,
+        }
+    }
+
+    /// The `signal` label of the eviction metrics, kubelet's.
+    fn label(&self) -> &'static str {
+        match self {
+            Self::Threshold(starvation) => starvation.threshold.signal.as_str(),
+            Self::PodLimit(violation) => violation.signal(),
+        }
+    }
+
+    /// Whether this is a threshold eviction for `resource`, hard or soft
+    /// as `hard` says.
+    fn reclaims(&self, resource: Resource, hard: bool) -> bool {
+        matches!(self, Self::Threshold(starvation)
+            if starvation.resource == resource && starvation.threshold.hard == hard)
+    }
+}
+
 /// An eviction under way.
 struct InFlight {
     victim: Victim,
     uid: String,
     cgroup: String,
-    resource: Resource,
-    signal: Signal,
-    hard: bool,
+    cause: Cause,
     abort: AbortHandle,
     notice: Option<EvictionNotice>,
     /// The decision's victims, to hold it once refused.
     decision: Vec<String>,
     wake: Wake,
     started_ns: u64,
-    /// The victim's working set and the signal's availability at the
-    /// decision, for what coming back means.
+    /// The victim's working set at the decision, for what coming back
+    /// means.
     working_set_before: u64,
-    available_before: i64,
-    threshold_quantity: i64,
 }
 
 /// A killed pod's resource on its way back.
@@ -101,13 +132,34 @@ impl Evictions {
     pub(super) fn hard_running(&self, resource: Resource) -> bool {
         self.in_flight
             .values()
-            .any(|e| e.hard && e.resource == resource)
+            .any(|e| e.cause.reclaims(resource, true))
     }
 
     pub(super) fn soft_running(&self, resource: Resource) -> bool {
         self.in_flight
             .values()
-            .any(|e| !e.hard && e.resource == resource)
+            .any(|e| e.cause.reclaims(resource, false))
+    }
+
+    /// Whether a pod is being killed for its local-storage limit: a disk
+    /// threshold is decided again once that kill ends, as kubelet decides
+    /// no threshold in a round that evicted for local storage.
+    pub(super) fn pod_limit_running(&self) -> bool {
+        self.in_flight
+            .values()
+            .any(|e| matches!(e.cause, Cause::PodLimit(_)))
+    }
+
+    /// Whether pod `uid` is being killed for its local-storage limit.
+    pub(super) fn pod_limit_kill_of(&self, uid: &str) -> bool {
+        self.in_flight
+            .values()
+            .any(|e| e.uid == uid && matches!(e.cause, Cause::PodLimit(_)))
+    }
+
+    /// Whether an eviction of pod `uid` is under way.
+    pub(super) fn evicting(&self, uid: &str) -> bool {
+        self.in_flight.values().any(|e| e.uid == uid)
     }
 
     pub(super) fn reclaiming(&self, resource: Resource) -> bool {
@@ -148,7 +200,7 @@ impl<I: Io> Evictor<I> {
             Ended::Failed(e) => {
                 self.metrics
                     .eviction_failures
-                    .with_label_values(&[eviction.signal.as_str()])
+                    .with_label_values(&[eviction.cause.label()])
                     .inc();
                 let until = self.safeguards.failed(&eviction.uid, self.clock.now_ns());
                 warn!(victim = %pod, error = %e, backoff_ms = until.as_millis() as u64,
@@ -185,15 +237,18 @@ impl<I: Io> Evictor<I> {
                 );
             }
         }
+        let Cause::Threshold(starvation) = eviction.cause else {
+            return;
+        };
         self.evictions.reclaims.push(Reclaim {
             pod: eviction.victim.pod,
             cgroup: eviction.cgroup,
-            resource: eviction.resource,
-            signal: eviction.signal,
+            resource: starvation.resource,
+            signal: starvation.threshold.signal,
             working_set_before: eviction.working_set_before,
             victim_usage: eviction.victim.usage,
-            available_before: eviction.available_before,
-            threshold_quantity: eviction.threshold_quantity,
+            available_before: starvation.observation.available,
+            threshold_quantity: starvation.threshold_quantity,
             started_ns: self.clock.now_ns(),
         });
     }
@@ -244,7 +299,8 @@ impl<I: Io> Evictor<I> {
                 warn!(victim = %pod.key(), "pod has no cgroup; cannot kill it");
                 continue;
             };
-            self.start(wake, starvation, victim, pod, cgroup, &victims);
+            let cause = Cause::Threshold(starvation.clone());
+            self.start(wake, cause, victim, pod, cgroup, &victims);
             started = true;
         }
         if started {
@@ -296,21 +352,21 @@ impl<I: Io> Evictor<I> {
     /// eviction when `--eviction-action evict` asks for it (falling back to
     /// the local kill when the API does not answer), else the local kill. A
     /// hard eviction of a pod whose soft eviction is under way takes over.
-    fn start(
+    pub(super) fn start(
         &mut self,
         wake: &Wake,
-        starvation: &Starvation,
+        cause: Cause,
         victim: &Victim,
         pod: &PodSnapshot,
         cgroup: String,
         decision: &[String],
     ) {
-        let hard = starvation.threshold.hard;
+        let hard = cause.hard();
         let running: Vec<u64> = self
             .evictions
             .in_flight
             .iter()
-            .filter(|(_, e)| e.uid == pod.uid && !e.hard)
+            .filter(|(_, e)| e.uid == pod.uid && !e.cause.hard())
             .map(|(id, _)| *id)
             .collect();
         for id in running {
@@ -319,7 +375,7 @@ impl<I: Io> Evictor<I> {
                 soft.abort.abort();
             }
         }
-        let notice = self.notice(starvation, pod, &cgroup);
+        let notice = self.notice(&cause, pod, &cgroup);
         let api = self
             .api
             .clone()
@@ -360,16 +416,12 @@ impl<I: Io> Evictor<I> {
                 uid: pod.uid.clone(),
                 working_set_before: self.node.working_set(&cgroup).unwrap_or(0),
                 cgroup,
-                resource: starvation.resource,
-                signal: starvation.threshold.signal,
-                hard,
+                cause,
                 abort,
                 notice,
                 decision: decision.to_vec(),
                 wake: *wake,
                 started_ns: self.clock.now_ns(),
-                available_before: starvation.observation.available,
-                threshold_quantity: starvation.threshold_quantity,
             },
         );
     }
@@ -377,16 +429,17 @@ impl<I: Io> Evictor<I> {
     /// What the API is to be told about the eviction of `pod`, with each
     /// container's usage read now, before the kill takes it away. `None`
     /// without the API, or for a pod it has not shown evictd.
-    fn notice(
-        &self,
-        starvation: &Starvation,
-        pod: &PodSnapshot,
-        cgroup: &str,
-    ) -> Option<EvictionNotice> {
+    fn notice(&self, cause: &Cause, pod: &PodSnapshot, cgroup: &str) -> Option<EvictionNotice> {
         let api = self.api.as_ref()?;
         let Some(known) = api.known(&pod.uid) else {
             info!(victim = %pod.key(), "pod unknown to the Kubernetes API: its eviction is not reported there");
             return None;
+        };
+        let starvation = match cause {
+            Cause::Threshold(starvation) => starvation,
+            Cause::PodLimit(violation) => {
+                return Some(EvictionNotice::pod_limit(&known, violation.message()));
+            }
         };
         let signal = StarvedSignal {
             resource: starvation.resource,

@@ -1,9 +1,15 @@
 //! The loop's decisions on fakes of its seams (node, killer, API, kernel
 //! bands), with tokio's clock paused: no root, no sleeping.
+use std::collections::BTreeMap;
+
 use super::*;
 use crate::{
     act::wake::WakeCause,
     config::EvictionArgs,
+    node::runtime::{
+        disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
+        local_storage::EmptyDirVolume,
+    },
     report::kubernetes::EvictOutcome,
     testing::{
         LogCapture,
@@ -599,4 +605,132 @@ async fn with_the_runtime_down_a_disk_decision_is_held_and_memory_still_decided(
     harness.evictor.evaluate(wake(&harness));
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("big-memory")]);
+}
+
+/// A pod `name` whose `scratch` emptyDir has a 4Mi `sizeLimit`, and the
+/// runtime's reading of its disk: `used_mib` MiB in the emptyDir.
+fn scratch_writer(name: &str, used_mib: u64) -> (PodSnapshot, PodDiskUsage) {
+    let mut pod = pod(name, 10);
+    pod.empty_dirs = vec![EmptyDirVolume {
+        name: "scratch".into(),
+        size_limit: Some("4Mi".parse().unwrap()),
+    }];
+    let usage = PodDiskUsage {
+        volumes: vec![VolumeUsage {
+            name: "scratch".into(),
+            plugin: "kubernetes.io~empty-dir".into(),
+            usage: FsUsage {
+                bytes: used_mib * MIB,
+                inodes: 1,
+            },
+        }],
+        ..PodDiskUsage::default()
+    };
+    (pod, usage)
+}
+
+/// A node under no pressure running `writers` and `calm` (which sets no
+/// limit), with the API knowing them all.
+fn limits_harness(writers: Vec<(PodSnapshot, PodDiskUsage)>, dry_run: bool) -> (Harness, FakeApi) {
+    let mut pods = vec![pod("calm", 500)];
+    let mut disk = BTreeMap::new();
+    for (pod, usage) in writers {
+        disk.insert(pod.uid.clone(), usage);
+        pods.push(pod);
+    }
+    let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
+    let harness = Harness::new(HarnessOptions {
+        pods,
+        outside_pods: outside(500, 400),
+        api: Some(api.clone()),
+        dry_run,
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pod_disk = disk;
+    (harness, api)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_over_its_empty_dir_limit_is_killed_at_once_with_kubelets_message_without_pressure() {
+    let (mut harness, api) = limits_harness(
+        vec![scratch_writer("over", 8), scratch_writer("within", 2)],
+        false,
+    );
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("over")], "only the pod over it");
+    let reports = api.0.borrow().reports.clone();
+    assert_eq!(reports.len(), 1);
+    assert!(reports[0].pod_limit, "no node event: no threshold was met");
+    assert_eq!(
+        reports[0].message.text,
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"4Mi\". "
+    );
+    assert!(reports[0].message.annotations.is_empty());
+    let counted = harness
+        .metrics
+        .evictions
+        .with_label_values(&["emptydirfs.limit", "BestEffort"])
+        .get();
+    assert_eq!(counted, 1);
+
+    // Held to their limits every 10 s, not on every wake-up.
+    let checks = harness.node.0.borrow().local_storage_checks;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.node.0.borrow().local_storage_checks, checks);
+    tokio::time::advance(Duration::from_secs(10)).await;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.node.0.borrow().local_storage_checks, checks + 1);
+    assert_eq!(killed(&harness).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn local_storage_limits_wait_for_the_runtimes_reading_and_spare_what_must_not_die() {
+    let mut critical = scratch_writer("critical", 8);
+    critical.0.priority = 2_000_000_000;
+    let (mut harness, _api) = limits_harness(vec![scratch_writer("over", 8), critical], false);
+    harness.node.0.borrow_mut().disk_usage_pending = true;
+    let waiting = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(waiting.action, Action::Requeue(DISK_USAGE_WAIT));
+    assert!(killed(&harness).is_empty(), "nobody judged on no reading");
+
+    // The runtime down: still nobody, and no hurry.
+    {
+        let mut model = harness.node.0.borrow_mut();
+        model.disk_usage_pending = false;
+        model.disk_usage_unknown = true;
+    }
+    let held = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(held.action, Action::AwaitChange);
+    assert!(killed(&harness).is_empty());
+
+    let (log, _guard) = LogCapture::start();
+    harness.node.0.borrow_mut().disk_usage_unknown = false;
+    for _ in 0..3 {
+        tokio::time::advance(Duration::from_secs(10)).await;
+        harness.settle(wake(&harness)).await;
+    }
+    assert_eq!(killed(&harness), [cgroup("over")], "the critical pod lives");
+    let spared = log
+        .lines()
+        .iter()
+        .filter(|line| line.contains("over its local-storage limit, but a critical pod"))
+        .count();
+    assert_eq!(spared, 1, "said once: {:?}", log.lines());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_tells_of_a_pod_over_its_limit_once_and_kills_nothing() {
+    let (mut harness, _api) = limits_harness(vec![scratch_writer("over", 8)], true);
+    let (log, _guard) = LogCapture::start();
+    for _ in 0..3 {
+        harness.settle(wake(&harness)).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+    }
+    assert!(killed(&harness).is_empty());
+    let decided = log
+        .lines()
+        .iter()
+        .filter(|line| line.contains("eviction decided") && line.contains("emptydirfs.limit"))
+        .count();
+    assert_eq!(decided, 1, "{:?}", log.lines());
 }

@@ -428,3 +428,79 @@ fn with_the_runtime_down_disk_decisions_are_told_the_usage_is_unknown() {
     let node = inventory.observe().unwrap().stats;
     assert_eq!((node.imagefs, node.containerfs), (None, None));
 }
+
+#[test]
+fn only_running_pods_that_set_a_limit_are_held_to_their_local_storage_limits() {
+    use std::{collections::BTreeMap, time::Instant};
+
+    use crate::node::runtime::{
+        disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
+        link::RuntimeLink,
+        local_storage::LocalStorageViolation,
+        reading::FsPaths,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/podlimited", 10, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podunlimited", 10, 1);
+    observable(root);
+    let metadata = root.join("pods.json");
+    let limited = r#"[{"name": "scratch", "size_limit": "1Ki"}]"#;
+    let pods = format!(
+        r#"[{{"namespace": "shop", "name": "limited", "uid": "limited", "containers": [],
+              "empty_dirs": {limited}}},
+            {{"namespace": "shop", "name": "unlimited", "uid": "unlimited", "containers": [],
+              "empty_dirs": [{{"name": "scratch"}}]}},
+            {{"namespace": "shop", "name": "stopped", "uid": "stopped", "containers": [],
+              "empty_dirs": {limited}}}]"#
+    );
+    write(&metadata, &pods);
+    let mut inventory = inventory(root, "/sandbox", Some(&metadata));
+    // No runtime, nothing measured.
+    assert!(
+        inventory
+            .local_storage_violations(false)
+            .unwrap()
+            .is_empty()
+    );
+
+    let link = RuntimeLink::detached(true);
+    inventory.set_runtime(link.clone());
+    assert!(matches!(
+        inventory.local_storage_violations(false),
+        Err(InventoryError::DiskUsagePending)
+    ));
+    let over = |bytes| PodDiskUsage {
+        volumes: vec![VolumeUsage {
+            name: "scratch".into(),
+            plugin: "kubernetes.io~empty-dir".into(),
+            usage: FsUsage { bytes, inodes: 1 },
+        }],
+        ..PodDiskUsage::default()
+    };
+    let images = root.join("images");
+    link.set_reading(
+        Instant::now(),
+        FsPaths {
+            imagefs: images.clone(),
+            containerfs: images,
+        },
+        ["limited", "unlimited", "stopped"]
+            .into_iter()
+            .map(|uid| (uid.to_owned(), over(1 << 20)))
+            .collect::<BTreeMap<_, _>>(),
+    );
+    // `stopped` has a cgroup with no process left (a killed pod whose
+    // volume kubelet has not removed yet) and `unlimited` no sizeLimit.
+    v1_pod(root, "sandbox/kubepods/besteffort/podstopped", 10, 0);
+    inventory.cgroups_changed();
+    let found = inventory.local_storage_violations(false).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].pod.key(), "shop/limited");
+    assert!(
+        matches!(&found[0].violation, LocalStorageViolation::EmptyDir { volume, used_bytes, .. }
+            if volume == "scratch" && *used_bytes == 1 << 20),
+        "{found:?}"
+    );
+}

@@ -14,18 +14,31 @@
 //! The first that applies evicts the pod, with no grace period
 //! (kubelet's `immediateEvictionGracePeriodSeconds`), even if the node is
 //! under no pressure at all.
-use serde::Serialize;
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
 
 use super::disk_usage::PodDiskUsage;
-use crate::{node::snapshot::ContainerSpec, quantity::Quantity};
+use crate::{
+    node::snapshot::{ContainerSpec, PodSnapshot},
+    quantity::Quantity,
+};
 
 const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 
 /// An emptyDir volume of the pod spec and its `sizeLimit`, if set.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EmptyDirVolume {
     pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size_limit: Option<Quantity>,
+}
+
+/// A running pod over one of its local-storage limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalStorageEviction {
+    pub pod: PodSnapshot,
+    pub violation: LocalStorageViolation,
 }
 
 /// Why a pod is evicted for its local storage.
@@ -87,6 +100,19 @@ impl LocalStorageViolation {
             Self::Container { .. } => "ephemeralcontainerfs.limit",
         }
     }
+
+    /// The limit exceeded and what was measured against it.
+    pub fn limit_and_use(&self) -> (Quantity, u64) {
+        match self {
+            Self::EmptyDir {
+                limit, used_bytes, ..
+            }
+            | Self::Pod { limit, used_bytes }
+            | Self::Container {
+                limit, used_bytes, ..
+            } => (*limit, *used_bytes),
+        }
+    }
 }
 
 /// Go's `%q` for the names and quantities kubelet quotes (printable ASCII:
@@ -113,6 +139,41 @@ pub fn pod_limit(containers: &[ContainerSpec]) -> Option<Quantity> {
         .iter()
         .filter_map(|c| c.limits.get(EPHEMERAL_STORAGE).copied())
         .reduce(Quantity::saturating_add)
+}
+
+/// Whether `pod` sets a limit its local storage is held to: only such pods
+/// need their disk measured for [`evaluate`].
+pub fn has_limit(pod: &PodSnapshot) -> bool {
+    pod.empty_dirs
+        .iter()
+        .filter_map(|volume| volume.size_limit)
+        .any(|limit| is_positive(&limit))
+        || pod
+            .containers
+            .iter()
+            .any(|container| container.limits.contains_key(EPHEMERAL_STORAGE))
+}
+
+/// The pods among `pods` over a local-storage limit, by the runtime's
+/// reading `usage` (by pod uid); a pod the reading does not hold is not
+/// judged.
+pub fn violations(
+    pods: Vec<PodSnapshot>,
+    usage: &BTreeMap<String, PodDiskUsage>,
+    dedicated_imagefs: bool,
+) -> Vec<LocalStorageEviction> {
+    pods.into_iter()
+        .filter_map(|pod| {
+            let measured = usage.get(&pod.uid)?;
+            let violation = evaluate(
+                &pod.containers,
+                &pod.empty_dirs,
+                measured,
+                dedicated_imagefs,
+            )?;
+            Some(LocalStorageEviction { pod, violation })
+        })
+        .collect()
 }
 
 /// The local-storage eviction of one pod, if any: kubelet's order

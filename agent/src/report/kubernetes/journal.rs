@@ -68,6 +68,9 @@ struct Record {
     message: String,
     annotations: BTreeMap<String, String>,
     evicted_by_api: bool,
+    /// Absent from journals written before local-storage evictions.
+    #[serde(default)]
+    pod_limit: bool,
     action: String,
     /// RFC 3339.
     evicted_at: String,
@@ -207,6 +210,7 @@ fn record(report: &Pending) -> Record {
         message: notice.message.text.clone(),
         annotations: notice.message.annotations.clone(),
         evicted_by_api: notice.evicted_by_api,
+        pod_limit: notice.pod_limit,
         action: report.action.as_str().to_owned(),
         evicted_at: report.evicted_at.to_string(),
         stage: report.stage,
@@ -240,6 +244,7 @@ fn pending(record: Record) -> Option<Pending> {
                 annotations: record.annotations,
             },
             evicted_by_api: record.evicted_by_api,
+            pod_limit: record.pod_limit,
         },
         action,
         evicted_at,
@@ -311,6 +316,7 @@ mod tests {
                 annotations: BTreeMap::from([("starved_resource".into(), "memory".into())]),
             },
             evicted_by_api: false,
+            pod_limit: false,
         }
     }
 
@@ -322,8 +328,12 @@ mod tests {
         journal
             .add(notice("web"), EvictionAction::Status, Timestamp::now())
             .unwrap();
+        let over_its_limit = EvictionNotice {
+            pod_limit: true,
+            ..notice("db")
+        };
         journal
-            .add(notice("db"), EvictionAction::Delete, Timestamp::now())
+            .add(over_its_limit, EvictionAction::Delete, Timestamp::now())
             .unwrap();
         let web = journal.first().unwrap().id;
         journal.advance(web, Some(Stage::PodEvent));

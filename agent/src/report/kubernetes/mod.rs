@@ -12,7 +12,7 @@ mod pods;
 mod report;
 
 use std::{
-    collections::HashSet,
+    collections::{BTreeMap, HashSet},
     path::Path,
     sync::{Arc, Mutex, PoisonError, mpsc as std_mpsc},
     time::Duration,
@@ -294,6 +294,29 @@ impl EvictionNotice {
             message: eviction_message(signal, &containers),
             signal,
             evicted_by_api: false,
+            pod_limit: false,
+        }
+    }
+
+    /// What the API is told about `pod` killed for outgrowing its own
+    /// local-storage limit: kubelet's `message`, no annotations (kubelet
+    /// adds none to these).
+    pub fn pod_limit(pod: &KnownPod, message: String) -> Self {
+        Self {
+            namespace: pod.snapshot.namespace.clone(),
+            name: pod.snapshot.name.clone(),
+            uid: pod.snapshot.uid.clone(),
+            signal: StarvedSignal {
+                resource: Resource::EphemeralStorage,
+                threshold: 0,
+                available: 0,
+            },
+            message: EvictionMessage {
+                text: message,
+                annotations: BTreeMap::new(),
+            },
+            evicted_by_api: false,
+            pod_limit: true,
         }
     }
 }

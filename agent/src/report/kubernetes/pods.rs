@@ -10,7 +10,7 @@ use std::{
 };
 
 use futures::StreamExt as _;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Volume};
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt as _, watcher},
@@ -24,6 +24,7 @@ use super::{
 };
 use crate::{
     node::inventory::{InventoryError, PodMetadataSource},
+    node::runtime::local_storage::EmptyDirVolume,
     node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
     quantity::Quantity,
     report::metrics::Metrics,
@@ -311,6 +312,10 @@ fn known_pod(pod: &Pod) -> Option<KnownPod> {
                     requests: quantities(&context, resources.requests.as_ref()),
                     limits: quantities(&context, resources.limits.as_ref()),
                 }),
+            empty_dirs: spec
+                .and_then(|spec| spec.volumes.as_ref())
+                .map(|volumes| empty_dirs(&context, volumes))
+                .unwrap_or_default(),
             termination_grace_period_seconds: spec
                 .and_then(|spec| spec.termination_grace_period_seconds),
             usage: Default::default(),
@@ -333,6 +338,25 @@ fn container_spec(container: &Container) -> ContainerSpec {
         limits: quantities(&context, resources.and_then(|r| r.limits.as_ref())),
         restart_policy: container.restart_policy.clone(),
     }
+}
+
+/// The emptyDir volumes of a pod spec and their `sizeLimit`s.
+fn empty_dirs(context: &str, volumes: &[Volume]) -> Vec<EmptyDirVolume> {
+    volumes
+        .iter()
+        .filter_map(|volume| {
+            let source = volume.empty_dir.as_ref()?;
+            let size_limit = source.size_limit.as_ref().and_then(|limit| {
+                Quantity::parse(&limit.0)
+                    .map_err(|e| warn!(context, volume = volume.name, error = %e, "unreadable sizeLimit ignored"))
+                    .ok()
+            });
+            Some(EmptyDirVolume {
+                name: volume.name.clone(),
+                size_limit,
+            })
+        })
+        .collect()
 }
 
 /// A resource map of the API, in evictd's quantities; `context` names the
@@ -389,6 +413,35 @@ mod tests {
             [("app".to_owned(), "abc123".to_owned())]
         );
         assert!(store.listed());
+    }
+
+    #[test]
+    fn an_api_pod_carries_its_empty_dirs_and_their_size_limits() {
+        let store = PodStore::default();
+        store.apply(&pod(json!({
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+            "spec": {
+                "containers": [{"name": "app"}],
+                "volumes": [
+                    {"name": "scratch", "emptyDir": {"sizeLimit": "4Mi"}},
+                    {"name": "cache", "emptyDir": {}},
+                    {"name": "config", "configMap": {"name": "web"}}]
+            }
+        })));
+        let pod = store.get("u-1").unwrap().snapshot;
+        assert_eq!(
+            pod.empty_dirs,
+            [
+                EmptyDirVolume {
+                    name: "scratch".into(),
+                    size_limit: Some(Quantity::parse("4Mi").unwrap()),
+                },
+                EmptyDirVolume {
+                    name: "cache".into(),
+                    size_limit: None,
+                },
+            ]
+        );
     }
 
     #[test]

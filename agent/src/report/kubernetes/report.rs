@@ -54,6 +54,9 @@ pub struct EvictionNotice {
     pub message: EvictionMessage,
     /// The Eviction API already removed the pod: only the events are left.
     pub evicted_by_api: bool,
+    /// The pod outgrew its own local-storage limit: no threshold was met
+    /// (`signal` holds zeros), so there is no node event, as from kubelet.
+    pub pod_limit: bool,
 }
 
 /// The answer to a policy/v1 Eviction request.
@@ -148,7 +151,11 @@ pub(super) async fn serve_reports(
         let next = match report.stage {
             Stage::MakeFinal => {
                 concluded(&context, &report, result);
-                Some(Stage::NodeEvent)
+                if report.notice.pod_limit {
+                    Some(Stage::PodEvent)
+                } else {
+                    Some(Stage::NodeEvent)
+                }
             }
             Stage::NodeEvent => Some(Stage::PodEvent),
             Stage::PodEvent => {
