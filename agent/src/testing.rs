@@ -371,13 +371,16 @@ pub(crate) mod fakes {
                 .retain(|pod| pod.cgroup.as_deref() != Some(cgroup));
             Ok(KillReport {
                 method: KillMethod::Signals,
+                started_at_ns: 0,
                 sigterm_sent: 0,
                 sigkill_sent: 1,
                 rounds: 1,
                 mrelease_ok: 1,
                 mrelease_failed: 0,
                 frozen: false,
+                frozen_after: None,
                 first_sigkill_after: Some(Duration::ZERO),
+                released_after: Some(Duration::ZERO),
                 empty_after: Duration::ZERO,
             })
         }

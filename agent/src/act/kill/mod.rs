@@ -7,8 +7,16 @@
 //!   waiting for them to exit.
 //! - cgroup v1 (and v2 kernels older than 5.14, without `cgroup.kill`):
 //!   rounds of freeze (where a v1 freezer hierarchy has the pod), SIGKILL
-//!   of every listed process through its pidfd, `process_mrelease`, thaw;
-//!   until the subtree is empty or the deadline passes.
+//!   of every listed process through its pidfd, thaw, `process_mrelease`;
+//!   until the subtree is empty or the deadline passes. The freeze only has
+//!   to hold while the pod is listed and signalled (no fork escapes): a
+//!   task thawed with SIGKILL pending dies before it runs user code again,
+//!   so the thaw comes before the reaping, and each victim's exit path
+//!   frees its memory beside `process_mrelease` instead of after it.
+//! - `process_mrelease` runs on blocking threads (one per CPU at most, as
+//!   Android lmkd's reaper pool), never on the agent's loop: reaping a
+//!   large process takes tens of milliseconds, and the loop must go on
+//!   deciding meanwhile.
 //! - Soft evictions first SIGTERM the containers' processes (not the pod
 //!   sandbox's `pause`, whose end would take the pod's network down during
 //!   its grace period) and wait up to the grace period for them to exit.
@@ -31,10 +39,13 @@ mod tree;
 
 use std::{collections::BTreeSet, io, path::Path, path::PathBuf, time::Duration};
 
-use tokio::time::Instant;
+use tokio::{sync::oneshot, time::Instant};
 use tracing::{debug, warn};
 
-use crate::node::cgroupfs::{CgroupFs, CgroupVersion, is_gone};
+use crate::{
+    kernel::bpf::monotonic_now_ns,
+    node::cgroupfs::{CgroupFs, CgroupVersion, is_gone},
+};
 use pidfd::PidFd;
 use tree::Freezer;
 
@@ -52,7 +63,9 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 /// short against exit latencies, cheap for cgroupfs.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// pidfds open at once: a quarter of the 1,024 soft file limit a container
-/// runtime may give the agent, whatever else it has open.
+/// runtime may give the agent, whatever else it has open. Also how many
+/// processes of a round have their memory reaped (the first ones listed):
+/// a pod with more is a fork bomb, whose processes hold little.
 pub const SIGNAL_BATCH: usize = 256;
 /// The command of a pod sandbox's process (the `pause` image of every
 /// CRI runtime), spared the SIGTERM of a soft eviction.
@@ -113,6 +126,9 @@ pub enum KillMethod {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KillReport {
     pub method: KillMethod,
+    /// CLOCK_MONOTONIC when the kill began (the clock of kernel records
+    /// and of the decision's log line): the phases below count from here.
+    pub started_at_ns: u64,
     /// Processes sent SIGTERM (soft eviction).
     pub sigterm_sent: u32,
     /// Processes sent SIGKILL through their pidfd; with `cgroup.kill`, those
@@ -127,23 +143,31 @@ pub struct KillReport {
     pub mrelease_failed: u32,
     /// The v1 freezer reported `FROZEN` before a SIGKILL round.
     pub frozen: bool,
+    /// From the call to the v1 freezer's first `FROZEN`.
+    pub frozen_after: Option<Duration>,
     /// From the call to the first SIGKILL (or `cgroup.kill` write).
     pub first_sigkill_after: Option<Duration>,
+    /// From the call to the end of the first round's `process_mrelease`
+    /// calls: the victims' memory reaped, their exits still to come.
+    pub released_after: Option<Duration>,
     /// From the call to the moment the subtree held no process.
     pub empty_after: Duration,
 }
 
 impl KillReport {
-    fn new(method: KillMethod) -> Self {
+    fn new(method: KillMethod, started_at_ns: u64) -> Self {
         Self {
             method,
+            started_at_ns,
             sigterm_sent: 0,
             sigkill_sent: 0,
             rounds: 0,
             mrelease_ok: 0,
             mrelease_failed: 0,
             frozen: false,
+            frozen_after: None,
             first_sigkill_after: None,
+            released_after: None,
             empty_after: Duration::ZERO,
         }
     }
@@ -178,6 +202,7 @@ impl Killer {
     pub async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
         tree::validate(cgroup)?;
         let started = Instant::now();
+        let started_at_ns = monotonic_now_ns();
         let pod = Pod {
             cgroup,
             dirs: self.listed_dirs(cgroup),
@@ -190,11 +215,11 @@ impl Killer {
             CgroupVersion::V2 if cgroup_kill.exists() => KillMethod::CgroupKill,
             _ => KillMethod::Signals,
         };
-        let mut report = KillReport::new(method);
+        let mut report = KillReport::new(method, started_at_ns);
         if !grace.is_zero() && !pids.is_empty() {
             let containers: BTreeSet<u32> =
                 pids.into_iter().filter(|&pid| !is_sandbox(pid)).collect();
-            report.sigterm_sent = pod.signal_batched(&containers, libc::SIGTERM, &mut report)?;
+            report.sigterm_sent = pod.signal_batched(&containers, libc::SIGTERM)?.0;
             // As kubelet stops the containers, then the sandbox: once only
             // the sandbox is left, the hard kill below ends it at once.
             if pod.wait_only_sandboxes(started + grace).await? && pod.pids()?.is_empty() {
@@ -205,7 +230,7 @@ impl Killer {
         let deadline = Instant::now() + self.deadline;
         match method {
             KillMethod::CgroupKill => {
-                pod.cgroup_kill(&cgroup_kill, started, &mut report)?;
+                pod.cgroup_kill(&cgroup_kill, started, &mut report).await?;
             }
             KillMethod::Signals => {
                 let freezer = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at);
@@ -304,14 +329,14 @@ impl Pod<'_> {
     }
 
     /// Sends `signal` to every process of `pids` the pod still holds (never
-    /// pid 1 or the agent), [`SIGNAL_BATCH`] pidfds at a time; with SIGKILL,
-    /// reaps each one's memory too. Returns how many were signalled.
+    /// pid 1 or the agent), [`SIGNAL_BATCH`] pidfds at a time. Returns how
+    /// many were signalled and, with SIGKILL, the pidfds of the first
+    /// [`SIGNAL_BATCH`] of them, whose memory is to be reaped.
     fn signal_batched(
         &self,
         pids: &BTreeSet<u32>,
         signal: libc::c_int,
-        report: &mut KillReport,
-    ) -> Result<u32, KillError> {
+    ) -> Result<(u32, Vec<PidFd>), KillError> {
         let me = std::process::id();
         let targets: Vec<u32> = pids
             .iter()
@@ -319,6 +344,7 @@ impl Pod<'_> {
             .filter(|&pid| pid > 1 && pid != me)
             .collect();
         let mut sent = 0;
+        let mut to_reap = Vec::new();
         for batch in targets.chunks(SIGNAL_BATCH) {
             let opened = self.open(batch)?;
             // With the pidfds open, the pids the pod still lists are its own
@@ -328,16 +354,16 @@ impl Pod<'_> {
                 .into_iter()
                 .filter(|pidfd| listed.contains(&pidfd.pid))
                 .collect();
-            for pidfd in &pidfds {
-                if self.signal(pidfd, signal)? {
+            for pidfd in pidfds {
+                if self.signal(&pidfd, signal)? {
                     sent += 1;
+                    if signal == libc::SIGKILL && to_reap.len() < SIGNAL_BATCH {
+                        to_reap.push(pidfd);
+                    }
                 }
             }
-            if signal == libc::SIGKILL {
-                self.release(&pidfds, report);
-            }
         }
-        Ok(sent)
+        Ok((sent, to_reap))
     }
 
     /// `Ok(false)` if the process was already gone.
@@ -347,21 +373,38 @@ impl Pod<'_> {
             .map_err(|e| self.process_error(pidfd.pid, "signalling", e))
     }
 
-    /// Reaps the memory of SIGKILLed processes now; failures only count.
-    fn release(&self, pidfds: &[PidFd], report: &mut KillReport) {
-        for pidfd in pidfds {
-            match pidfd.release_memory() {
-                Ok(()) => report.mrelease_ok += 1,
-                Err(error) => {
-                    report.mrelease_failed += 1;
-                    debug!(cgroup = self.cgroup, pid = pidfd.pid, %error, "process_mrelease failed");
-                }
-            }
+    /// Starts reaping the memory of SIGKILLed processes on at most one
+    /// blocking thread per CPU, in parallel with each other and with the
+    /// processes' own exits.
+    fn reap(&self, pidfds: Vec<PidFd>) -> Reaping {
+        let reapers = std::thread::available_parallelism()
+            .map_or(1, usize::from)
+            .min(pidfds.len());
+        let mut shares: Vec<Vec<PidFd>> = (0..reapers).map(|_| Vec::new()).collect();
+        for (i, pidfd) in pidfds.into_iter().enumerate() {
+            shares[i % reapers].push(pidfd);
         }
+        let mut reaping = Reaping {
+            cgroup: self.cgroup.to_owned(),
+            begun: Vec::with_capacity(reapers),
+            threads: Vec::with_capacity(reapers),
+        };
+        for share in shares {
+            let (begin, begun) = oneshot::channel();
+            reaping.begun.push(begun);
+            reaping.threads.push(tokio::task::spawn_blocking(move || {
+                let _ = begin.send(());
+                share
+                    .iter()
+                    .map(|pidfd| (pidfd.pid, pidfd.release_memory()))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        reaping
     }
 
     /// `cgroup.kill`, then the memory of what it killed reaped at once.
-    fn cgroup_kill(
+    async fn cgroup_kill(
         &self,
         file: &Path,
         started: Instant,
@@ -386,20 +429,18 @@ impl Pod<'_> {
             .filter(|&pid| pid > 1 && pid != me)
             .collect();
         report.sigkill_sent = u32::try_from(dying.len()).unwrap_or(u32::MAX);
-        for batch in dying.chunks(SIGNAL_BATCH) {
-            let pidfds: Vec<PidFd> = batch
-                .iter()
-                .filter_map(|&pid| match PidFd::open(pid) {
-                    Ok(pidfd) => pidfd,
-                    Err(error) => {
-                        report.mrelease_failed += 1;
-                        debug!(cgroup = self.cgroup, pid, %error, "no pidfd for a dying process");
-                        None
-                    }
-                })
-                .collect();
-            self.release(&pidfds, report);
+        let mut pidfds = Vec::new();
+        for &pid in dying.iter().take(SIGNAL_BATCH) {
+            match PidFd::open(pid) {
+                Ok(Some(pidfd)) => pidfds.push(pidfd),
+                Ok(None) => {}
+                Err(error) => {
+                    report.mrelease_failed += 1;
+                    debug!(cgroup = self.cgroup, pid, %error, "no pidfd for a dying process");
+                }
+            }
         }
+        self.reap(pidfds).finish(started, report).await;
         Ok(())
     }
 
@@ -417,7 +458,10 @@ impl Pod<'_> {
                 Some(freezer) => {
                     let guard = ThawOnDrop(freezer);
                     if freezer.freeze()? {
-                        report.frozen |= self.wait_frozen(freezer, deadline).await?;
+                        if self.wait_frozen(freezer, deadline).await? {
+                            report.frozen = true;
+                            report.frozen_after.get_or_insert(started.elapsed());
+                        }
                     } else {
                         debug!(
                             cgroup = self.cgroup,
@@ -434,13 +478,20 @@ impl Pod<'_> {
             }
             report.rounds += 1;
             let signalled_at = started.elapsed();
-            let sent = self.signal_batched(&pids, libc::SIGKILL, report)?;
+            let (sent, to_reap) = self.signal_batched(&pids, libc::SIGKILL)?;
             if sent > 0 {
                 report.sigkill_sent += sent;
                 report.first_sigkill_after.get_or_insert(signalled_at);
             }
-            // Frozen tasks die only once thawed.
+            // The reapers take hold of the frozen victims' memory first:
+            // thawed, a victim's exit would detach it from its memory before
+            // a reaper could find it, and free it alone.
+            let mut reaping = self.reap(to_reap);
+            reaping.begun().await;
+            // Frozen tasks die only once thawed; every one listed has its
+            // SIGKILL, so none runs user code again (no fork escapes).
             drop(thaw);
+            reaping.finish(started, report).await;
             let round_end = deadline.min(Instant::now() + ROUND_WAIT);
             if self.wait_empty(round_end).await? || Instant::now() >= deadline {
                 return Ok(());
@@ -520,6 +571,52 @@ impl Pod<'_> {
             action,
             source,
         }
+    }
+}
+
+/// `process_mrelease` calls under way on blocking threads.
+struct Reaping {
+    cgroup: String,
+    /// Each thread says when it begins its calls.
+    begun: Vec<oneshot::Receiver<()>>,
+    threads: Vec<tokio::task::JoinHandle<Vec<Reaped>>>,
+}
+
+/// A victim's pid and what `process_mrelease` answered.
+type Reaped = (u32, io::Result<()>);
+
+impl Reaping {
+    /// Returns once every thread has begun.
+    async fn begun(&mut self) {
+        for begun in self.begun.drain(..) {
+            // A thread that ended early is reported by `finish`.
+            let _ = begun.await;
+        }
+    }
+
+    /// Waits for every call; counts them in `report` (failures only count:
+    /// mostly a victim that had exited).
+    async fn finish(self, started: Instant, report: &mut KillReport) {
+        for thread in self.threads {
+            let results = match thread.await {
+                Ok(results) => results,
+                Err(error) => {
+                    warn!(cgroup = self.cgroup, %error, "a process_mrelease thread failed");
+                    report.mrelease_failed += 1;
+                    continue;
+                }
+            };
+            for (pid, result) in results {
+                match result {
+                    Ok(()) => report.mrelease_ok += 1,
+                    Err(error) => {
+                        report.mrelease_failed += 1;
+                        debug!(cgroup = self.cgroup, pid, %error, "process_mrelease failed");
+                    }
+                }
+            }
+        }
+        report.released_after.get_or_insert(started.elapsed());
     }
 }
 

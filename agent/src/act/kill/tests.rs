@@ -227,7 +227,7 @@ async fn a_pod_removed_before_its_freeze_is_no_error() {
         dirs: vec![memory, dir],
     };
     let (log, _guard) = LogCapture::start();
-    let mut report = KillReport::new(KillMethod::Signals);
+    let mut report = KillReport::new(KillMethod::Signals, 0);
     let started = Instant::now();
     pod.signal_rounds(
         Some(&freezer),

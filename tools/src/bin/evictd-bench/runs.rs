@@ -91,6 +91,15 @@ pub struct Run {
     /// The agent's own `memory back` line, and the bytes it says came back.
     pub agent_back_us: Option<f64>,
     pub agent_freed_bytes: Option<u64>,
+    /// The phases of the agent's kill (its `pod killed` line), relative to
+    /// the crossing: the kill began; the v1 freezer said `FROZEN`; the
+    /// first SIGKILL; the first round's `process_mrelease` calls returned;
+    /// the victim's cgroup held no process.
+    pub kill_started_us: Option<f64>,
+    pub frozen_us: Option<f64>,
+    pub sigkill_us: Option<f64>,
+    pub released_us: Option<f64>,
+    pub empty_us: Option<f64>,
     pub trigger: Option<String>,
     /// Pods the agent (or the oracle) killed.
     pub victims: Vec<String>,
@@ -420,6 +429,15 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
     let back = log.all("memory back");
     run.agent_back_us = at(back.first(), "at_ns");
     run.agent_freed_bytes = back.first().and_then(|l| l["freed_bytes"].as_u64());
+    run.kill_started_us = at(killed.first(), "kill_started_ns");
+    let phase = |field: &str| {
+        let after_us = killed.first()?[field].as_u64()?;
+        Some(run.kill_started_us? + after_us as f64)
+    };
+    run.frozen_us = phase("frozen_after_us");
+    run.sigkill_us = phase("sigkill_after_us");
+    run.released_us = phase("released_after_us");
+    run.empty_us = phase("empty_after_us");
 }
 
 pub fn relative_us(ns: u64, origin: u64) -> f64 {

@@ -32,6 +32,13 @@ pub fn markdown(results: &Value) -> String {
     text += &goals::table(results);
     text += "\n## Memory bombs: crossing → decision → memory back\n\n";
     text += &memory_table(results);
+    text += "\n### Where decided → memory back goes\n\nThe agent's kill, phase by phase \
+             (its `pod killed` line), each from the previous: the kill future starts; on cgroup \
+             v1 the pod's freezer reports `FROZEN`; the first SIGKILL; the first round's \
+             `process_mrelease` calls return (the memory reaped); the cgroup holds no \
+             process; the node's page counter is back (the bench's instrument). A phase a run \
+             did not have (no freezer, v2's `cgroup.kill`) is left out.\n\n";
+    text += &kill_phases_table(results);
     text += "\n## Fork bomb\n\nTimes from the crossing of `pid.available` in the bomb's log (a record per \
              fork); *bomb's cgroup empty*: the agent's `pod killed`.\n\n";
     text += &fork_bomb_table(results);
@@ -248,6 +255,44 @@ fn memory_table(results: &Value) -> String {
                 wrong_victim(&these),
                 early(results, scenario, mode),
                 agent_cost(mode, &these),
+            );
+        }
+    }
+    text
+}
+
+fn kill_phases_table(results: &Value) -> String {
+    let mut text = "| scenario | mode | n | decided → kill starts | → frozen | → SIGKILL | → memory reaped | → cgroup empty | memory back − SIGKILL |\n\
+                    |---|---|---:|---|---|---|---|---|---|\n"
+        .to_owned();
+    let between = |runs: &Runs, from: &str, to: &str| -> Vec<Option<f64>> {
+        runs.iter()
+            .map(|r| Some(r[to].as_f64()? - r[from].as_f64()?))
+            .collect()
+    };
+    for scenario in scenarios(results, "memory") {
+        for mode in modes(scenario) {
+            let these = runs(results, scenario, mode);
+            if these.is_empty() || mode == "oracle" {
+                continue;
+            }
+            // Without a freezer the SIGKILL follows the start directly.
+            let frozen_or_start =
+                |r: &Value| r["frozen_us"].as_f64().or(r["kill_started_us"].as_f64());
+            let to_sigkill: Vec<Option<f64>> = these
+                .iter()
+                .map(|r| Some(r["sigkill_us"].as_f64()? - frozen_or_start(r)?))
+                .collect();
+            text += &format!(
+                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} |\n",
+                scenario["name"].as_str().unwrap_or_default(),
+                these.len(),
+                triple(&between(&these, "decided_us", "kill_started_us")),
+                triple(&between(&these, "kill_started_us", "frozen_us")),
+                triple(&to_sigkill),
+                triple(&between(&these, "sigkill_us", "released_us")),
+                triple(&between(&these, "released_us", "empty_us")),
+                triple(&between(&these, "sigkill_us", "back_us")),
             );
         }
     }
