@@ -7,12 +7,14 @@
 //!   waiting for them to exit.
 //! - cgroup v1 (and v2 kernels older than 5.14, without `cgroup.kill`):
 //!   rounds of freeze (where a v1 freezer hierarchy has the pod), SIGKILL
-//!   of every listed process through its pidfd, thaw, `process_mrelease`;
+//!   of every listed process through its pidfd, `process_mrelease`, thaw;
 //!   until the subtree is empty or the deadline passes. The freeze only has
 //!   to hold while the pod is listed and signalled (no fork escapes): a
-//!   task thawed with SIGKILL pending dies before it runs user code again,
-//!   so the thaw comes before the reaping, and each victim's exit path
-//!   frees its memory beside `process_mrelease` instead of after it.
+//!   task thawed with SIGKILL pending dies before it runs user code again.
+//!   So the pod is thawed as soon as the reapers are seen freeing (they
+//!   then hold the victims' memory), and each victim's exit frees beside
+//!   them; thawed earlier, a victim's exit would detach its memory before
+//!   a reaper found it and free it alone, at half the speed.
 //! - `process_mrelease` runs on blocking threads (one per CPU at most, as
 //!   Android lmkd's reaper pool), never on the agent's loop: reaping a
 //!   large process takes tens of milliseconds, and the loop must go on
@@ -62,6 +64,12 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 /// How often `cgroup.procs` and `freezer.state` are re-read while waiting:
 /// short against exit latencies, cheap for cgroupfs.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How long a frozen pod waits for its reapers to be seen freeing before it
+/// is thawed anyway, how often that is looked at, and how far the pod's
+/// charge must fall to count as seen.
+const REAPERS_HOLD: Duration = Duration::from_millis(3);
+const REAPERS_POLL: Duration = Duration::from_micros(200);
+const REAPING_SEEN_BYTES: u64 = 1 << 20;
 /// pidfds open at once: a quarter of the 1,024 soft file limit a container
 /// runtime may give the agent, whatever else it has open. Also how many
 /// processes of a round have their memory reaped (the first ones listed):
@@ -478,6 +486,7 @@ impl Pod<'_> {
             }
             report.rounds += 1;
             let signalled_at = started.elapsed();
+            let charged = self.charged();
             let (sent, to_reap) = self.signal_batched(&pids, libc::SIGKILL)?;
             if sent > 0 {
                 report.sigkill_sent += sent;
@@ -488,6 +497,9 @@ impl Pod<'_> {
             // a reaper could find it, and free it alone.
             let mut reaping = self.reap(to_reap);
             reaping.begun().await;
+            if thaw.is_some() {
+                self.reapers_hold(charged).await;
+            }
             // Frozen tasks die only once thawed; every one listed has its
             // SIGKILL, so none runs user code again (no fork escapes).
             drop(thaw);
@@ -496,6 +508,33 @@ impl Pod<'_> {
             if self.wait_empty(round_end).await? || Instant::now() >= deadline {
                 return Ok(());
             }
+        }
+    }
+
+    /// The pod's bytes charged (v1 `memory.usage_in_bytes`: the freezer
+    /// is v1's), if readable.
+    fn charged(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.dirs[0].join("memory.usage_in_bytes")).ok()?;
+        text.trim().parse().ok()
+    }
+
+    /// Waits, at most [`REAPERS_HOLD`], until the pod's charge has fallen
+    /// [`REAPING_SEEN_BYTES`] below `charged` (taken before the SIGKILL):
+    /// the reapers are freeing, so they hold the victims' memory, and a
+    /// thawed victim's exit frees beside them instead of taking the memory
+    /// from them. A pod with little memory waits the whole bound.
+    async fn reapers_hold(&self, charged: Option<u64>) {
+        let Some(charged) = charged else { return };
+        let until = Instant::now() + REAPERS_HOLD;
+        loop {
+            if self
+                .charged()
+                .is_none_or(|now| now.saturating_add(REAPING_SEEN_BYTES) <= charged)
+                || Instant::now() >= until
+            {
+                return;
+            }
+            tokio::time::sleep(REAPERS_POLL).await;
         }
     }
 
