@@ -162,6 +162,14 @@ impl ApiServer {
         lock(&self.shared.requests).clone()
     }
 
+    /// The requests that changed something, in order.
+    pub fn writes(&self) -> Vec<Recorded> {
+        self.requests()
+            .into_iter()
+            .filter(Recorded::is_write)
+            .collect()
+    }
+
     /// Waits until a request matches `matches` (described by `what`);
     /// returns it.
     pub fn wait_for_request(

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use evictd::quantity::Quantity;
 use evictd_integration::{
-    Agent, ApiServer, Faults, Recorded, SandboxNode, api_pod, closed_port, http_get, memory_pods,
-    metric, wait_until, write_kubeconfig,
+    Agent, ApiServer, Faults, SandboxNode, api_pod, closed_port, http_get, memory_pods, metric,
+    wait_until, write_kubeconfig,
 };
 use nix::sys::signal::Signal;
 use serde_json::{Value, json};
@@ -66,14 +66,6 @@ fn hog_is_killed_from_cgroups_alone(node: &mut SandboxNode, agent: &mut Agent) {
         assert!(node.alive(name), "{name} was killed");
     }
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
-}
-
-fn writes(server: &ApiServer) -> Vec<Recorded> {
-    server
-        .requests()
-        .into_iter()
-        .filter(Recorded::is_write)
-        .collect()
 }
 
 #[test]
@@ -142,7 +134,7 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
             r.method == "POST" && r.body["reason"] == "Evicted"
         })
         .unwrap();
-    let writes = writes(&server);
+    let writes = server.writes();
     let summary: Vec<(&str, &str)> = writes
         .iter()
         .map(|r| (r.method.as_str(), r.path.as_str()))
@@ -238,7 +230,8 @@ fn a_forbidden_request_is_one_clear_error_and_is_not_retried() {
         "eviction not reported to the Kubernetes API",
         &[("pod", "default/hog")],
     );
-    let patches = writes(&server)
+    let patches = server
+        .writes()
         .into_iter()
         .filter(|r| r.method == "PATCH")
         .count();
@@ -467,7 +460,7 @@ fn dry_run_reads_the_api_and_writes_nothing() {
     assert!(node.alive("hog"));
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
-    assert!(writes(&server).is_empty(), "{:#?}", writes(&server));
+    assert!(server.writes().is_empty(), "{:#?}", server.writes());
 }
 
 /// How long the old reporter kept a report before giving up, with
@@ -520,7 +513,7 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
     // The outage lasts as long as the scenario says: a parameter of the
     // test, not a wait for a condition.
     std::thread::sleep(OUTAGE.saturating_sub(outage.elapsed()));
-    assert!(writes(&server).is_empty(), "{:#?}", writes(&server));
+    assert!(server.writes().is_empty(), "{:#?}", server.writes());
     server.come_back().unwrap();
 
     // Final exactly once, then the events, in that order.
@@ -533,7 +526,7 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
         "eviction reported to the Kubernetes API",
         &[("pod", "default/hog"), ("action", "status")],
     );
-    let writes = writes(&server);
+    let writes = server.writes();
     let summary: Vec<(&str, &str, u16)> = writes
         .iter()
         .map(|r| (r.method.as_str(), r.path.as_str(), r.status))

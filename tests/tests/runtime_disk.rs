@@ -406,11 +406,7 @@ fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_kubelets_message_without_
             r.method == "POST" && r.body["reason"] == "Evicted"
         })
         .unwrap();
-    let writes: Vec<_> = server
-        .requests()
-        .into_iter()
-        .filter(|r| r.is_write())
-        .collect();
+    let writes = server.writes();
     let summary: Vec<(&str, &str)> = writes
         .iter()
         .map(|r| (r.method.as_str(), r.path.as_str()))
