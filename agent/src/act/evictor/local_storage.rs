@@ -49,22 +49,21 @@ impl<I: Io> Evictor<I> {
         if now_ns < self.local_storage.due_ns {
             return None;
         }
-        let found = match self.node.local_storage_violations(dedicated_imagefs) {
+        let result = self.node.local_storage_violations(dedicated_imagefs);
+        if matches!(result, Err(InventoryError::DiskUsagePending)) {
+            return Some(DISK_USAGE_WAIT);
+        }
+        self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
+        let found = match result {
             Ok(found) => found,
-            Err(InventoryError::DiskUsagePending) => return Some(DISK_USAGE_WAIT),
             // No pod is judged on no reading; the runtime's thread says
             // that it is down.
-            Err(InventoryError::DiskUsageUnknown) => {
-                self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
-                return None;
-            }
+            Err(InventoryError::DiskUsageUnknown) => return None,
             Err(e) => {
                 warn!(error = %e, "cannot hold the pods to their local-storage limits");
-                self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
                 return None;
             }
         };
-        self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
         self.local_storage
             .told
             .retain(|uid| found.iter().any(|over| over.pod.uid == *uid));

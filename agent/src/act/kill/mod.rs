@@ -65,10 +65,10 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 /// short against exit latencies, cheap for cgroupfs.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// How long a frozen pod waits for its reapers to be seen freeing before it
-/// is thawed anyway, how often that is looked at, and how far the pod's
-/// charge must fall to count as seen.
+/// is thawed anyway, how often that is looked at (tokio's timer ticks every
+/// millisecond), and how far the pod's charge must fall to count as seen.
 const REAPERS_HOLD: Duration = Duration::from_millis(3);
-const REAPERS_POLL: Duration = Duration::from_micros(200);
+const REAPERS_POLL: Duration = Duration::from_millis(1);
 const REAPING_SEEN_BYTES: u64 = 1 << 20;
 /// pidfds open at once: a quarter of the 1,024 soft file limit a container
 /// runtime may give the agent, whatever else it has open. Also how many
