@@ -337,6 +337,12 @@ impl<B: BandTable> Monitor<B> {
             .map(Scope::label)
     }
 
+    /// The band table, for tests to read what the kernel holds.
+    #[cfg(test)]
+    pub fn bands(&self) -> Option<&B> {
+        self.bands.as_ref()
+    }
+
     /// Gives the band table back (dropping the scope maps frees them).
     pub fn into_bands(self) -> Option<B> {
         self.bands

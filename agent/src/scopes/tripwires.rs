@@ -5,9 +5,14 @@
 //!
 //! - `memory.available < T` needs the node cgroup's usage (bytes charged)
 //!   to be at least `capacity − T`, since the working set never exceeds
-//!   usage: that is the band the kernel watches. Past it only a fresh read
-//!   of the working set tells whether the threshold is met.
-//! - `allocatableMemory.available < T` likewise on the pods' cgroup.
+//!   usage: the kernel's first line. Past it only a fresh read of the
+//!   working set tells whether the threshold is met, so the engine looks
+//!   again every 20 ms (the close watch); and the kernel watches a second
+//!   line, `capacity − T + inactive_file`, where the working set crosses
+//!   if the page cache stays as it was at the last reading: that crossing
+//!   is then pushed by the kernel, not found by the close watch.
+//! - `allocatableMemory.available < T` likewise on the pods' cgroup, with
+//!   the pods' cgroup's inactive file pages.
 //! - `pid.available < T` is met at exactly `max − T + 1` tasks.
 //! - cgroup v1 eventfd thresholds (`--mode memcg-threshold`) are armed as
 //!   kubelet arms them: `capacity − T + inactive_file`, what usage is when
@@ -83,7 +88,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
         scopes.push(EngineScope {
             kind: ScopeKind::Memory,
             path: Some(observation.node_cgroup.clone()),
-            thresholds: node_memory,
+            thresholds: with_cache_lines(node_memory, observation.node_memory.inactive_file_bytes),
             reading: memory_reading(&observation.node_memory),
         });
     }
@@ -102,7 +107,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
         scopes.push(EngineScope {
             kind: ScopeKind::Memory,
             path: Some(path.clone()),
-            thresholds: kubepods_memory,
+            thresholds: with_cache_lines(kubepods_memory, memory.inactive_file_bytes),
             reading: memory_reading(memory),
         });
     }
@@ -117,6 +122,25 @@ fn memory_reading(memory: &crate::node::cgroupfs::MemoryReading) -> Reading {
         value: memory.usage_bytes,
         working_set: Some(memory.working_set_bytes()),
     }
+}
+
+/// A memory scope's `lines` (usage where the working set could reach each
+/// threshold), each joined by the usage where it does reach it if the
+/// scope's `inactive_file` pages stay: kubelet's memcg threshold level. The
+/// second line makes the kernel push the crossing of an allocation that
+/// does not turn cache into working set (the OOM case); cache that does,
+/// at constant usage, is the close watch's. Both lines of a scope with no
+/// inactive file are one.
+fn with_cache_lines(lines: Vec<u64>, inactive_file: u64) -> Vec<u64> {
+    let with_cache: Vec<u64> = lines
+        .iter()
+        .map(|line| line.saturating_add(inactive_file))
+        .collect();
+    let mut all = lines;
+    all.extend(with_cache);
+    all.sort_unstable();
+    all.dedup();
+    all
 }
 
 /// The usage at which a memory threshold is met on `capacity` bytes, were
@@ -194,7 +218,8 @@ mod tests {
                 EngineScope {
                     kind: ScopeKind::Memory,
                     path: Some("/node".into()),
-                    thresholds: vec![924 * MIB],
+                    // capacity − T, then + the node's 100 MiB of inactive file.
+                    thresholds: vec![924 * MIB, 1024 * MIB],
                     reading: Reading {
                         value: 700 * MIB,
                         working_set: Some(600 * MIB)
@@ -212,9 +237,11 @@ mod tests {
                 EngineScope {
                     kind: ScopeKind::Memory,
                     path: Some("/node/kubepods".into()),
-                    // allocatableMemory.available<50Mi, then the copy of
-                    // memory.available<100Mi that enforceNodeAllocatable adds.
-                    thresholds: vec![850 * MIB, 800 * MIB],
+                    // The copy of memory.available<100Mi that
+                    // enforceNodeAllocatable adds (800), allocatableMemory.
+                    // available<50Mi (850), each + the pods' 50 MiB of
+                    // inactive file (850, 900).
+                    thresholds: vec![800 * MIB, 850 * MIB, 900 * MIB],
                     reading: Reading {
                         value: 550 * MIB,
                         working_set: Some(500 * MIB)
@@ -246,8 +273,20 @@ mod tests {
             ]
         );
         // The allocatable copy of the threshold (900 − 100 MiB), then
-        // 924 MiB less what the node holds outside the pods (600 − 500).
-        assert_eq!(wires.scopes[1].thresholds, [800 * MIB, 824 * MIB]);
+        // 924 MiB less what the node holds outside the pods (600 − 500),
+        // each + the pods' 50 MiB of inactive file.
+        assert_eq!(
+            wires.scopes[1].thresholds,
+            [800 * MIB, 824 * MIB, 850 * MIB, 874 * MIB]
+        );
+    }
+
+    #[test]
+    fn without_inactive_file_the_cache_line_is_the_threshold_line() {
+        let mut observation = observation("/node");
+        observation.node_memory.inactive_file_bytes = 0;
+        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        assert_eq!(wires.scopes[0].thresholds, [924 * MIB]);
     }
 
     #[test]

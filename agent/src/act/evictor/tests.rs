@@ -2,10 +2,13 @@
 //! bands), with tokio's clock paused: no root, no sleeping.
 use std::collections::BTreeMap;
 
+use evictd_common::Band;
+
 use super::*;
 use crate::{
     act::wake::WakeCause,
     config::EvictionArgs,
+    kernel::bpf::ScopeKind,
     node::runtime::{
         disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
         local_storage::EmptyDirVolume,
@@ -302,6 +305,20 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
         Some(vec![NODE_CAPACITY]),
         "capacity − 100Mi + inactive file"
     );
+    // Past the first line the kernel still watches: where the working set
+    // crosses if the cache stays, so an anonymous hog's crossing is pushed.
+    let memory_bands: Vec<Band> = harness
+        .evictor
+        .monitor()
+        .bands()
+        .unwrap()
+        .bands
+        .iter()
+        .filter(|(key, _)| key.kind == ScopeKind::Memory)
+        .map(|(_, band)| *band)
+        .collect();
+    assert_eq!(memory_bands.len(), 1, "{memory_bands:?}");
+    assert_eq!(memory_bands[0].rise_at, NODE_CAPACITY, "{memory_bands:?}");
     harness.node.0.borrow_mut().page_cache = 0;
     let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(
