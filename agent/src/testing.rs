@@ -285,6 +285,8 @@ pub(crate) mod fakes {
 
         fn cgroups_changed(&mut self) {}
 
+        fn cgroup_changed(&mut self, _hierarchy_id: u32, _path: &str) {}
+
         /// As the inventory: only pods that set a limit, judged on the
         /// runtime's reading when there is one.
         fn local_storage_violations(

@@ -13,7 +13,7 @@
 
 use std::{fs, process::Command};
 
-use evictd::node::cgroupfs::CgroupFs;
+use evictd::node::cgroupfs::{CgroupError, CgroupFs};
 use evictd_integration::{
     AGENT_DEADLINE, Agent, CgroupVersion, Controller, PodSpec, PrivateCgroupTree, SandboxNode,
     Workload, agent_binary, http_get, run_evictd, systemd_path, wait_until,
@@ -250,4 +250,36 @@ fn a_kernel_oom_kill_is_counted_by_the_kernel_and_reported_by_the_agent() {
         "{metrics}"
     );
     assert!(agent.stop().unwrap().0.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn an_open_usage_file_reads_afresh_and_says_when_its_cgroup_is_gone() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let cgroupfs = CgroupFs::discover().unwrap();
+    // What a memory listing keeps open for each pod.
+    let usage = cgroupfs
+        .open_memory_usage(&tree.relative_path("pod"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(usage.read_u64().unwrap(), tree.memory_usage("pod").unwrap());
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(32 * MIB).unwrap();
+    let grown = usage.read_u64().unwrap();
+    assert!(grown >= 32 * MIB, "read again: {grown} bytes");
+    // A quiet cgroup read twice a moment apart: equal up to the kernel's
+    // per-CPU batching.
+    let by_path = tree.memory_usage("pod").unwrap();
+    assert!(
+        grown.abs_diff(by_path) < MIB,
+        "open {grown}, by path {by_path}"
+    );
+    drop(workload);
+    tree.remove("pod").unwrap();
+    assert!(
+        matches!(usage.read_u64(), Err(CgroupError::Gone(_))),
+        "{:?}",
+        usage.read_u64()
+    );
 }

@@ -31,6 +31,7 @@ use crate::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
         thresholds::{EvictionConfig, NodeCondition, Resource},
     },
+    kernel::bpf::CgroupChange,
     node::{inventory::InventoryError, runtime::link::NodeReclaim, snapshot::PodSnapshot},
     report::metrics::Metrics,
     scopes::{
@@ -179,10 +180,20 @@ impl<I: Io> Evictor<I> {
         &self.metrics
     }
 
-    /// Cgroups were created or removed (a kernel record), or may have been
-    /// (a resync): the pods are listed again before the next decision.
+    /// Cgroups may have been created or removed (records lost, or a resync
+    /// without the lifecycle programs): the pods are listed again before
+    /// the next decision.
     pub fn cgroups_changed(&mut self) {
         self.node.cgroups_changed();
+    }
+
+    /// A kernel record of a cgroup created or removed: the pods are listed
+    /// again before the next decision if it may change them.
+    pub fn cgroup_changed(&mut self, change: &CgroupChange) {
+        match change.path() {
+            (_, true) => self.node.cgroups_changed(),
+            (path, false) => self.node.cgroup_changed(change.0.hierarchy_id, &path),
+        }
     }
 
     /// The API side and the monitor back, for shutdown; evictions still

@@ -58,8 +58,12 @@ pub trait NodeSource {
     fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError>;
     /// `pod` with its usage read exactly; `None` once it is gone.
     fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
-    /// Cgroups were created or removed (a kernel record, or a resync).
+    /// Cgroups may have been created or removed (records lost, or a
+    /// resync without the lifecycle programs).
     fn cgroups_changed(&mut self);
+    /// Cgroup `path` of hierarchy `hierarchy_id` was created or removed (a
+    /// kernel record).
+    fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str);
     /// Each container's ephemeral storage (writable layer and logs, by
     /// name) in pod `uid`, as the last disk reading found it; empty without
     /// a container runtime.
@@ -155,6 +159,10 @@ impl NodeSource for Inventory {
 
     fn cgroups_changed(&mut self) {
         Inventory::cgroups_changed(self);
+    }
+
+    fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str) {
+        Inventory::cgroup_changed(self, hierarchy_id, path);
     }
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {

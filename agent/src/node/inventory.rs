@@ -12,6 +12,7 @@
 //! Containers are cgroups below the pod's; usage is read at the pod's level,
 //! which counts them all.
 use std::{
+    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
     sync::Arc,
@@ -24,7 +25,7 @@ pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
     decide::thresholds::{Resource, Signal},
-    node::cgroupfs::{CgroupError, CgroupFs, is_gone},
+    node::cgroupfs::{CgroupError, CgroupFs, OpenValue, hierarchy_ids, is_gone},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
         local_storage::{self, LocalStorageEviction},
@@ -89,6 +90,10 @@ pub trait PodMetadataSource: Send {
     /// The pod with this uid, if the source knows it.
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError>;
 
+    /// Takes in what changed at the source since the last call, once
+    /// before a listing's lookups.
+    fn refresh(&mut self) {}
+
     /// Where the source counts its own troubles, once the metrics exist.
     fn set_metrics(&mut self, _metrics: Arc<Metrics>) {}
 }
@@ -104,9 +109,16 @@ pub struct PodCgroup {
 
 pub struct Inventory {
     signals: NodeSignals,
-    /// The pod cgroups as last listed; `None` once a cgroup was created or
-    /// removed since (a kernel record says so), or at a resync.
+    /// The pod cgroups as last listed; `None` once a pod's cgroup was
+    /// created or removed since (a kernel record says so), or when that
+    /// cannot be known (records lost, no lifecycle programs).
     listed: Option<Vec<PodCgroup>>,
+    /// The listed pods' bytes-charged files, open, by cgroup path: a memory
+    /// listing reads each with one system call.
+    usage_files: HashMap<String, OpenValue>,
+    /// The memory controller's hierarchy id (0 on v2): only its cgroups
+    /// can change the listing.
+    memory_hierarchy: Option<u32>,
     metadata: Option<Box<dyn PodMetadataSource>>,
     /// Where this process sits in the memory hierarchy, and the uid of its
     /// pod from the downward API, to recognise the pod evictd runs in.
@@ -135,6 +147,8 @@ impl Inventory {
         };
         Ok(Self {
             listed: None,
+            usage_files: HashMap::new(),
+            memory_hierarchy: hierarchy_ids(&cgroupfs).memory,
             own_cgroup: own_memory_cgroup(),
             own_pod_uid: args.pod_uid.clone(),
             signals: NodeSignals {
@@ -318,21 +332,52 @@ impl Inventory {
         }
     }
 
-    /// Cgroups were created or removed: the pods are listed again before
-    /// the next decision.
+    /// Cgroups may have been created or removed: the pods are listed again
+    /// before the next decision.
     pub fn cgroups_changed(&mut self) {
         self.listed = None;
     }
 
+    /// The cgroup `path` of hierarchy `hierarchy_id` was created or removed
+    /// (a kernel record): the pods are listed again before the next
+    /// decision, unless it cannot change the listing: a cgroup of another
+    /// hierarchy (v1 makes one per controller), or a container's inside a
+    /// listed pod. Containers come and go far more often than pods, and a
+    /// listing would then be redone at the next decision.
+    pub fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str) {
+        if self.memory_hierarchy != Some(hierarchy_id) {
+            return;
+        }
+        let Some(listed) = &self.listed else {
+            return;
+        };
+        let path = format!("/{}", path.trim_matches('/'));
+        let inside_a_pod = listed.iter().any(|pod| {
+            path.strip_prefix(&pod.path)
+                .is_some_and(|rest| rest.starts_with('/'))
+        });
+        if !inside_a_pod {
+            self.listed = None;
+        }
+    }
+
     fn read_pods(&mut self, reads: Reads) -> Result<Vec<PodSnapshot>, InventoryError> {
+        if let Some(source) = self.metadata.as_mut() {
+            source.refresh();
+        }
         let listed = match self.listed.take() {
             Some(listed) => listed,
-            None => match self.kubepods_cgroup() {
-                Some(kubepods) => {
-                    find_pods(&self.signals.cgroupfs.memory_dir(&kubepods), &kubepods)?
-                }
-                None => Vec::new(),
-            },
+            None => {
+                let listed = match self.kubepods_cgroup() {
+                    Some(kubepods) => {
+                        find_pods(&self.signals.cgroupfs.memory_dir(&kubepods), &kubepods)?
+                    }
+                    None => Vec::new(),
+                };
+                self.usage_files
+                    .retain(|path, _| listed.iter().any(|pod| &pod.path == path));
+                listed
+            }
         };
         let mut pods = Vec::with_capacity(listed.len());
         let mut gone = false;
@@ -444,15 +489,15 @@ impl Inventory {
         })
     }
 
-    fn usage(&self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
-        let cgroupfs = &self.signals.cgroupfs;
+    fn usage(&mut self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
         if reads == Reads::MemoryBound {
             // The process count, and so whether it runs, is read by `refine`.
             return Ok(PodUsage {
-                memory_working_set_bytes: cgroupfs.read_memory_usage(path)?,
+                memory_working_set_bytes: self.bytes_charged(path)?,
                 ..PodUsage::default()
             });
         }
+        let cgroupfs = &self.signals.cgroupfs;
         let memory = cgroupfs.read_memory(path)?;
         let pids = cgroupfs.count_processes(path)?;
         Ok(PodUsage {
@@ -460,6 +505,37 @@ impl Inventory {
             pids,
             ..PodUsage::default()
         })
+    }
+
+    /// The bytes charged to pod cgroup `path`, through its file kept open
+    /// (opened at its first read).
+    fn bytes_charged(&mut self, path: &str) -> Result<u64, CgroupError> {
+        if let Some(open) = self.usage_files.get(path) {
+            match open.read_u64() {
+                // Removed, or removed and made again under the same path:
+                // opened anew below, or gone for good.
+                Err(CgroupError::Gone(_)) => {
+                    self.usage_files.remove(path);
+                }
+                result => return result,
+            }
+        }
+        let cgroupfs = &self.signals.cgroupfs;
+        match cgroupfs.open_memory_usage(path) {
+            Ok(Some(open)) => {
+                let bytes = open.read_u64()?;
+                self.usage_files.insert(path.to_owned(), open);
+                Ok(bytes)
+            }
+            Ok(None) => cgroupfs.read_memory_usage(path),
+            // Out of file descriptors: read by path, as it always works.
+            Err(CgroupError::Io { source, .. })
+                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) =>
+            {
+                cgroupfs.read_memory_usage(path)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -161,8 +161,12 @@ impl MetadataFile {
 
 impl PodMetadataSource for MetadataFile {
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
-        self.reload_if_changed();
         Ok(self.pods.get(uid).cloned())
+    }
+
+    /// One stat of the file per listing, not one per pod.
+    fn refresh(&mut self) {
+        self.reload_if_changed();
     }
 
     fn set_metrics(&mut self, metrics: Arc<Metrics>) {
@@ -189,7 +193,9 @@ mod tests {
             .unwrap();
     }
 
+    /// As a listing looks a pod up: the file refreshed first.
     fn name(file: &mut MetadataFile, uid: &str) -> Option<String> {
+        file.refresh();
         file.lookup(uid).unwrap().map(|pod| pod.name)
     }
 

@@ -549,11 +549,11 @@ fn handle_records<I: Io>(
                 );
             }
             KernelEvent::CgroupCreated(change) => {
-                evictor.cgroups_changed();
+                evictor.cgroup_changed(change);
                 evictor.monitor().on_mkdir(change);
             }
             KernelEvent::CgroupRemoved(change) => {
-                evictor.cgroups_changed();
+                evictor.cgroup_changed(change);
                 evictor.monitor().on_rmdir(change);
             }
         }
@@ -574,8 +574,12 @@ fn handle_records<I: Io>(
 /// scope (a resync behind the programs, or the poll without them).
 fn resync<I: Io>(evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) {
     let lost = kernel.is_some_and(|kernel| kernel.refresh_counters(evictor.metrics()) > 0);
-    // Without the lifecycle programs, nothing else says pods came or went.
-    evictor.cgroups_changed();
+    // Without the lifecycle programs, or with their records lost, nothing
+    // else says pods came or went; with them, the listing stays as the
+    // records keep it, so a decision need not list the pods again.
+    if lost || !evictor.monitor().sees_cgroup_lifecycle() {
+        evictor.cgroups_changed();
+    }
     evictor.monitor().resync(lost);
 }
 

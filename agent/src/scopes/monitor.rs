@@ -140,6 +140,11 @@ impl<B: BandTable> Monitor<B> {
         }
     }
 
+    /// Whether kernel records tell of every cgroup created or removed.
+    pub fn sees_cgroup_lifecycle(&self) -> bool {
+        self.bands.is_some() && self.coverage.cgroup_lifecycle
+    }
+
     /// Whether the kernel pushes crossings of `kind`.
     pub fn kernel_watches(&self, kind: ScopeKind) -> bool {
         self.bands.is_some() && self.coverage.watches(kind)
@@ -304,7 +309,7 @@ impl<B: BandTable> Monitor<B> {
     /// `lost_records`: the kernel dropped records, maybe the mkdir of a
     /// cgroup a pattern names, so the patterns are expanded again too.
     pub fn resync(&mut self, lost_records: bool) {
-        if !self.coverage.cgroup_lifecycle || lost_records {
+        if !self.sees_cgroup_lifecycle() || lost_records {
             self.install_new();
         }
         for key in self.registry.keys_of(Owner::Flag) {

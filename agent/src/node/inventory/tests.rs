@@ -103,6 +103,50 @@ fn cgroupfs_driver_pods_with_qos_from_the_path() {
 }
 
 #[test]
+fn only_a_pods_own_cgroup_record_lists_the_pods_again_and_each_is_read_through_its_open_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 100, 1);
+    let mut inventory = inventory(root, "/sandbox", None);
+    inventory.memory_hierarchy = Some(4);
+    let charged = |inventory: &mut Inventory| -> Vec<(String, u64)> {
+        let pods = inventory.pods_for(Resource::Memory).unwrap();
+        pods.into_iter()
+            .map(|pod| (pod.uid, pod.usage.memory_working_set_bytes))
+            .collect()
+    };
+    assert_eq!(charged(&mut inventory), [("a".to_owned(), 100)]);
+    assert_eq!(inventory.usage_files.len(), 1);
+
+    // The open file is read afresh.
+    write(
+        &root.join("memory/sandbox/kubepods/besteffort/poda/memory.usage_in_bytes"),
+        "150\n",
+    );
+    v1_pod(root, "sandbox/kubepods/besteffort/podb", 200, 1);
+    // A container of a listed pod, and a pod of another hierarchy: the
+    // listing stands.
+    inventory.cgroup_changed(4, "/sandbox/kubepods/besteffort/poda/ctr");
+    inventory.cgroup_changed(2, "/sandbox/kubepods/besteffort/podb");
+    assert_eq!(charged(&mut inventory), [("a".to_owned(), 150)]);
+
+    // A pod's own cgroup: listed again.
+    inventory.cgroup_changed(4, "/sandbox/kubepods/besteffort/podb");
+    assert_eq!(
+        charged(&mut inventory),
+        [("a".to_owned(), 150), ("b".to_owned(), 200)]
+    );
+    // A pod removed: listed again, its file closed.
+    fs::remove_dir_all(root.join("memory/sandbox/kubepods/besteffort/poda")).unwrap();
+    inventory.cgroup_changed(4, "sandbox/kubepods/besteffort/poda");
+    assert_eq!(charged(&mut inventory), [("b".to_owned(), 200)]);
+    assert_eq!(
+        inventory.usage_files.keys().collect::<Vec<_>>(),
+        ["/sandbox/kubepods/besteffort/podb"]
+    );
+}
+
+#[test]
 fn systemd_driver_pods() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
