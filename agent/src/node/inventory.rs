@@ -12,7 +12,7 @@
 //! Containers are cgroups below the pod's; usage is read at the pod's level,
 //! which counts them all.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs, io,
     path::{Path, PathBuf},
     sync::Arc,
@@ -374,8 +374,7 @@ impl Inventory {
                     }
                     None => Vec::new(),
                 };
-                self.usage_files
-                    .retain(|path, _| listed.iter().any(|pod| &pod.path == path));
+                self.keep_usage_files_of(&listed);
                 listed
             }
         };
@@ -507,8 +506,27 @@ impl Inventory {
         })
     }
 
+    /// Keeps the listed pods' bytes-charged files open, and only theirs,
+    /// so a memory decision reads each with one system call (opening them
+    /// is the cost a listing pays, off the decision when it can be: at
+    /// startup, or when a pod came or went).
+    fn keep_usage_files_of(&mut self, listed: &[PodCgroup]) {
+        let paths: HashSet<&str> = listed.iter().map(|pod| pod.path.as_str()).collect();
+        self.usage_files
+            .retain(|path, _| paths.contains(path.as_str()));
+        for pod in listed {
+            if self.usage_files.contains_key(&pod.path) {
+                continue;
+            }
+            // A pod gone meanwhile, or no descriptor left: read by path.
+            if let Ok(Some(open)) = self.signals.cgroupfs.open_memory_usage(&pod.path) {
+                self.usage_files.insert(pod.path.clone(), open);
+            }
+        }
+    }
+
     /// The bytes charged to pod cgroup `path`, through its file kept open
-    /// (opened at its first read).
+    /// (opened now if the listing could not).
     fn bytes_charged(&mut self, path: &str) -> Result<u64, CgroupError> {
         if let Some(open) = self.usage_files.get(path) {
             match open.read_u64() {
