@@ -525,35 +525,21 @@ impl Inventory {
         }
     }
 
-    /// The bytes charged to pod cgroup `path`, through its file kept open
-    /// (opened now if the listing could not).
+    /// The bytes charged to pod cgroup `path`: through its file kept open,
+    /// or by path where the listing could not open one.
     fn bytes_charged(&mut self, path: &str) -> Result<u64, CgroupError> {
         if let Some(open) = self.usage_files.get(path) {
             match open.read_u64() {
-                // Removed, or removed and made again under the same path:
-                // opened anew below, or gone for good.
+                // Removed, or removed and made again under the same path: by
+                // path below (the record of either lists the pods again,
+                // which opens the new one).
                 Err(CgroupError::Gone(_)) => {
                     self.usage_files.remove(path);
                 }
                 result => return result,
             }
         }
-        let cgroupfs = &self.signals.cgroupfs;
-        match cgroupfs.open_memory_usage(path) {
-            Ok(Some(open)) => {
-                let bytes = open.read_u64()?;
-                self.usage_files.insert(path.to_owned(), open);
-                Ok(bytes)
-            }
-            Ok(None) => cgroupfs.read_memory_usage(path),
-            // Out of file descriptors: read by path, as it always works.
-            Err(CgroupError::Io { source, .. })
-                if matches!(source.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) =>
-            {
-                cgroupfs.read_memory_usage(path)
-            }
-            Err(e) => Err(e),
-        }
+        self.signals.cgroupfs.read_memory_usage(path)
     }
 }
 
