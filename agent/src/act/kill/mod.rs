@@ -419,9 +419,13 @@ impl Pod<'_> {
         report: &mut KillReport,
     ) -> Result<(), KillError> {
         // The kill first: nothing below (a file limit, a pid gone) may keep
-        // it from happening.
+        // it from happening. A live cgroup never loses `cgroup.kill`, and it
+        // was there when the method was chosen: ENOENT (path gone, or the
+        // cgroup already offline) or ENODEV (its files deactivated while the
+        // directory is still listed) mean it is being removed, which the
+        // kernel allows only once it is empty.
         match tree::write_existing(file, "1") {
-            Err(e) if is_gone(&e) && !file.parent().is_some_and(Path::is_dir) => {}
+            Err(e) if is_gone(&e) => {}
             other => other.map_err(|e| KillError::io(file, e))?,
         }
         report.first_sigkill_after = Some(started.elapsed());
