@@ -18,10 +18,12 @@ pub use eviction::{ConfigError, ConfigWarning, EvictionArgs};
 const TRIGGERS_BY_KERNEL: &str = "\
 Triggers in --mode event, chosen at startup from what the kernel offers (logged,
 and exported as evictd_trigger_info and evictd_trigger_hook_info):
-  kernel                    memory          pids               OOM kills       new cgroups
-  6.18 (memcg tracepoints)  bpf memcg-stat  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
-  6.1 (Debian, cgroup v2)   bpf page-alloc  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
-  no BTF, or no privilege   poll            poll               none            poll
+  kernel                    memory             pids               OOM kills       new cgroups
+  6.18 (memcg tracepoints)  bpf lru-insertion  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  6.1 (Debian, cgroup v2)   bpf page-alloc     bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  no BTF, or no privilege   poll               poll               none            poll
+lru-insertion runs on charges only; with --watch-memory (whose falls are reported
+as they happen) 6.18 takes memcg-stat instead, which also runs on every free.
 Polling re-reads cgroupfs every --resync-interval and is logged as a warning.";
 
 #[derive(Debug, Parser)]

@@ -190,6 +190,16 @@ pub struct KernelLayout {
     pub pid_init_ns: u32,
     /// `pid_namespace.pid_allocated`.
     pub pid_namespace_pid_allocated: u32,
+    /// `folio.flags`.
+    pub folio_flags: u32,
+    /// `folio.memcg_data`: the memory cgroup charged, with flags in its low
+    /// bits.
+    pub folio_memcg_data: u32,
+    /// The flag bits of `folio.memcg_data` (`__NR_MEMCG_DATA_FLAGS - 1`, or
+    /// `__NR_OBJEXTS_FLAGS - 1` where the kernel has more).
+    pub memcg_data_flags: u32,
+    /// `PG_head`: the bit of `folio.flags` set on a large folio.
+    pub pg_head: u32,
     pub page_shift: u32,
     /// 1 when aya-log output from the programs is wanted.
     pub log_enabled: u32,
@@ -200,7 +210,7 @@ pub struct KernelLayout {
     /// page counters of the cgroup being updated and its watched ancestors.
     pub check_step_pages: u64,
 }
-const _: () = assert!(size_of::<KernelLayout>() == 28 * 4 + 24);
+const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 24);
 
 /// Names of the maps and programs in the eBPF object, for the agent.
 pub mod names {

@@ -62,6 +62,10 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_thread_pid: 0,
     pid_init_ns: 0,
     pid_namespace_pid_allocated: 0,
+    folio_flags: 0,
+    folio_memcg_data: 0,
+    memcg_data_flags: 0,
+    pg_head: 0,
     page_shift: 12,
     log_enabled: 0,
     byte_items_mask: [0; 2],
@@ -164,6 +168,52 @@ fn on_memcg_stat(ctx: &RawTracePointContext) {
     if check_memory(memcg + layout!(mem_cgroup_css) as u64).is_err() {
         bump(COUNTER_READ_ERRORS);
     }
+}
+
+/// `mm_lru_insertion(struct folio *)`: a folio joins an LRU list, which a
+/// page charged to a memory cgroup does right after its charge (an anon
+/// fault, the page cache, a swap-in) and which no free ever does, so a node
+/// freeing memory pays nothing. The folio carries the memory cgroup charged,
+/// whichever task or kernel thread inserts it.
+#[raw_tracepoint(tracepoint = "mm_lru_insertion")]
+pub fn lru_insertion(ctx: RawTracePointContext) -> i32 {
+    if on_lru_insertion(ctx.arg(0)).is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
+#[inline(always)]
+fn on_lru_insertion(folio: u64) -> Result<(), i32> {
+    let flags: u64 = read(folio, layout!(folio_flags) as u64)?;
+    // A large folio (a transparent huge page: 512 pages) spends the whole
+    // step: the usage is read at once.
+    let pages = if flags & (1 << (layout!(pg_head) & 63)) != 0 {
+        layout!(check_step_pages)
+    } else {
+        1
+    };
+    if !spend_check_budget(pages) {
+        return Ok(());
+    }
+    let memcg_data: u64 = read(folio, layout!(folio_memcg_data) as u64)?;
+    let memcg = memcg_data & !(layout!(memcg_data_flags) as u64);
+    if memcg == 0 {
+        // Not charged (memory cgroups disabled, or not yet committed).
+        return Ok(());
+    }
+    check_memory(memcg + layout!(mem_cgroup_css) as u64)
+}
+
+/// `mod_memcg_state` growing: kernel memory charged (slab, page tables,
+/// sockets), which never joins an LRU list. Shrinking stats are passed over
+/// before any work, as on the LRU side.
+#[raw_tracepoint(tracepoint = "mod_memcg_state")]
+pub fn memcg_charge_state(ctx: RawTracePointContext) -> i32 {
+    if (ctx.arg::<u64>(2) as i32) > 0 {
+        on_memcg_stat(&ctx);
+    }
+    0
 }
 
 /// `mm_page_alloc(struct page *, unsigned int order, gfp_t, int migratetype)`:

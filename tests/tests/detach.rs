@@ -14,7 +14,7 @@ use evictd::{
     config::Mode,
     kernel::bpf::{ProbeOptions, Probes},
     kernel::capabilities::Capabilities,
-    kernel::triggers,
+    kernel::triggers::{self, MemoryFalls},
     node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
@@ -141,7 +141,9 @@ fn a_panic_unwinding_past_the_loaded_programs_frees_them() {
             },
         )
         .unwrap();
-        for hook in triggers::choose(&capabilities, Mode::Event).hooks() {
+        for hook in
+            triggers::choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge).hooks()
+        {
             probes.attach(hook).unwrap();
         }
         let ids: Vec<u32> = probes.program_ids().into_values().collect();

@@ -5,6 +5,7 @@
 //! crossing still comes from the kernel. While a victim's memory is being
 //! returned they are off again, and back for the next climb.
 use aya::programs::loaded_links;
+use evictd::kernel::bpf::{Hook, Purpose};
 use evictd_integration::{AGENT_DEADLINE, SandboxNode, http_get, memory_pods, metric, wait_until};
 use serde_json::Value;
 
@@ -12,24 +13,27 @@ const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
 
-/// The programs of both memory hooks (`memcg-stat`, `page-alloc`).
-const MEMORY_PROGRAMS: [&str; 4] = [
-    "memcg_lruvec_state",
-    "memcg_state",
-    "page_alloc",
-    "page_free",
-];
+/// The programs of every memory hook.
+fn memory_programs() -> Vec<&'static str> {
+    Hook::ALL
+        .into_iter()
+        .filter(|hook| hook.purpose() == Purpose::Memory)
+        .flat_map(|hook| hook.programs())
+        .map(|program| program.name)
+        .collect()
+}
 
 /// Ids of the memory programs in the `eBPF programs attached` line, whose
 /// `programs` field reads `{"name": id, ...}`.
 fn memory_program_ids(attached: &Value) -> Vec<u32> {
     let programs = attached["programs"].as_str().unwrap_or_default();
+    let memory = memory_programs();
     programs
         .trim_matches(|c| c == '{' || c == '}')
         .split(", ")
         .filter_map(|pair| {
             let (name, id) = pair.split_once(": ")?;
-            MEMORY_PROGRAMS
+            memory
                 .contains(&name.trim_matches('"'))
                 .then(|| id.parse().ok())
                 .flatten()

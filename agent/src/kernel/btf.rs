@@ -262,6 +262,16 @@ impl Lookup<'_> {
         Ok(mask)
     }
 
+    /// The flag bits below the memory cgroup pointer in `folio.memcg_data`:
+    /// two until 6.10, a third (`OBJEXTS_ALLOC_FAIL`) since.
+    fn memcg_data_flags(&self) -> Result<u32, LayoutError> {
+        let flags = match self.enumerator("__NR_OBJEXTS_FLAGS") {
+            Ok(flags) => flags,
+            Err(_) => self.enumerator("__NR_MEMCG_DATA_FLAGS")?,
+        };
+        to_u32(flags.saturating_sub(1))
+    }
+
     /// The layout, but for what [`KernelBtf::layout`] fills in.
     fn layout(&self) -> Result<KernelLayout, LayoutError> {
         let subsys = |name: &str| {
@@ -317,6 +327,10 @@ impl Lookup<'_> {
             task_thread_pid: self.offset("task_struct", "thread_pid")?,
             pid_init_ns: self.offset("pid", "numbers")? + self.offset("upid", "ns")?,
             pid_namespace_pid_allocated: self.offset("pid_namespace", "pid_allocated")?,
+            folio_flags: self.offset("folio", "flags")?,
+            folio_memcg_data: self.offset("folio", "memcg_data")?,
+            memcg_data_flags: self.memcg_data_flags()?,
+            pg_head: to_u32(self.enumerator("PG_head")?)?,
             page_shift: page_size.trailing_zeros(),
             log_enabled: 0,
             byte_items_mask: self.byte_items_mask()?,
@@ -360,6 +374,13 @@ mod tests {
         assert_eq!(layout.log_enabled, 1);
         // NR_SLAB_RECLAIMABLE_B and friends count bytes.
         assert_ne!(layout.byte_items_mask, [0, 0]);
+        // Flags in the low bits of the pointer, below a mem_cgroup's alignment.
+        assert!(
+            matches!(layout.memcg_data_flags, 3 | 7),
+            "{}",
+            layout.memcg_data_flags
+        );
+        assert!(layout.folio_memcg_data > layout.folio_flags);
         assert_eq!(btf.tracepoint_arity("no_such_tracepoint"), None);
         assert_eq!(btf.tracepoint_arity("sched_process_fork"), Some(2));
     }

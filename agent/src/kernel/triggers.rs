@@ -6,11 +6,17 @@
 //! chosen and why (log, `evictd_trigger_info`, `evictd_trigger_hook_info`).
 //!
 //! Memory, best first:
-//! 1. `memcg-stat`: the memcg stat tracepoints, which carry the memory cgroup
-//!    being charged (present on 6.18, absent on 6.1);
-//! 2. `page-alloc`: page allocations and frees, checked against the current
+//! 1. `lru-insertion`: folios joining an LRU list and kernel memory charged,
+//!    each carrying the memory cgroup charged; it runs on charges only, so
+//!    freeing memory (munmap, a kill, reclaim) costs nothing (needs
+//!    `mod_memcg_state`: present on 6.18, absent on 6.1). A fall is seen at
+//!    the next charge, so `--watch-memory` scopes, which report falls as
+//!    they happen, pass it over;
+//! 2. `memcg-stat`: the memcg stat tracepoints, either way, which carry the
+//!    memory cgroup being charged (6.18, not 6.1);
+//! 3. `page-alloc`: page allocations and frees, checked against the current
 //!    task's memory cgroup (every kernel with BTF);
-//! 3. polling cgroupfs every `--resync-interval`, announced as a warning.
+//! 4. polling cgroupfs every `--resync-interval`, announced as a warning.
 //!
 //! The kernel's own push mechanisms that need no BPF (PSI triggers on
 //! `memory.pressure`, cgroup v1 `cgroup.event_control` thresholds) belong
@@ -26,6 +32,17 @@ use crate::{
     kernel::capabilities::{Capabilities, Support},
     report::metrics::Metrics,
 };
+
+/// When the agent must hear that memory usage fell below a band.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryFalls {
+    /// At the next charge: kubelet's signals, where a fall only ends
+    /// pressure the engine reads again on its own (close watch, resync).
+    AtTheNextCharge,
+    /// When it happens: `--watch-memory` scopes report each crossing both
+    /// ways.
+    WhenTheyHappen,
+}
 
 /// How a resource's crossings are noticed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +108,7 @@ impl Triggers {
 /// Hooks that can serve `purpose`, best first.
 fn candidates(purpose: Purpose) -> &'static [Hook] {
     match purpose {
-        Purpose::Memory => &[Hook::MemcgStat, Hook::PageAlloc],
+        Purpose::Memory => &[Hook::LruInsertion, Hook::MemcgStat, Hook::PageAlloc],
         Purpose::Pids => &[Hook::TaskLifetime],
         Purpose::OomKills => &[Hook::OomVictim],
         Purpose::CgroupLifecycle => &[Hook::CgroupLifecycle],
@@ -101,7 +118,12 @@ fn candidates(purpose: Purpose) -> &'static [Hook] {
 /// What a hook gives, for the log line of its choice.
 fn describe(hook: Hook) -> &'static str {
     match hook {
-        Hook::MemcgStat => "memcg stat tracepoints: every charge, with the memory cgroup charged",
+        Hook::LruInsertion => {
+            "LRU insertions and kernel memory charges: every charge and no free, with the memory cgroup charged"
+        }
+        Hook::MemcgStat => {
+            "memcg stat tracepoints: every charge and free, with the memory cgroup charged"
+        }
         Hook::PageAlloc => {
             "page allocations and frees, checked against the allocating task's memory cgroup"
         }
@@ -112,7 +134,7 @@ fn describe(hook: Hook) -> &'static str {
 }
 
 /// The trigger of every resource on a kernel with `capabilities`.
-pub fn choose(capabilities: &Capabilities, mode: Mode) -> Triggers {
+pub fn choose(capabilities: &Capabilities, mode: Mode, falls: MemoryFalls) -> Triggers {
     let choices = Purpose::ALL
         .into_iter()
         .map(|purpose| {
@@ -120,7 +142,7 @@ pub fn choose(capabilities: &Capabilities, mode: Mode) -> Triggers {
                 (Mode::Poll, _) => fallback(purpose, "--mode poll".into()),
                 (Mode::Psi | Mode::MemcgThreshold, _) => without_bpf(capabilities, mode, purpose),
                 (Mode::Event, Some(why)) => fallback(purpose, why),
-                (Mode::Event, None) => best_hook(capabilities, purpose),
+                (Mode::Event, None) => best_hook(capabilities, purpose, falls),
             };
             (purpose, choice)
         })
@@ -137,11 +159,17 @@ fn kernel_unusable(capabilities: &Capabilities) -> Option<String> {
     }
 }
 
-fn best_hook(capabilities: &Capabilities, purpose: Purpose) -> TriggerChoice {
+fn best_hook(capabilities: &Capabilities, purpose: Purpose, falls: MemoryFalls) -> TriggerChoice {
     let mut passed_over = Vec::new();
     for &hook in candidates(purpose) {
         let usable = match capabilities.attach_failures.get(&hook) {
             Some(error) => Support::No(format!("attaching failed: {error}")),
+            None if falls == MemoryFalls::WhenTheyHappen && !hook.sees_memory_falls() => {
+                Support::No(
+                    "--watch-memory reports falls when they happen; it sees them at the next charge"
+                        .into(),
+                )
+            }
             None => capabilities.hook_tracepoints(hook),
         };
         match usable {
@@ -225,11 +253,12 @@ pub fn arm(
     mut capabilities: Capabilities,
     btf: Option<&KernelBtf>,
     mode: Mode,
+    falls: MemoryFalls,
     options: ProbeOptions,
 ) -> Armed {
     let mut probes: Option<Probes> = None;
     loop {
-        let triggers = choose(&capabilities, mode);
+        let triggers = choose(&capabilities, mode, falls);
         let hooks = triggers.hooks();
         if hooks.is_empty() {
             // Dropping what was loaded frees it: nothing is attached.

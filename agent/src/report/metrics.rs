@@ -41,8 +41,8 @@ pub struct Metrics {
     /// 1 for the trigger in use per resource (`memory`, `pids`, `oom_kills`,
     /// `cgroups`): `bpf`, `poll` or `none`.
     pub trigger: IntGaugeVec,
-    /// 1 for the kernel hook behind a `bpf` trigger (`memcg-stat`,
-    /// `page-alloc`, ...), per resource.
+    /// 1 for the kernel hook behind a `bpf` trigger (`lru-insertion`,
+    /// `memcg-stat`, `page-alloc`, ...), per resource.
     pub trigger_hook: IntGaugeVec,
     /// Runs of each eBPF program (counted while kernel.bpf_stats_enabled=1).
     pub program_runs: IntGaugeVec,

@@ -29,7 +29,7 @@ use crate::{
         bpf::{BpfError, KernelEvent, ProbeOptions, Purpose},
         capabilities::Capabilities,
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
-        triggers,
+        triggers::{self, MemoryFalls},
     },
     node::{
         cgroupfs::CgroupFs,
@@ -156,7 +156,12 @@ pub async fn run(
         check_step_bytes: args.memory_check_step,
         kernel_log: args.bpf_log,
     };
-    let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, options);
+    let falls = if args.watch_memory.is_empty() {
+        MemoryFalls::AtTheNextCharge
+    } else {
+        MemoryFalls::WhenTheyHappen
+    };
+    let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, falls, options);
     // The kernel's answers were only needed to load the programs.
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);

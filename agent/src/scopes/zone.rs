@@ -2,10 +2,10 @@
 //! of the engine's memory tripwires, the fastest allocation rate the node
 //! has shown, and whether a victim's memory is being returned.
 //!
-//! The memory hooks (`memcg-stat`, `page-alloc`) fire several times per
-//! page on every charge and uncharge on the node, so attached they tax every
-//! workload's page faults and frees whether or not the node is anywhere
-//! near a threshold. They are attached only while some engine memory scope
+//! The memory hooks fire on every charge on the node (`lru-insertion`,
+//! once per folio), or several times per page on every charge and uncharge
+//! (`memcg-stat`, `page-alloc`), so attached they tax every workload's page
+//! faults (and frees) whether or not the node is anywhere near a threshold. They are attached only while some engine memory scope
 //! is within the *zone* below its lowest line: `max(ZONE_MIN, fastest rate
 //! × lead)`, the distance the node can cover while the agent notices the
 //! far trigger and attaches them. Farther away a rare trigger stands in:

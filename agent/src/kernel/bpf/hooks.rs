@@ -41,7 +41,11 @@ pub struct Program {
 /// A set of programs that serve one purpose together, attached all or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Hook {
-    /// memcg stat updates, with the memory cgroup charged (Linux 6.x after 6.1).
+    /// Folios joining an LRU list and kernel memory charged, with the
+    /// memory cgroup charged: charges only, no free (Linux 6.x after 6.1).
+    LruInsertion,
+    /// memcg stat updates either way, with the memory cgroup charged (Linux
+    /// 6.x after 6.1).
     MemcgStat,
     /// Page allocations and frees, with the current task's memory cgroup.
     PageAlloc,
@@ -54,7 +58,8 @@ pub enum Hook {
 }
 
 impl Hook {
-    pub const ALL: [Hook; 5] = [
+    pub const ALL: [Hook; 6] = [
+        Hook::LruInsertion,
         Hook::MemcgStat,
         Hook::PageAlloc,
         Hook::TaskLifetime,
@@ -64,7 +69,7 @@ impl Hook {
 
     pub fn purpose(self) -> Purpose {
         match self {
-            Self::MemcgStat | Self::PageAlloc => Purpose::Memory,
+            Self::LruInsertion | Self::MemcgStat | Self::PageAlloc => Purpose::Memory,
             Self::TaskLifetime => Purpose::Pids,
             Self::OomVictim => Purpose::OomKills,
             Self::CgroupLifecycle => Purpose::CgroupLifecycle,
@@ -74,6 +79,7 @@ impl Hook {
     /// The `hook` label of logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::LruInsertion => "lru-insertion",
             Self::MemcgStat => "memcg-stat",
             Self::PageAlloc => "page-alloc",
             Self::TaskLifetime => "task-lifetime",
@@ -82,8 +88,22 @@ impl Hook {
         }
     }
 
+    /// Whether a fall of memory usage is seen when it happens; a hook that
+    /// runs only on charges sees it at the next charge below the band.
+    pub fn sees_memory_falls(self) -> bool {
+        self != Self::LruInsertion
+    }
+
     pub fn programs(self) -> &'static [Program] {
         match self {
+            Self::LruInsertion => {
+                const {
+                    &[
+                        program("lru_insertion", "mm_lru_insertion", 1),
+                        program("memcg_charge_state", "mod_memcg_state", 3),
+                    ]
+                }
+            }
             Self::MemcgStat => {
                 const {
                     &[

@@ -6,7 +6,8 @@ use super::{Trigger::Kernel, *};
 use crate::{kernel::capabilities::Psi, node::cgroupfs::CgroupVersion};
 
 /// Tracepoints (and arities) both test kernels have.
-const COMMON: [(&str, usize); 7] = [
+const COMMON: [(&str, usize); 8] = [
+    ("mm_lru_insertion", 1),
     ("mm_page_alloc", 4),
     ("mm_page_free", 2),
     ("sched_process_fork", 2),
@@ -66,12 +67,12 @@ fn all(triggers: &Triggers) -> [Trigger; 4] {
 }
 
 #[test]
-fn linux_6_18_watches_memory_through_the_memcg_stat_tracepoints() {
-    let triggers = choose(&linux_6_18_v1(), Mode::Event);
+fn linux_6_18_watches_memory_through_lru_insertions_and_kernel_memory_charges() {
+    let triggers = choose(&linux_6_18_v1(), Mode::Event, MemoryFalls::AtTheNextCharge);
     assert_eq!(
         all(&triggers),
         [
-            Kernel(Hook::MemcgStat),
+            Kernel(Hook::LruInsertion),
             Kernel(Hook::TaskLifetime),
             Kernel(Hook::OomVictim),
             Kernel(Hook::CgroupLifecycle)
@@ -80,7 +81,7 @@ fn linux_6_18_watches_memory_through_the_memcg_stat_tracepoints() {
     assert_eq!(
         triggers.hooks(),
         [
-            Hook::MemcgStat,
+            Hook::LruInsertion,
             Hook::TaskLifetime,
             Hook::OomVictim,
             Hook::CgroupLifecycle
@@ -89,8 +90,25 @@ fn linux_6_18_watches_memory_through_the_memcg_stat_tracepoints() {
 }
 
 #[test]
+fn watched_memory_scopes_take_the_hook_that_sees_falls_and_say_why() {
+    let triggers = choose(&linux_6_18_v1(), Mode::Event, MemoryFalls::WhenTheyHappen);
+    let memory = triggers.get(Purpose::Memory);
+    assert_eq!(memory.trigger, Kernel(Hook::MemcgStat));
+    assert!(
+        memory.reason.contains(
+            "not lru-insertion: --watch-memory reports falls when they happen; \
+             it sees them at the next charge"
+        ),
+        "{}",
+        memory.reason
+    );
+    assert!(!Hook::LruInsertion.sees_memory_falls());
+    assert!(Hook::MemcgStat.sees_memory_falls() && Hook::PageAlloc.sees_memory_falls());
+}
+
+#[test]
 fn linux_6_1_watches_memory_through_page_allocations_and_says_why() {
-    let triggers = choose(&linux_6_1_v2(), Mode::Event);
+    let triggers = choose(&linux_6_1_v2(), Mode::Event, MemoryFalls::AtTheNextCharge);
     assert_eq!(
         all(&triggers),
         [
@@ -102,7 +120,10 @@ fn linux_6_1_watches_memory_through_page_allocations_and_says_why() {
     );
     let reason = &triggers.get(Purpose::Memory).reason;
     assert!(
-        reason.contains("not memcg-stat: no mod_memcg_lruvec_state tracepoint"),
+        reason.contains(
+            "not lru-insertion: no mod_memcg_state tracepoint; \
+             not memcg-stat: no mod_memcg_lruvec_state tracepoint"
+        ),
         "{reason}"
     );
 }
@@ -111,7 +132,7 @@ fn linux_6_1_watches_memory_through_page_allocations_and_says_why() {
 fn an_upstream_6_1_mark_victim_with_one_argument_leaves_oom_kills_unobserved() {
     let mut capabilities = linux_6_1_v2();
     capabilities.tracepoints.insert("mark_victim", 1);
-    let triggers = choose(&capabilities, Mode::Event);
+    let triggers = choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge);
     let oom = triggers.get(Purpose::OomKills);
     assert_eq!(oom.trigger, Trigger::Unobserved);
     assert!(
@@ -128,7 +149,7 @@ fn without_btf_everything_polls_and_says_so() {
     for mut capabilities in [linux_6_18_v1(), linux_6_1_v2()] {
         capabilities.btf = Support::No("/sys/kernel/btf/vmlinux: not found".into());
         capabilities.tracepoints.clear();
-        let triggers = choose(&capabilities, Mode::Event);
+        let triggers = choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge);
         assert!(triggers.hooks().is_empty());
         let memory = triggers.get(Purpose::Memory);
         assert_eq!(
@@ -153,7 +174,7 @@ fn unprivileged_everything_polls_with_the_load_error_as_the_reason() {
     let denied = "loading a raw tracepoint program: `bpf_prog_load` failed (loading BPF needs root, \
                   or CAP_BPF and CAP_PERFMON; CAP_SYS_ADMIN before Linux 5.8)";
     capabilities.bpf = Support::No(denied.into());
-    let triggers = choose(&capabilities, Mode::Event);
+    let triggers = choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge);
     assert!(triggers.hooks().is_empty());
     for purpose in [Purpose::Memory, Purpose::Pids] {
         assert_eq!(
@@ -171,26 +192,32 @@ fn a_hook_the_kernel_refuses_falls_back_to_the_next_one_then_to_polling() {
     let mut capabilities = linux_6_18_v1();
     capabilities
         .attach_failures
+        .insert(Hook::LruInsertion, "permission denied".into());
+    capabilities
+        .attach_failures
         .insert(Hook::MemcgStat, "permission denied".into());
-    let triggers = choose(&capabilities, Mode::Event);
+    let triggers = choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge);
     let memory = triggers.get(Purpose::Memory);
     assert_eq!(memory.trigger, Trigger::Kernel(Hook::PageAlloc));
     assert!(
         memory
             .reason
-            .contains("not memcg-stat: attaching failed: permission denied")
+            .contains("not memcg-stat: attaching failed: permission denied"),
+        "{}",
+        memory.reason
     );
 
     capabilities
         .attach_failures
         .insert(Hook::PageAlloc, "invalid argument".into());
-    let memory = choose(&capabilities, Mode::Event)
+    let memory = choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge)
         .get(Purpose::Memory)
         .clone();
     assert_eq!(memory.trigger, Trigger::Poll);
     assert_eq!(
         memory.reason,
-        "not memcg-stat: attaching failed: permission denied; \
+        "not lru-insertion: attaching failed: permission denied; \
+         not memcg-stat: attaching failed: permission denied; \
          not page-alloc: attaching failed: invalid argument"
     );
 }
@@ -198,7 +225,7 @@ fn a_hook_the_kernel_refuses_falls_back_to_the_next_one_then_to_polling() {
 #[test]
 fn poll_mode_attaches_nothing() {
     for capabilities in [linux_6_18_v1(), linux_6_1_v2()] {
-        let triggers = choose(&capabilities, Mode::Poll);
+        let triggers = choose(&capabilities, Mode::Poll, MemoryFalls::AtTheNextCharge);
         assert!(triggers.hooks().is_empty());
         assert_eq!(
             triggers.get(Purpose::Memory),
@@ -217,7 +244,7 @@ fn the_modes_without_bpf_attach_nothing_and_use_their_mechanism_where_the_kernel
         (linux_6_1_v2(), Trigger::Poll),
     ] {
         for (mode, memory) in [(Mode::Psi, Trigger::Psi), (Mode::MemcgThreshold, memcg)] {
-            let triggers = choose(&capabilities, mode);
+            let triggers = choose(&capabilities, mode, MemoryFalls::AtTheNextCharge);
             assert!(triggers.hooks().is_empty());
             assert_eq!(trigger(&triggers, Purpose::Memory), memory, "{mode}");
             assert_eq!(trigger(&triggers, Purpose::Pids), Trigger::Poll);
@@ -231,7 +258,9 @@ fn the_modes_without_bpf_attach_nothing_and_use_their_mechanism_where_the_kernel
         },
         ..linux_6_18_v1()
     };
-    let memory = choose(&no_psi, Mode::Psi).get(Purpose::Memory).clone();
+    let memory = choose(&no_psi, Mode::Psi, MemoryFalls::AtTheNextCharge)
+        .get(Purpose::Memory)
+        .clone();
     assert_eq!(memory.trigger, Trigger::Poll);
     assert!(memory.reason.contains("no PSI"), "{}", memory.reason);
 }
@@ -248,6 +277,7 @@ fn labels_are_stable() {
     assert_eq!(
         hooks,
         [
+            "lru-insertion",
             "memcg-stat",
             "page-alloc",
             "task-lifetime",
