@@ -137,6 +137,7 @@ pub fn test(toolchain: &Toolchain, target: &Path, version: &str) -> Result<()> {
     if !host_tools_ready()? {
         return Ok(());
     }
+    visible_in_guest(target)?;
     let kernel = Kernel::cached(version)?;
     let executables = build_tests(toolchain)?;
     let tests = executables
@@ -165,6 +166,7 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
     if !host_tools_ready()? {
         return Ok(());
     }
+    visible_in_guest(target)?;
     let kernel = Kernel::cached(version)?;
     let mut line = command
         .iter()
@@ -175,6 +177,25 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
     }
     let script = format!("{}\n", line.join(" "));
     in_guest(&kernel, target, &line.join(" "), &script)
+}
+
+/// The guest mounts a fresh tmpfs on /tmp (the tests write there), which
+/// hides a target directory under the host's /tmp: said at once, rather
+/// than as a mount error after the build.
+fn visible_in_guest(target: &Path) -> Result<()> {
+    let existing = target
+        .ancestors()
+        .find(|path| path.exists())
+        .unwrap_or(target);
+    let path = existing.canonicalize()?;
+    if path.starts_with("/tmp") {
+        bail!(
+            "{} is under /tmp, which the VM guest covers with its own tmpfs: \
+             run the VM tests from a checkout (or CARGO_TARGET_DIR) outside /tmp",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Boots `kernel` with a fresh run directory under `target/vm` and runs
