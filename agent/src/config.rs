@@ -23,7 +23,7 @@ and exported as evictd_trigger_info and evictd_trigger_hook_info):
   6.1 (Debian, cgroup v2)   bpf page-alloc     bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
   no BTF, or no privilege   poll               poll               none            poll
 lru-insertion runs on charges only; with --watch-memory (whose falls are reported
-as they happen) 6.18 takes memcg-stat instead, which also runs on every free.
+as they happen) 6.18 takes bpf memcg-stat instead, which also runs on every free.
 Polling re-reads cgroupfs every --resync-interval and is logged as a warning.";
 
 #[derive(Debug, Parser)]

@@ -4,19 +4,21 @@
 //! scope its reading, so a wake-up reads every file once.
 //!
 //! - `memory.available < T` needs the node cgroup's usage (bytes charged)
-//!   to be at least `capacity − T`, since the working set never exceeds
-//!   usage: the kernel's first line. Past it only a fresh read of the
+//!   to be at least `capacity − T + 1` (the working set past `capacity −
+//!   T`, strictly, as kubelet compares), since the working set never
+//!   exceeds usage: the kernel's first line. Past it only a fresh read of the
 //!   working set tells whether the threshold is met, so the engine looks
 //!   again every 20 ms (the close watch); and the kernel watches a second
-//!   line, `capacity − T + inactive_file`, where the working set crosses
+//!   line, `capacity − T + 1 + inactive_file`, where the working set crosses
 //!   if the page cache stays as it was at the last reading: that crossing
 //!   is then pushed by the kernel, not found by the close watch.
 //! - `allocatableMemory.available < T` likewise on the pods' cgroup, with
 //!   the pods' cgroup's inactive file pages.
 //! - `pid.available < T` is met at exactly `max − T + 1` tasks.
 //! - cgroup v1 eventfd thresholds (`--mode memcg-threshold`) are armed as
-//!   kubelet arms them: `capacity − T + inactive_file`, what usage is when
-//!   the working set reaches the threshold as of now.
+//!   kubelet arms them, `capacity − T + inactive_file`, but one byte
+//!   higher: the kernel signals usage *reaching* a level, and a working set
+//!   of exactly `capacity − T` leaves `T` available, not less.
 use crate::{
     decide::thresholds::{EvictionConfig, Signal, Threshold},
     kernel::bpf::ScopeKind,
@@ -144,10 +146,14 @@ fn with_cache_lines(lines: Vec<u64>, inactive_file: u64) -> Vec<u64> {
 }
 
 /// The usage at which a memory threshold is met on `capacity` bytes, were
-/// all of it working set.
+/// all of it working set: available below T, strictly. A line at exactly
+/// `capacity − T` woke the engine with T still available (the page counter
+/// moves in 64-page steps, so it lands on a page-aligned line about once in
+/// 64 crossings), and with no line left above, only the close watch found
+/// the crossing, 20 ms later.
 fn usage_at_threshold(threshold: &Threshold, capacity: u64) -> u64 {
     let value = threshold.value.resolve(capacity as i64).max(0) as u64;
-    capacity.saturating_sub(value)
+    capacity.saturating_sub(value).saturating_add(1)
 }
 
 #[cfg(test)]
@@ -218,8 +224,9 @@ mod tests {
                 EngineScope {
                     kind: ScopeKind::Memory,
                     path: Some("/node".into()),
-                    // capacity − T, then + the node's 100 MiB of inactive file.
-                    thresholds: vec![924 * MIB, 1024 * MIB],
+                    // capacity − T + 1, then + the node's 100 MiB of
+                    // inactive file.
+                    thresholds: vec![924 * MIB + 1, 1024 * MIB + 1],
                     reading: Reading {
                         value: 700 * MIB,
                         working_set: Some(600 * MIB)
@@ -241,7 +248,7 @@ mod tests {
                     // enforceNodeAllocatable adds (800), allocatableMemory.
                     // available<50Mi (850), each + the pods' 50 MiB of
                     // inactive file (850, 900).
-                    thresholds: vec![800 * MIB, 850 * MIB, 900 * MIB],
+                    thresholds: vec![800 * MIB + 1, 850 * MIB + 1, 900 * MIB + 1],
                     reading: Reading {
                         value: 550 * MIB,
                         working_set: Some(500 * MIB)
@@ -251,8 +258,8 @@ mod tests {
         );
         assert_eq!(
             wires.memcg_levels,
-            [1024 * MIB],
-            "capacity − T + inactive_file"
+            [1024 * MIB + 1],
+            "capacity − T + 1 + inactive_file"
         );
     }
 
@@ -277,7 +284,7 @@ mod tests {
         // each + the pods' 50 MiB of inactive file.
         assert_eq!(
             wires.scopes[1].thresholds,
-            [800 * MIB, 824 * MIB, 850 * MIB, 874 * MIB]
+            [800 * MIB + 1, 824 * MIB + 1, 850 * MIB + 1, 874 * MIB + 1]
         );
     }
 
@@ -286,7 +293,23 @@ mod tests {
         let mut observation = observation("/node");
         observation.node_memory.inactive_file_bytes = 0;
         let wires = tripwires(&config("memory.available<100Mi"), &observation);
-        assert_eq!(wires.scopes[0].thresholds, [924 * MIB]);
+        assert_eq!(wires.scopes[0].thresholds, [924 * MIB + 1]);
+    }
+
+    #[test]
+    fn usage_on_capacity_minus_t_leaves_t_available_and_trips_nothing() {
+        // kubelet evicts when available < T: a working set of exactly
+        // capacity − T (here all usage, no cache) is not past it, and the
+        // kernel's line must not fire there, or the engine wakes to nothing
+        // and no line is left above. The next page is past it.
+        let mut observation = observation("/node");
+        observation.node_memory.inactive_file_bytes = 0;
+        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let line = wires.scopes[0].thresholds[0];
+        let exactly_t_available = 1024 * MIB - 100 * MIB;
+        assert!(exactly_t_available < line);
+        assert!(exactly_t_available + 4096 >= line);
+        assert_eq!(wires.memcg_levels, [line]);
     }
 
     #[test]

@@ -302,8 +302,8 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
     assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
     assert_eq!(
         evaluation.memcg_levels,
-        Some(vec![NODE_CAPACITY]),
-        "capacity − 100Mi + inactive file"
+        Some(vec![NODE_CAPACITY + 1]),
+        "capacity − 100Mi + 1 + inactive file"
     );
     // Past the first line the kernel still watches: where the working set
     // crosses if the cache stays, so an anonymous hog's crossing is pushed.
@@ -318,7 +318,11 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
         .map(|(_, band)| *band)
         .collect();
     assert_eq!(memory_bands.len(), 1, "{memory_bands:?}");
-    assert_eq!(memory_bands[0].rise_at, NODE_CAPACITY, "{memory_bands:?}");
+    assert_eq!(
+        memory_bands[0].rise_at,
+        NODE_CAPACITY + 1,
+        "{memory_bands:?}"
+    );
     harness.node.0.borrow_mut().page_cache = 0;
     let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(

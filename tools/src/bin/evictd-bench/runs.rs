@@ -54,7 +54,7 @@ pub struct Run {
     /// the agent decided early). Left out of the percentiles, counted.
     pub decided_without_crossing: bool,
     /// The page-counter level the crossing is taken at (capacity −
-    /// threshold + the node's inactive file pages before the bomb), and the
+    /// threshold + 1 + the node's inactive file pages before the bomb), and the
     /// one memory is back below.
     pub crossing_level_bytes: u64,
     pub back_level_bytes: u64,
@@ -195,9 +195,10 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
     let memory_dir = cgroupfs.memory_dir(&node_cgroup);
     let baseline = cgroupfs.read_memory(&node_cgroup)?;
     // available < threshold once the working set passes capacity −
-    // threshold; the bomb (anonymous memory only) leaves the inactive file
-    // pages as they were, so on the page counter that is this level.
-    let level = capacity - threshold + baseline.inactive_file_bytes;
+    // threshold (strictly: at it, the threshold is still available); the
+    // bomb (anonymous memory only) leaves the inactive file pages as they
+    // were, so on the page counter that is this level.
+    let level = capacity - threshold + 1 + baseline.inactive_file_bytes;
     let needed = (capacity - threshold).saturating_sub(baseline.working_set_bytes());
     let back_level =
         baseline.usage_bytes + level.saturating_sub(baseline.usage_bytes) / BACK_REMAINING_SHARE;
