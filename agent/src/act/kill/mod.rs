@@ -224,20 +224,25 @@ impl Killer {
             _ => KillMethod::Signals,
         };
         let mut report = KillReport::new(method, started_at_ns);
+        let mut alive = pids.len();
         if !grace.is_zero() && !pids.is_empty() {
             let containers: BTreeSet<u32> =
                 pids.into_iter().filter(|&pid| !is_sandbox(pid)).collect();
             report.sigterm_sent = pod.signal_batched(&containers, libc::SIGTERM)?.0;
             // As kubelet stops the containers, then the sandbox: once only
             // the sandbox is left, the hard kill below ends it at once.
-            if pod.wait_only_sandboxes(started + grace).await? && pod.pids()?.is_empty() {
+            pod.wait_only_sandboxes(started + grace).await?;
+            let left = pod.pids()?;
+            if left.is_empty() {
                 report.empty_after = started.elapsed();
                 return Ok(report);
             }
+            alive = left.len();
         }
         let deadline = Instant::now() + self.deadline;
         match method {
             KillMethod::CgroupKill => {
+                report.sigkill_sent = u32::try_from(alive).unwrap_or(u32::MAX);
                 pod.cgroup_kill(&cgroup_kill, started, &mut report).await?;
             }
             KillMethod::Signals => {
@@ -440,7 +445,6 @@ impl Pod<'_> {
             .into_iter()
             .filter(|&pid| pid > 1 && pid != me)
             .collect();
-        report.sigkill_sent = u32::try_from(dying.len()).unwrap_or(u32::MAX);
         let mut pidfds = Vec::new();
         for &pid in dying.iter().take(SIGNAL_BATCH) {
             match PidFd::open(pid) {
@@ -573,11 +577,12 @@ impl Pod<'_> {
         self.wait_for(until, |pids| pids.is_empty()).await
     }
 
-    /// Polls until the subtree holds no process but sandboxes' (`true`) or
-    /// `until` passes (`false`).
-    async fn wait_only_sandboxes(&self, until: Instant) -> Result<bool, KillError> {
+    /// Polls until the subtree holds no process but sandboxes' or `until`
+    /// passes.
+    async fn wait_only_sandboxes(&self, until: Instant) -> Result<(), KillError> {
         self.wait_for(until, |pids| pids.iter().all(|&pid| is_sandbox(pid)))
-            .await
+            .await?;
+        Ok(())
     }
 
     async fn wait_for(
