@@ -11,7 +11,10 @@
 use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
-    os::{fd::AsRawFd as _, unix::fs::OpenOptionsExt as _},
+    os::{
+        fd::AsRawFd as _,
+        unix::fs::{FileExt as _, OpenOptionsExt as _},
+    },
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -178,6 +181,25 @@ impl MemcgThresholds {
         Ok(())
     }
 
+    /// Whether usage is above `level` now. The kernel signals a crossing,
+    /// not a level: one armed after usage passed it stays silent, so a
+    /// caller arming from a reading that may be stale asks this after.
+    pub fn passed(&self, level: u64) -> Result<bool, NotifyError> {
+        let error = |source| NotifyError::Threshold {
+            path: self.control.with_file_name("memory.usage_in_bytes"),
+            source,
+        };
+        // A u64 has at most 20 digits, plus the newline; one pread at
+        // offset 0 makes the kernel print the value afresh.
+        let mut buf = [0u8; 32];
+        let len = self.usage.read_at(&mut buf, 0).map_err(error)?;
+        let usage: u64 = std::str::from_utf8(&buf[..len])
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .ok_or_else(|| error(io::Error::from(io::ErrorKind::InvalidData)))?;
+        Ok(usage > level)
+    }
+
     /// Waits until usage crosses an armed level, either way; returns
     /// CLOCK_MONOTONIC ns at wake-up. Pending while nothing is armed.
     pub async fn wait(&mut self) -> Result<u64, NotifyError> {
@@ -217,6 +239,17 @@ impl Notifier {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_level_usage_is_already_above_is_passed() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
+        let thresholds = MemcgThresholds::open(dir.path()).unwrap();
+        assert!(thresholds.passed(999).unwrap());
+        assert!(!thresholds.passed(1000).unwrap());
+        fs::write(dir.path().join("memory.usage_in_bytes"), "not a number").unwrap();
+        assert!(thresholds.passed(1).is_err());
+    }
 
     #[test]
     fn the_trigger_line_is_in_microseconds() {

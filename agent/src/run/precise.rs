@@ -14,7 +14,7 @@ use crate::{
     kernel::notify::{MemcgThresholds, NotifyError},
     node::cgroupfs::CgroupFs,
     report::metrics::Metrics,
-    scopes::zone::ZonePlan,
+    scopes::zone::{ArmReason, ZonePlan},
 };
 
 pub struct PreciseHooks {
@@ -40,19 +40,24 @@ impl PreciseHooks {
     }
 
     /// Moves the hooks and the far trigger where `plan` puts them. Returns
-    /// true when the hooks were just attached: the node may have crossed a
-    /// line between the engine's read and the attachment, with nothing
-    /// charged since to make the programs look, so the caller looks again
-    /// at once.
+    /// true when the caller should look again at once: the hooks were just
+    /// attached (the node may have crossed a line between the engine's read
+    /// and the attachment, with nothing charged since to make the programs
+    /// look), or the plan left them off far away while usage is already
+    /// above a zone edge just armed: the reading was stale, the eventfd
+    /// would never signal a crossing already made, and the hooks would stay
+    /// off while the node climbs on. The next reading is within the zone
+    /// (a Far plan means usage was at most the edge), so this asks once.
     pub fn apply<K: KernelRecords>(&mut self, kernel: Option<&mut K>, plan: &ZonePlan) -> bool {
         if !self.managed {
             return false;
         }
-        self.arm_eventfds(&plan.eventfd_levels);
+        let edge_passed = self.arm_eventfds(&plan.eventfd_levels);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
         }
-        self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed
+        let attached = self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
+        attached || (edge_passed && plan.reason == ArmReason::Far)
     }
 
     /// Attaches or detaches the hooks; true when that changed them.
@@ -79,25 +84,30 @@ impl PreciseHooks {
         }
     }
 
-    fn arm_eventfds(&mut self, levels: &[(String, u64)]) {
+    /// Arms an eventfd at each level; true when usage is already above one.
+    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> bool {
         self.eventfds
             .retain(|path, _| levels.iter().any(|(armed, _)| armed == path));
+        let mut passed = false;
         for (path, level) in levels {
             let armed = match self.eventfds.get_mut(path) {
-                Some(thresholds) => thresholds.arm(&[*level]),
+                Some(thresholds) => thresholds.arm(&[*level]).map(|()| &*thresholds),
                 None => MemcgThresholds::open(&self.cgroupfs.memory_dir(path)).and_then(
                     |mut thresholds| {
                         thresholds.arm(&[*level])?;
-                        self.eventfds.insert(path.clone(), thresholds);
-                        Ok(())
+                        Ok(&*self.eventfds.entry(path.clone()).or_insert(thresholds))
                     },
                 ),
             };
-            if let Err(e) = armed {
-                self.fail(&e);
-                return;
+            match armed.and_then(|thresholds| thresholds.passed(*level)) {
+                Ok(above) => passed |= above,
+                Err(e) => {
+                    self.fail(&e);
+                    return false;
+                }
             }
         }
+        passed
     }
 
     /// The far trigger cannot be trusted: the hooks stay attached for good.
