@@ -52,12 +52,13 @@ impl PreciseHooks {
         if !self.managed {
             return false;
         }
-        let edge_passed = self.arm_eventfds(&plan.eventfd_levels);
+        let far = plan.reason == ArmReason::Far;
+        let edge_passed = self.arm_eventfds(&plan.eventfd_levels, far);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
         }
         let attached = self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
-        attached || (edge_passed && plan.reason == ArmReason::Far)
+        attached || edge_passed
     }
 
     /// Attaches or detaches the hooks; true when that changed them.
@@ -84,8 +85,9 @@ impl PreciseHooks {
         }
     }
 
-    /// Arms an eventfd at each level; true when usage is already above one.
-    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> bool {
+    /// Arms an eventfd at each level; with `check`, true when usage is
+    /// already above one (read only then: near a line the answer is moot).
+    fn arm_eventfds(&mut self, levels: &[(String, u64)], check: bool) -> bool {
         self.eventfds
             .retain(|path, _| levels.iter().any(|(armed, _)| armed == path));
         let mut passed = false;
@@ -99,7 +101,14 @@ impl PreciseHooks {
                     },
                 ),
             };
-            match armed.and_then(|thresholds| thresholds.passed(*level)) {
+            let above = armed.and_then(|thresholds| {
+                if check {
+                    thresholds.passed(*level)
+                } else {
+                    Ok(false)
+                }
+            });
+            match above {
                 Ok(above) => passed |= above,
                 Err(e) => {
                     self.fail(&e);
