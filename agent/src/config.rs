@@ -297,8 +297,10 @@ pub struct RunArgs {
     pub pids_hysteresis: u64,
 
     /// Memory charged or freed on a CPU between two page-counter reads by the
-    /// kernel program. Bounds how far past a threshold usage can get before
-    /// the kernel notices; 256Ki costs one read per 64 pages of churn.
+    /// kernel program, far from a line; 256Ki costs one read per 64 pages
+    /// of churn. Within a few charge batches of a line each CPU reads after
+    /// its share of the distance left, and within one batch at every
+    /// charge, so a crossing is seen at the charge that makes it.
     #[arg(long, value_name = "BYTES", default_value = "256Ki", value_parser = parse_bytes)]
     pub memory_check_step: u64,
 

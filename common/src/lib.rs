@@ -207,10 +207,14 @@ pub struct KernelLayout {
     /// memcg_stat_item`) counts bytes (the kernel's `_B` items), not pages.
     pub byte_items_mask: [u64; 2],
     /// Pages of memcg stat churn a CPU accumulates before it re-reads the
-    /// page counters of the cgroup being updated and its watched ancestors.
+    /// page counters of the cgroup being updated and its watched ancestors,
+    /// far from a line; near one a CPU reads after its share of the pages
+    /// left below it (`pages left / possible_cpus`).
     pub check_step_pages: u64,
+    /// CPUs that may run the programs (`/sys/devices/system/cpu/possible`).
+    pub possible_cpus: u64,
 }
-const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 24);
+const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 32);
 
 /// Names of the maps and programs in the eBPF object, for the agent.
 pub mod names {

@@ -30,6 +30,10 @@ use evictd_common::{
 /// trees are about six levels deep (slice/qos/pod/container under a node).
 const MAX_DEPTH: u32 = 16;
 
+/// `MEMCG_CHARGE_BATCH`: pages a CPU charges to the page counter at once and
+/// hands out from its stock.
+const CHARGE_BATCH_PAGES: u64 = 64;
+
 /// `pid_namespace.pid_allocated` carries this flag while the namespace is
 /// being set up; it is not a count.
 const PIDNS_ADDING: u32 = 1 << 31;
@@ -70,6 +74,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     log_enabled: 0,
     byte_items_mask: [0; 2],
     check_step_pages: 0,
+    possible_cpus: 1,
 };
 
 /// Reads one field of `LAYOUT`. Volatile, or the compiler would fold in the
@@ -89,7 +94,7 @@ static PIDS_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
-/// Pages of stat churn this CPU has seen since it last read page counters.
+/// Pages of churn this CPU may still see before it reads page counters.
 #[map]
 static CHECK_BUDGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
@@ -254,8 +259,9 @@ fn on_page_churn(order: u32) {
     }
 }
 
-/// Adds `pages` of churn to this CPU's budget; true (and the budget reset)
-/// once a check step is spent, when the page counters are due for a read.
+/// Spends `pages` of churn from this CPU's budget; true (and a full check
+/// step as the next budget) once it is spent, when the page counters are
+/// due for a read.
 #[inline(always)]
 fn spend_check_budget(pages: u64) -> bool {
     if pages == 0 {
@@ -265,14 +271,41 @@ fn spend_check_budget(pages: u64) -> bool {
         return false;
     };
     // SAFETY: per-CPU slot; tracepoints run with preemption disabled.
-    let spent = unsafe { *budget } + pages;
-    if spent < layout!(check_step_pages) {
-        unsafe { *budget = spent };
+    let left = unsafe { *budget };
+    if pages < left {
+        unsafe { *budget = left - pages };
         return false;
     }
-    unsafe { *budget = 0 };
+    let step = layout!(check_step_pages);
+    unsafe { *budget = step };
     bump(COUNTER_MEMORY_CHECKS);
     true
+}
+
+/// A read found a watched scope `pages_to_line` pages below its line.
+/// The page counter moves by whole charge batches (the kernel's per-CPU
+/// stock), so within a batch of the line this CPU reads at its next
+/// charge: the charge whose batch crosses is seen at once, not up to a
+/// check step later, when the allocating task may be asleep for
+/// milliseconds. A few batches away each CPU reads after its share of the
+/// distance left. Far from every line nothing changes; next to one this
+/// costs a read per page charged until the line is crossed.
+#[inline(always)]
+fn read_sooner_near_a_line(pages_to_line: u64) {
+    let next = if pages_to_line < CHARGE_BATCH_PAGES {
+        1
+    } else {
+        pages_to_line
+            .checked_div(layout!(possible_cpus))
+            .unwrap_or(pages_to_line)
+    };
+    if next >= layout!(check_step_pages) {
+        return;
+    }
+    if let Some(budget) = CHECK_BUDGET.get_ptr_mut(0) {
+        // SAFETY: as in spend_check_budget.
+        unsafe { *budget = next.max(1) };
+    }
 }
 
 /// Re-reads the page counter of every watched scope from the memory css
@@ -284,6 +317,7 @@ fn check_memory(mut css: u64) -> Result<(), i32> {
     let usage_offset = layout!(mem_cgroup_memory_usage) as u64;
     let page_shift = layout!(page_shift);
     let mut trigger = 0u64;
+    let mut pages_to_line = u64::MAX;
     let mut depth = 0u32;
     while depth < MAX_DEPTH && css != 0 {
         let id = css_cgroup_id(css)?;
@@ -294,10 +328,15 @@ fn check_memory(mut css: u64) -> Result<(), i32> {
             let pages: i64 = read(css - css_offset, usage_offset)?;
             let bytes = (pages.max(0) as u64) << page_shift;
             update_scope(scope, RESOURCE_MEMORY, id, trigger, bytes);
+            // SAFETY: a live map value; a band just left is disarmed (no
+            // line above) until the agent arms it again.
+            let rise_at = unsafe { (*scope).rise_at };
+            pages_to_line = pages_to_line.min(rise_at.saturating_sub(bytes) >> page_shift);
         }
         css = read(css, layout!(css_parent) as u64)?;
         depth += 1;
     }
+    read_sooner_near_a_line(pages_to_line);
     Ok(())
 }
 

@@ -335,6 +335,7 @@ impl Lookup<'_> {
             log_enabled: 0,
             byte_items_mask: self.byte_items_mask()?,
             check_step_pages: 1,
+            possible_cpus: 1,
         })
     }
 }

@@ -62,6 +62,12 @@ pub enum BpfError {
     },
     #[error("ring buffer: {0}")]
     Poll(#[source] std::io::Error),
+    #[error("reading the CPUs the programs may run on ({path}): {source}")]
+    Cpus {
+        path: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn privilege_hint(error: &dyn std::error::Error) -> &'static str {
@@ -104,7 +110,9 @@ impl Probes {
         if OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
-        let layout = btf.layout(options.check_step_bytes, options.kernel_log)?;
+        let mut layout = btf.layout(options.check_step_bytes, options.kernel_log)?;
+        layout.possible_cpus =
+            aya::util::nr_cpus().map_err(|(path, source)| BpfError::Cpus { path, source })? as u64;
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &layout, true)
             .load(OBJECT)
