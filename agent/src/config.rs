@@ -329,6 +329,15 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_period)]
     pub psi_window: Duration,
 
+    /// The real-time (SCHED_FIFO) priority of the thread that reads the
+    /// kernel's records, decides and kills, as Android's lmkd runs: a busy
+    /// node's workloads do not delay a decision. Threads it starts run
+    /// normally. 0: a normal thread. Needs CAP_SYS_NICE; without it the
+    /// agent warns and runs normally.
+    #[arg(long, value_name = "PRIORITY", default_value_t = 1,
+        value_parser = clap::value_parser!(u8).range(0..=99))]
+    pub realtime_priority: u8,
+
     /// Polling period in --mode poll, psi and memcg-threshold. 10s is
     /// kubelet's housekeeping interval.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_period)]
@@ -443,6 +452,7 @@ mod tests {
         assert!(cli.command.is_none());
         assert_eq!(cli.run.mode, Mode::Event);
         assert_eq!(cli.run.memory_check_step, 256 * 1024);
+        assert_eq!(cli.run.realtime_priority, 1);
         assert_eq!(cli.run.housekeeping_interval, Duration::from_secs(10));
         assert!(cli.run.watches().is_empty());
     }
@@ -472,11 +482,17 @@ mod tests {
             ("--resync-interval=0s", "0s"),
             ("--resync-interval=fast", "fast"),
             ("--memory-hysteresis=-1Mi", "-1Mi"),
+            ("--realtime-priority=100", "100"),
         ] {
             let err = parse(&[arg]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::ValueValidation, "{arg}");
             assert_eq!(err.exit_code(), 2);
-            assert!(err.to_string().contains(&format!("{quoted:?}")), "{err}");
+            // Our parsers quote as Rust does, clap's range checks in '…'.
+            let text = err.to_string();
+            assert!(
+                text.contains(&format!("{quoted:?}")) || text.contains(&format!("'{quoted}'")),
+                "{err}"
+            );
         }
     }
 }

@@ -203,7 +203,7 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
 
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
-fn the_agent_locks_its_memory_and_raises_its_open_file_limit_to_the_hard_one() {
+fn the_agent_locks_its_memory_runs_its_decisions_in_real_time_and_raises_its_open_file_limit() {
     let mut agent = Agent::start(&["--dry-run", "--eviction-hard="]).unwrap();
     agent.log.expect("protection armed", &[]);
     let proc = format!("/proc/{}", agent.pid());
@@ -223,5 +223,25 @@ fn the_agent_locks_its_memory_and_raises_its_open_file_limit_to_the_hard_one() {
         .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap();
     assert!(locked_kib > 0, "{status}");
+    // The main thread decides; the threads it started (the metrics
+    // endpoint at least) run normally.
+    let policies: Vec<(u32, i32)> = std::fs::read_dir(format!("{proc}/task"))
+        .unwrap()
+        .map(|task| {
+            let tid: u32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+            // SAFETY: reads a thread's policy; no memory is passed.
+            let policy = unsafe { libc::sched_getscheduler(tid as libc::pid_t) };
+            (tid, policy)
+        })
+        .collect();
+    for (tid, policy) in &policies {
+        let expected = if *tid == agent.pid() {
+            libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK
+        } else {
+            libc::SCHED_OTHER
+        };
+        assert_eq!(*policy, expected, "thread {tid}: {policies:?}");
+    }
+    assert!(policies.len() > 1, "{policies:?}");
     assert!(agent.stop().unwrap().0.success());
 }

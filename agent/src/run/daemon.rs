@@ -100,6 +100,7 @@ pub async fn run(
     raise_file_limit();
     return_freed_heap();
     lock_memory();
+    run_in_real_time(args.realtime_priority);
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
     // Held to the end: dropping it stops the runtime's thread.
@@ -339,6 +340,33 @@ fn lock_memory() {
     } else {
         warn!(error = %std::io::Error::last_os_error(),
             "cannot lock the agent's memory (mlockall needs CAP_IPC_LOCK): under thrashing its code may be paged out");
+    }
+}
+
+/// Makes the calling thread, the one that reads records, decides and kills,
+/// a real-time one (SCHED_FIFO at `priority`; 0: leaves it alone), as
+/// Android's lmkd does: on a node whose CPUs are busy, a woken agent then
+/// runs at once instead of waiting its turn behind the workloads it is
+/// about to judge. Threads it starts later run normally
+/// (SCHED_RESET_ON_FORK): the metrics endpoint, the API watch and the
+/// reapers never get ahead of a workload. A runaway loop here would still
+/// leave the workloads 5 % of each CPU (the kernel's RT throttling).
+fn run_in_real_time(priority: u8) {
+    if priority == 0 {
+        return;
+    }
+    let param = libc::sched_param {
+        sched_priority: libc::c_int::from(priority),
+    };
+    // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
+    let set = unsafe {
+        libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
+    };
+    if set == 0 {
+        info!(priority, "deciding thread runs in real time (SCHED_FIFO)");
+    } else {
+        warn!(error = %std::io::Error::last_os_error(),
+            "cannot run the deciding thread in real time (SCHED_FIFO needs CAP_SYS_NICE): a busy node may delay decisions");
     }
 }
 
