@@ -97,6 +97,14 @@ fn a_pods_usage_and_working_set_are_read_from_the_versions_own_files() {
     // binary would be, when it runs, and its pages would turn active).
     let archive = agent_binary().with_file_name("libevictd.rlib");
     read_file_in(&node.tree, &container, &archive);
+    // The comparison below needs the cache on the inactive list before the
+    // agent reads: a CI run once saw the agent's working set equal to the
+    // usage (no inactive file yet) and the fixture's, a moment later, not.
+    wait_until(AGENT_DEADLINE, "the page cache counted as inactive", || {
+        let (usage, working_set) = working_set(&node.tree, &container);
+        usage - working_set >= 16 * MIB
+    })
+    .unwrap();
 
     let mut args = vec!["snapshot".to_owned()];
     args.extend(node.agent_args());
