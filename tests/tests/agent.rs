@@ -224,14 +224,15 @@ fn the_agent_locks_its_memory_runs_its_decisions_in_real_time_and_raises_its_ope
         .unwrap();
     assert!(locked_kib > 0, "{status}");
     // The main thread decides; the threads it started (the metrics
-    // endpoint at least) run normally.
+    // endpoint at least) run normally. A thread that ended meanwhile has
+    // no policy (-1) and is passed over.
     let policies: Vec<(u32, i32)> = std::fs::read_dir(format!("{proc}/task"))
         .unwrap()
-        .map(|task| {
-            let tid: u32 = task.unwrap().file_name().to_str().unwrap().parse().unwrap();
+        .filter_map(|task| {
+            let tid: u32 = task.ok()?.file_name().to_str()?.parse().ok()?;
             // SAFETY: reads a thread's policy; no memory is passed.
             let policy = unsafe { libc::sched_getscheduler(tid as libc::pid_t) };
-            (tid, policy)
+            (policy != -1).then_some((tid, policy))
         })
         .collect();
     for (tid, policy) in &policies {

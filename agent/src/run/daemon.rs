@@ -349,8 +349,9 @@ fn lock_memory() {
 /// runs at once instead of waiting its turn behind the workloads it is
 /// about to judge. Threads it starts later run normally
 /// (SCHED_RESET_ON_FORK): the metrics endpoint, the API watch and the
-/// reapers never get ahead of a workload. A runaway loop here would still
-/// leave the workloads 5 % of each CPU (the kernel's RT throttling).
+/// reapers never get ahead of a workload. A runaway loop here would take
+/// one CPU, of which the kernel's RT throttling still leaves the workloads
+/// 5 % by default.
 fn run_in_real_time(priority: u8) {
     if priority == 0 {
         return;
