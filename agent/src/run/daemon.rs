@@ -356,9 +356,10 @@ fn run_in_real_time(priority: u8) {
     if priority == 0 {
         return;
     }
-    let param = libc::sched_param {
-        sched_priority: libc::c_int::from(priority),
-    };
+    // SAFETY: sched_param is plain integers (musl has more of them than
+    // glibc), for which all zeroes are a valid value.
+    let mut param: libc::sched_param = unsafe { std::mem::zeroed() };
+    param.sched_priority = libc::c_int::from(priority);
     // SAFETY: pid 0 is the calling thread; `param` is a live sched_param.
     let set = unsafe {
         libc::sched_setscheduler(0, libc::SCHED_FIFO | libc::SCHED_RESET_ON_FORK, &param)
