@@ -12,8 +12,8 @@ use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
     os::{
-        fd::AsRawFd as _,
-        unix::fs::{FileExt as _, OpenOptionsExt as _},
+        fd::{AsFd as _, AsRawFd as _},
+        unix::fs::OpenOptionsExt as _,
     },
     path::{Path, PathBuf},
     time::Duration,
@@ -22,7 +22,10 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use tokio::io::{Interest, unix::AsyncFd};
 
-use crate::kernel::bpf::monotonic_now_ns;
+use crate::{
+    kernel::bpf::monotonic_now_ns,
+    node::cgroupfs::{CgroupError, OpenValue},
+};
 
 /// The shortest and longest PSI window the kernel accepts.
 const PSI_WINDOW_RANGE: (Duration, Duration) =
@@ -48,6 +51,8 @@ pub enum NotifyError {
     PsiWindowNeedsPrivilege { path: PathBuf, window: Duration },
     #[error("memory threshold on {path}")]
     Threshold { path: PathBuf, source: io::Error },
+    #[error("memory threshold: reading the usage")]
+    Usage(#[from] CgroupError),
 }
 
 /// A PSI trigger: `some <stall> <window>` written to a pressure file, then
@@ -133,7 +138,7 @@ pub struct MemcgThresholds {
     /// `cgroup.event_control` of the cgroup.
     control: PathBuf,
     /// `memory.usage_in_bytes`, kept open: registrations name its fd.
-    usage: File,
+    usage: OpenValue,
     /// The eventfd of the current levels; closing it unregisters them.
     armed: Option<AsyncFd<EventFd>>,
     levels: Vec<u64>,
@@ -142,11 +147,7 @@ pub struct MemcgThresholds {
 impl MemcgThresholds {
     /// `memory_dir` is the cgroup's directory in the v1 memory hierarchy.
     pub fn open(memory_dir: &Path) -> Result<Self, NotifyError> {
-        let usage_path = memory_dir.join("memory.usage_in_bytes");
-        let usage = File::open(&usage_path).map_err(|source| NotifyError::Threshold {
-            path: usage_path,
-            source,
-        })?;
+        let usage = OpenValue::open(memory_dir.join("memory.usage_in_bytes"))?;
         Ok(Self {
             control: memory_dir.join("cgroup.event_control"),
             usage,
@@ -168,7 +169,11 @@ impl MemcgThresholds {
         let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| error(e.into()))?;
         for level in levels {
-            let line = format!("{} {} {level}", eventfd.as_raw_fd(), self.usage.as_raw_fd());
+            let line = format!(
+                "{} {} {level}",
+                eventfd.as_raw_fd(),
+                self.usage.as_fd().as_raw_fd()
+            );
             fs::write(&self.control, line).map_err(error)?;
         }
         // Dropping the previous eventfd unregisters the previous levels.
@@ -185,19 +190,7 @@ impl MemcgThresholds {
     /// not a level: one armed after usage passed it stays silent, so a
     /// caller arming from a reading that may be stale asks this after.
     pub fn passed(&self, level: u64) -> Result<bool, NotifyError> {
-        let error = |source| NotifyError::Threshold {
-            path: self.control.with_file_name("memory.usage_in_bytes"),
-            source,
-        };
-        // A u64 has at most 20 digits, plus the newline; one pread at
-        // offset 0 makes the kernel print the value afresh.
-        let mut buf = [0u8; 32];
-        let len = self.usage.read_at(&mut buf, 0).map_err(error)?;
-        let usage: u64 = std::str::from_utf8(&buf[..len])
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
-            .ok_or_else(|| error(io::Error::from(io::ErrorKind::InvalidData)))?;
-        Ok(usage > level)
+        Ok(self.usage.read_u64()? > level)
     }
 
     /// Waits until usage crosses an armed level, either way; returns

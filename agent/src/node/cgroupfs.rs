@@ -2,7 +2,10 @@
 //! mounted, and fresh reads of the values the kernel programs track.
 use std::{
     fs, io,
-    os::unix::fs::{FileExt as _, MetadataExt as _},
+    os::{
+        fd::{AsFd, BorrowedFd},
+        unix::fs::{FileExt as _, MetadataExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -66,6 +69,12 @@ pub struct OpenValue {
 }
 
 impl OpenValue {
+    /// Opens the one-number file at `path` to be read again and again.
+    pub fn open(path: PathBuf) -> Result<Self, CgroupError> {
+        let file = fs::File::open(&path).map_err(|e| CgroupError::io(&path, e))?;
+        Ok(Self { path, file })
+    }
+
     /// The value now; [`CgroupError::Gone`] once the cgroup was removed
     /// (kernfs answers ENODEV for a removed cgroup's open files).
     pub fn read_u64(&self) -> Result<u64, CgroupError> {
@@ -80,6 +89,12 @@ impl OpenValue {
             path: self.path.clone(),
             text: text.trim().to_owned(),
         })
+    }
+}
+
+impl AsFd for OpenValue {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
     }
 }
 
@@ -249,8 +264,7 @@ impl CgroupFs {
         let Some(path) = self.memory_usage_file(path) else {
             return Ok(None);
         };
-        let file = fs::File::open(&path).map_err(|e| CgroupError::io(&path, e))?;
-        Ok(Some(OpenValue { path, file }))
+        OpenValue::open(path).map(Some)
     }
 
     /// Where a cgroup's bytes charged are; `None` for the v2 root, whose
