@@ -300,7 +300,8 @@ pub struct RunArgs {
     /// kernel program, far from a line; 256Ki costs one read per 64 pages
     /// of churn. Within a few charge batches of a line each CPU reads after
     /// its share of the distance left, and within one batch at every
-    /// charge, so a crossing is seen at the charge that makes it.
+    /// charge. With `lru-insertion` a charge is seen when its page joins an
+    /// LRU list, which a per-CPU batch of up to 31 pages can hold back.
     #[arg(long, value_name = "BYTES", default_value = "256Ki", value_parser = parse_bytes)]
     pub memory_check_step: u64,
 
