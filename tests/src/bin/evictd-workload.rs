@@ -25,7 +25,7 @@
 //!   it at all: the kernel drops signals a namespace's init does not handle.
 //! - `bomb RATE LOG USAGE`: answers `ok bombing`, then allocates and
 //!   touches 1 MiB chunks at RATE bytes/s (0: as fast as it can) until
-//!   killed, appending after each 256 KiB touched a 24-byte record to the
+//!   killed, appending after each 64 KiB touched a 24-byte record to the
 //!   file LOG: CLOCK_MONOTONIC ns, bytes held, and the value then in the
 //!   file USAGE (a cgroup's page counter), little-endian u64s (one write
 //!   each, so a SIGKILL loses nothing written).
@@ -81,8 +81,10 @@ use nix::{
 
 const CHUNK: usize = 1 << 20;
 const PAGE: usize = 4096;
-/// The bomb's log resolution: one record per 256 KiB touched.
-const PAGES_PER_RECORD: usize = 64;
+/// The bomb's log resolution: one record per 64 KiB touched, a quarter of
+/// a millisecond at 256 MiB/s, so that an agent killing within a
+/// millisecond of the crossing rarely stops the bomb before it logs it.
+const PAGES_PER_RECORD: usize = 16;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -17,11 +17,11 @@
 //! a fresh sandbox node and a fresh agent.
 //!
 //! Ground truth comes from outside the agent: the bomb logs CLOCK_MONOTONIC
-//! times of what it has touched (every 256 KiB) with the node's page
-//! counter, so the crossing is known to within one such step; the kernel
-//! itself reports the node's page counter coming back down (`watch.rs`).
-//! The agent logs its decision, kill and memory-back times on the same
-//! clock.
+//! times of what it has touched (every 64 KiB, to a log on tmpfs) with the
+//! node's page counter, so the crossing is known to within one such step;
+//! the kernel itself reports the node's page counter coming back down
+//! (`watch.rs`). The agent logs its decision, kill and memory-back times on
+//! the same clock.
 //!
 //! Writes `bench.json` (every run) and `bench.md` (the tables and the
 //! goals) to --out; xtask draws the plots from the JSON.

@@ -3,7 +3,7 @@
 //! (pidfd_send_signal SIGKILL, then process_mrelease). What it measures is
 //! the kernel's own floor for "memory back", in the same run as the modes.
 //!
-//! The bomb appends a record after every 256 KiB it touches (time, bytes
+//! The bomb appends a record after every 64 KiB it touches (time, bytes
 //! held, the node's page counter); an inotify watch on the log wakes the
 //! oracle's thread on each write, which reads the new records and kills at
 //! the first one past the level: the same record the bench later takes as
