@@ -190,7 +190,17 @@ impl MemcgThresholds {
     /// not a level: one armed after usage passed it stays silent, so a
     /// caller arming from a reading that may be stale asks this after.
     pub fn passed(&self, level: u64) -> Result<bool, NotifyError> {
-        Ok(self.usage.read_u64()? > level)
+        Ok(self.usage()? > level)
+    }
+
+    /// Usage now, in bytes.
+    pub fn usage(&self) -> Result<u64, NotifyError> {
+        Ok(self.usage.read_u64()?)
+    }
+
+    /// The levels armed now.
+    pub fn levels(&self) -> &[u64] {
+        &self.levels
     }
 
     /// Waits until usage crosses an armed level, either way; returns

@@ -4,17 +4,20 @@
 //! engine memory scope, which wakes the engine when the node comes near a
 //! line while the hooks are off. (On cgroup v2 the plan's read period,
 //! part of the evictor's action, is the far trigger.)
-use std::{collections::BTreeMap, sync::Arc};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::future::select_all;
 use tracing::{info, warn};
 
 use crate::{
     act::io::KernelRecords,
-    kernel::notify::{MemcgThresholds, NotifyError},
+    kernel::{
+        bpf::monotonic_now_ns,
+        notify::{MemcgThresholds, NotifyError},
+    },
     node::cgroupfs::CgroupFs,
     report::metrics::Metrics,
-    scopes::zone::{ArmReason, ZonePlan},
+    scopes::zone::{self, ArmReason, ZonePlan},
 };
 
 pub struct PreciseHooks {
@@ -24,6 +27,11 @@ pub struct PreciseHooks {
     eventfds: BTreeMap<String, MemcgThresholds>,
     /// False once the far trigger failed: the hooks then stay attached.
     managed: bool,
+    /// The last plan left the hooks off far from every line: the eventfds'
+    /// backstop reads run ([`crate::scopes::zone::edge_check_after`]).
+    far: bool,
+    /// The last plan's approach rate, bytes per second.
+    approach_rate: u64,
 }
 
 impl PreciseHooks {
@@ -36,6 +44,8 @@ impl PreciseHooks {
             metrics,
             eventfds: BTreeMap::new(),
             managed: true,
+            far: false,
+            approach_rate: 1,
         }
     }
 
@@ -53,6 +63,8 @@ impl PreciseHooks {
             return false;
         }
         let far = plan.reason == ArmReason::Far;
+        self.far = far;
+        self.approach_rate = plan.approach_rate;
         let edge_passed = self.arm_eventfds(&plan.eventfd_levels, far);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
@@ -127,21 +139,154 @@ impl PreciseHooks {
     }
 
     /// Waits until usage crosses a zone edge, either way; CLOCK_MONOTONIC
-    /// ns at wake-up. Pending while no edge is armed.
+    /// ns at wake-up. Pending while no edge is armed. Far from every line
+    /// the usage is also read before the node could reach an edge, in case
+    /// the kernel's notification does not come.
     pub async fn wait(&mut self) -> Result<u64, NotifyError> {
         if self.eventfds.is_empty() {
             return std::future::pending().await;
         }
-        let waits = self
-            .eventfds
-            .values_mut()
-            .map(|thresholds| Box::pin(thresholds.wait()));
-        select_all(waits).await.0
+        loop {
+            let check_after = if self.far {
+                match self.edge_check_after()? {
+                    Some(after) => Some(after),
+                    None => return Ok(monotonic_now_ns()),
+                }
+            } else {
+                None
+            };
+            let waits = self
+                .eventfds
+                .values_mut()
+                .map(|thresholds| Box::pin(thresholds.wait()));
+            let Some(after) = check_after else {
+                return select_all(waits).await.0;
+            };
+            tokio::select! {
+                (woke, _, _) = select_all(waits) => return woke,
+                () = tokio::time::sleep(after) => {}
+            }
+        }
+    }
+
+    /// When to read the usage again; `None` when a zone edge is passed
+    /// already and the eventfd has not said so (yet: the kernel checks it
+    /// every 128 page events per CPU).
+    fn edge_check_after(&self) -> Result<Option<Duration>, NotifyError> {
+        let mut soonest = zone::MAX_EDGE_CHECK;
+        for (path, thresholds) in &self.eventfds {
+            let usage = thresholds.usage()?;
+            for &level in thresholds.levels() {
+                match zone::edge_check_after(usage, level, self.approach_rate) {
+                    Some(after) => soonest = soonest.min(after),
+                    None => {
+                        info!(scope = %path, usage, level, "zone's edge passed, seen by the backstop read before the kernel's notification");
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+        Ok(Some(soonest))
     }
 
     /// After [`PreciseHooks::wait`] failed: attaches the hooks for good.
     pub fn give_up<K: KernelRecords>(&mut self, kernel: Option<&mut K>, error: &NotifyError) {
         self.fail(error);
         self.set(kernel, true, "the far trigger failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{fs, path::Path};
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::{node::cgroupfs::CgroupVersion, testing::fakes::FakeKernel};
+
+    const MIB: u64 = 1 << 20;
+
+    /// A v1 memory directory of plain files: arming an eventfd there writes
+    /// its line into a file, so no kernel ever signals it, as when a
+    /// notification is lost.
+    fn deaf_cgroup(root: &Path) -> CgroupFs {
+        let node = root.join("node");
+        fs::create_dir_all(&node).unwrap();
+        fs::write(
+            node.join("memory.usage_in_bytes"),
+            format!("{}\n", 100 * MIB),
+        )
+        .unwrap();
+        CgroupFs {
+            version: CgroupVersion::V1,
+            memory_root: root.to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        }
+    }
+
+    fn far_plan(edge: u64) -> ZonePlan {
+        ZonePlan {
+            armed: false,
+            reason: ArmReason::Far,
+            zone_bytes: 64 * MIB,
+            distance: Some(edge + 64 * MIB - 100 * MIB),
+            eventfd_levels: vec![("/node".to_owned(), edge)],
+            read_after: None,
+            approach_rate: 4096 * MIB,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn far_away_a_climb_past_the_edge_wakes_the_engine_without_the_kernels_notification() {
+        let dir = tempfile::tempdir().unwrap();
+        let cgroupfs = deaf_cgroup(dir.path());
+        let mut hooks = PreciseHooks::new(cgroupfs, Metrics::new().unwrap());
+        let (_records, receiver) = mpsc::unbounded_channel();
+        let mut kernel = FakeKernel::new(receiver);
+        let edge = 1024 * MIB;
+        assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
+        assert!(!*kernel.memory_hooks.borrow(), "detached far away");
+
+        let usage = dir.path().join("node/memory.usage_in_bytes");
+        let climb = {
+            let usage = usage.clone();
+            async move {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                fs::write(&usage, format!("{}\n", edge + MIB)).unwrap();
+            }
+        };
+        let started = tokio::time::Instant::now();
+        let (woke, ()) = tokio::time::timeout(Duration::from_secs(60), async {
+            tokio::join!(hooks.wait(), climb)
+        })
+        .await
+        .expect("the climb past the edge woke nothing");
+        woke.unwrap();
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(3)
+                && waited <= Duration::from_secs(3) + zone::MAX_EDGE_CHECK,
+            "woke after {waited:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn near_a_line_only_the_eventfd_wakes_the_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut hooks = PreciseHooks::new(deaf_cgroup(dir.path()), Metrics::new().unwrap());
+        let (_records, receiver) = mpsc::unbounded_channel();
+        let mut kernel = FakeKernel::new(receiver);
+        let near = ZonePlan {
+            armed: true,
+            reason: ArmReason::Near,
+            ..far_plan(50 * MIB)
+        };
+        hooks.apply(Some(&mut kernel), &near);
+        // Usage (100 MiB) is past the edge, and the hooks are on: nothing
+        // for the backstop to do.
+        let woke = tokio::time::timeout(Duration::from_secs(10), hooks.wait()).await;
+        assert!(woke.is_err(), "woke near a line: {woke:?}");
     }
 }
