@@ -116,6 +116,9 @@ pub struct Run {
     pub agent_peak_rss_bytes: u64,
     /// `(program, runs, ns)` of the agent's BPF programs over its life.
     pub bpf: Vec<(String, u64, u64)>,
+    /// `(trigger, runs)` of the agent's engine over its life: what woke it,
+    /// and whether anything did, when a run went wrong.
+    pub engine_runs: Vec<(String, u64)>,
 }
 
 impl Run {
@@ -371,6 +374,18 @@ fn bomb_log(node: &SandboxNode) -> PathBuf {
     dir.join(format!("evictd-bench-{}.log", node.tree.name()))
 }
 
+/// `(trigger, runs)` from the agent's `evictd_engine_runs_total` series.
+fn engine_runs(metrics: &str) -> Vec<(String, u64)> {
+    metrics
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix("evictd_engine_runs_total{trigger=\"")?;
+            let (trigger, value) = rest.split_once("\"} ")?;
+            Some((trigger.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 /// Pods other than the bomb whose process no longer answers.
 fn lost_pods(node: &mut SandboxNode) -> Vec<String> {
     let others: Vec<String> = node
@@ -412,6 +427,7 @@ fn finish(
     let address = agent.log.metrics_address();
     if let Ok(metrics) = http_get(&address, "/metrics") {
         run.bpf = program_stats(&metrics);
+        run.engine_runs = engine_runs(&metrics);
     }
     run.lost_pods = lost_pods(node);
     let mut log = stop(agent)?;

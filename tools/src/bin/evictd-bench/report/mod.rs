@@ -76,7 +76,8 @@ fn reading_guide(results: &Value) -> String {
     format!(
         "Every time is in ms from the node's real threshold crossing: its page counter \
          past capacity − threshold + inactive file, as the bomb's own log (a reading every \
-         256 KiB) or the kernel (an eventfd threshold the bench arms) first reports it. \
+         64 KiB, on tmpfs) or the kernel (an eventfd threshold the bench arms, before the \
+         agent's kill) first reports it. \
          *noticed*: what woke the agent's deciding run (kernel record, timer tick, \
          notification); *decided*: its `eviction decided` line; *memory back*: the kernel \
          reports the node's page counter down to its level before the bomb plus 5 % of what \
