@@ -5,7 +5,8 @@ from the node's real threshold crossing until the memory is back, on a log
 scale, its median (black bar) and p99 (red tick); the oracle's median (no
 agent: the bench kills at the crossing, the kernel's floor) is drawn across
 the panel. A run without memory back by the agent (the kernel OOM killer
-struck first) is an x at the top.
+struck first, or no decision) is an x at the top; a run decided before the
+bench saw a crossing is left out, as in the tables.
 
 pod-count.png: event mode's time from the trigger that woke its deciding
 run to the decision, against the pods on the node: every run (filled when
@@ -80,7 +81,10 @@ def memory_back(results, out):
     for axis, scenario in zip(axes[0], scenarios):
         modes = scenario["modes"]
         for position, mode in enumerate(modes):
-            runs = runs_of(results, scenario, mode)
+            # As in the tables: a run decided before the bench saw a
+            # crossing has nothing to measure from, and is not a "never".
+            runs = [r for r in runs_of(results, scenario, mode)
+                    if not r["decided_without_crossing"]]
             back = [r["back_us"] / 1e3 for r in runs if r["back_us"] is not None]
             lowest = min([lowest] + back)
             never = len(runs) - len(back)
@@ -115,7 +119,7 @@ def memory_back(results, out):
     fig.suptitle(
         textwrap.fill(
             "crossing → memory back per mode; black: median, red: p99, "
-            "x: the kernel OOM killer first", width)
+            "x: no memory back (the kernel OOM killer first)", width)
         + "\n" + subtitle(results, width),
         fontsize=9,
     )
