@@ -220,6 +220,7 @@ const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 32);
 pub mod names {
     pub const MEMORY_SCOPES: &str = "MEMORY_SCOPES";
     pub const PIDS_SCOPES: &str = "PIDS_SCOPES";
+    pub const PIDS_CGROUP_SCOPES: &str = "PIDS_CGROUP_SCOPES";
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const LAYOUT: &str = "LAYOUT";

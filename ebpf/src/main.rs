@@ -15,7 +15,7 @@ use aya_ebpf::{
         generated::{bpf_get_current_task, bpf_ktime_get_ns},
     },
     macros::{map, raw_tracepoint},
-    maps::{HashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::RawTracePointContext,
 };
 use aya_log_ebpf::info;
@@ -33,6 +33,10 @@ const MAX_DEPTH: u32 = 16;
 /// `MEMCG_CHARGE_BATCH`: pages a CPU charges to the page counter at once and
 /// hands out from its stock.
 const CHARGE_BATCH_PAGES: u64 = 64;
+
+/// Folios a CPU's LRU batch holds before they are put on a list
+/// (`PAGEVEC_SIZE`).
+const LRU_BATCH_FOLIOS: u64 = 31;
 
 /// `pid_namespace.pid_allocated` carries this flag while the namespace is
 /// being set up; it is not a count.
@@ -91,12 +95,24 @@ static MEMORY_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PIDS_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 
+/// How many pids cgroups `PIDS_SCOPES` holds (the node-wide scope aside);
+/// the agent keeps it.
+#[map]
+static PIDS_CGROUP_SCOPES: Array<u64> = Array::with_max_entries(1, 0);
+
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 
 /// Pages of churn this CPU may still see before it reads page counters.
 #[map]
 static CHECK_BUDGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// 1 while this CPU's last page-counter read found a watched scope near its
+/// line, within what the CPUs may charge before this one reads again: the
+/// next task switched out on this CPU has its memory cgroup read (see
+/// `memory_switch_out`).
+#[map]
+static NEAR_A_LINE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -221,6 +237,38 @@ pub fn memcg_charge_state(ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// `sched_switch(bool preempt, struct task_struct *prev, struct task_struct
+/// *next, unsigned int prev_state)`, with every memory hook. Each CPU reads
+/// the page counters once per check step of churn, `lru_insertion` sees a
+/// folio when the per-CPU LRU batch (up to 31 folios) is moved to the list,
+/// and `page_alloc` before the page is charged; so the last charges of a
+/// burst wait for the next burst when the task then sleeps: milliseconds
+/// for a paced allocator, forever for one that stops just past a line. Near
+/// a line (`NEAR_A_LINE`) the task leaving this CPU, which made those
+/// charges, has its memory cgroup read. Everywhere else this is one per-CPU
+/// load per context switch.
+#[raw_tracepoint(tracepoint = "sched_switch")]
+pub fn memory_switch_out(ctx: RawTracePointContext) -> i32 {
+    let Some(mark) = NEAR_A_LINE.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot; tracepoints run with preemption disabled.
+    if unsafe { *mark } == 0 {
+        return 0;
+    }
+    // Cleared first: the read below sets it again if still near.
+    unsafe { *mark = 0 };
+    let memory_subsys_id = layout!(memory_subsys_id);
+    if memory_subsys_id == u32::MAX {
+        return 0;
+    }
+    let checked = task_css(ctx.arg(1), memory_subsys_id).and_then(check_memory);
+    if checked.is_err() {
+        bump(COUNTER_READ_ERRORS);
+    }
+    0
+}
+
 /// `mm_page_alloc(struct page *, unsigned int order, gfp_t, int migratetype)`:
 /// the memory trigger of kernels without the memcg stat tracepoints (before
 /// 6.x, e.g. 6.1). Every page a memory cgroup is charged for is allocated
@@ -289,7 +337,8 @@ fn spend_check_budget(pages: u64) -> bool {
 /// check step later, when the allocating task may be asleep for
 /// milliseconds. A few batches away each CPU reads after its share of the
 /// distance left. Far from every line nothing changes; next to one this
-/// costs a read per page charged until the line is crossed.
+/// costs a read per page charged until the line is crossed, and the task
+/// this CPU switches out next is read once more (`memory_switch_out`).
 #[inline(always)]
 fn read_sooner_near_a_line(pages_to_line: u64) {
     let next = if pages_to_line < CHARGE_BATCH_PAGES {
@@ -299,7 +348,16 @@ fn read_sooner_near_a_line(pages_to_line: u64) {
             .checked_div(layout!(possible_cpus))
             .unwrap_or(pages_to_line)
     };
-    if next >= layout!(check_step_pages) {
+    let step = layout!(check_step_pages);
+    // Before this CPU reads again it may charge a check step, a charge
+    // batch and an LRU batch more (and so may every other CPU), and the
+    // charges of a task that then sleeps wait for its switch-out.
+    let switch_out_reach = (step + CHARGE_BATCH_PAGES + LRU_BATCH_FOLIOS) * layout!(possible_cpus);
+    if let Some(mark) = NEAR_A_LINE.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot; tracepoints run with preemption disabled.
+        unsafe { *mark = u32::from(pages_to_line < switch_out_reach) };
+    }
+    if next >= step {
         return;
     }
     if let Some(budget) = CHECK_BUDGET.get_ptr_mut(0) {
@@ -363,17 +421,27 @@ pub fn task_free(ctx: RawTracePointContext) -> i32 {
     0
 }
 
+/// Whether a pids cgroup is watched: without one (a node watched as a
+/// whole, through the pid namespace) a fork walks no cgroup.
+#[inline(always)]
+fn pids_cgroups_watched() -> bool {
+    PIDS_CGROUP_SCOPES.get(0).is_some_and(|count| *count != 0)
+}
+
 #[inline(always)]
 fn check_pids(task: u64) -> Result<(), i32> {
-    let trigger_id;
     let subsys_id = layout!(pids_subsys_id);
-    if subsys_id != u32::MAX {
+    let walk = subsys_id != u32::MAX && pids_cgroups_watched();
+    let mut trigger_id = 0;
+    if walk {
         let mut css = task_css(task, subsys_id)?;
         let counter_offset = layout!(pids_css_to_counter) as i64;
-        trigger_id = css_cgroup_id(css)?;
         let mut depth = 0u32;
         while depth < MAX_DEPTH && css != 0 {
             let id = css_cgroup_id(css)?;
+            if depth == 0 {
+                trigger_id = id;
+            }
             if let Some(scope) = PIDS_SCOPES.get_ptr_mut(id) {
                 let tasks: i64 = read(css.wrapping_add_signed(counter_offset), 0)?;
                 update_scope(scope, RESOURCE_PIDS, id, trigger_id, tasks.max(0) as u64);
@@ -381,8 +449,6 @@ fn check_pids(task: u64) -> Result<(), i32> {
             css = read(css, layout!(css_parent) as u64)?;
             depth += 1;
         }
-    } else {
-        trigger_id = 0;
     }
     if let Some(scope) = PIDS_SCOPES.get_ptr_mut(NODE_PIDS_SCOPE_ID) {
         // The freed task has no pid any more; the current task always has
@@ -393,6 +459,12 @@ fn check_pids(task: u64) -> Result<(), i32> {
         let namespace: u64 = read(pid, layout!(pid_init_ns) as u64)?;
         let allocated: u32 = read(namespace, layout!(pid_namespace_pid_allocated) as u64)?;
         let tasks = (allocated & !PIDNS_ADDING) as u64;
+        // SAFETY: a live map value.
+        let leaves_band = !unsafe { (*scope).contains(tasks) };
+        if leaves_band && !walk && subsys_id != u32::MAX {
+            // Only a report names the task's cgroup: read it then.
+            trigger_id = css_cgroup_id(task_css(task, subsys_id)?)?;
+        }
         update_scope(scope, RESOURCE_PIDS, NODE_PIDS_SCOPE_ID, trigger_id, tasks);
     }
     Ok(())

@@ -197,11 +197,16 @@ impl PrivateCgroupTree {
     /// Bytes charged to the cgroup and its descendants: v1
     /// `memory.usage_in_bytes`, v2 `memory.current`.
     pub fn memory_usage(&self, rel: &str) -> io::Result<u64> {
+        read_u64(&self.memory_usage_file(rel)?)
+    }
+
+    /// The file [`PrivateCgroupTree::memory_usage`] reads.
+    pub fn memory_usage_file(&self, rel: &str) -> io::Result<PathBuf> {
         let file = match self.layout.memory.version {
             CgroupVersion::V1 => "memory.usage_in_bytes",
             CgroupVersion::V2 => "memory.current",
         };
-        read_u64(&self.checked_dir(Controller::Memory, rel)?.join(file))
+        Ok(self.checked_dir(Controller::Memory, rel)?.join(file))
     }
 
     /// `pids.current`: tasks (threads, not just processes) in the cgroup and

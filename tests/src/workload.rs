@@ -138,6 +138,13 @@ impl WorkloadChannel {
             .map(Duration::from_nanos)
     }
 
+    /// Maps up to `bytes` and faults in page after page until the page
+    /// counter in `usage` reads at least `level`, then stops (kept until
+    /// the workload exits); returns the bytes touched.
+    pub fn touch_until(&mut self, bytes: u64, level: u64, usage: &Path) -> io::Result<u64> {
+        self.command_u64(&format!("touch-until {bytes} {level} {}", usage.display()))
+    }
+
     /// Unmaps what [`Self::touch`] mapped; returns how long munmap took.
     pub fn unmap(&mut self) -> io::Result<Duration> {
         self.command_u64("unmap").map(Duration::from_nanos)

@@ -298,6 +298,53 @@ fn memory_falling_below_the_band_is_reported_after_a_rearm_through(hook: Hook) {
 
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn a_crossing_made_by_a_task_that_then_sleeps_is_reported() {
+    for hook in memory_hooks() {
+        eprintln!("memory hook {}", hook.as_str());
+        a_crossing_made_by_a_task_that_then_sleeps_is_reported_through(hook);
+    }
+}
+
+/// The workload stops at the first page that takes the page counter past
+/// the line and waits for its next command. With `lru-insertion` that
+/// page (and up to 30 before it) is still in the CPU's LRU batch, and
+/// with `page-alloc` it was allocated before it was charged: no hook
+/// runs for it until the task allocates again, so the crossing comes from
+/// the task's switch-out, which a paced allocator makes after each burst.
+fn a_crossing_made_by_a_task_that_then_sleeps_is_reported_through(hook: Hook) {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let id = tree.cgroup_id(Controller::Memory, "pod").unwrap();
+    let mut kernel = Kernel::load_with(hook);
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
+    workload.alloc(16 * MIB).unwrap();
+    // Not a multiple of the page counter's 64-page batch, so the crossing
+    // charge falls anywhere in the LRU batch.
+    let line = tree.memory_usage("pod").unwrap() + 24 * MIB + 12 * 4096;
+    kernel.watch(ScopeKind::Memory, id, &[line], 16 * MIB);
+    let usage_file = tree.memory_usage_file("pod").unwrap();
+    // The page counter passes the line when a CPU takes a 64-page batch
+    // into its stock; the kernel may hand the unused part back (another
+    // cgroup's charge on that CPU), and the cgroup is below the line again.
+    // The workload then touches on until the line is passed for good.
+    let mut touched = 0;
+    for _ in 0..32 {
+        touched += workload.touch_until(32 * MIB, line, &usage_file).unwrap();
+        if tree.memory_usage("pod").unwrap() >= line {
+            break;
+        }
+    }
+    assert!(
+        tree.memory_usage("pod").unwrap() >= line,
+        "the pod stayed below the line after {touched} bytes"
+    );
+    let event = kernel.expect("the crossing", crossing(ScopeKind::Memory, id, true));
+    let value = crossing_value(&event);
+    assert!(value >= line, "reported {value}, below the line {line}");
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn a_value_hovering_at_the_line_is_reported_once() {
     for hook in memory_hooks() {
         eprintln!("memory hook {}", hook.as_str());
@@ -382,6 +429,12 @@ fn node_wide_task_count_crossing() {
         value >= now + 40 && value <= now + 61,
         "{value} vs {now} + 40"
     );
+    // No pids cgroup is watched, so no fork walks one; the report still
+    // names the cgroup of the task that crossed.
+    let KernelEvent::Crossing(c) = event.event else {
+        unreachable!()
+    };
+    assert_ne!(c.raw.trigger_cgroup_id, 0, "the crossing names a pids cgroup");
 }
 
 #[test]

@@ -41,6 +41,12 @@
 //!   transparent huge pages) and write one byte of every page, so each page
 //!   is one page fault and one charge; answers `ok <ns the touching took>`.
 //!   The mapping is kept until `unmap`; one at a time.
+//! - `touch-until BYTES LEVEL USAGE`: as `touch`, but stops at the first
+//!   page after which the file USAGE (a cgroup's page counter) reads at
+//!   least LEVEL, pinned to one CPU meanwhile; `ok <bytes touched>`, or
+//!   `err` when BYTES ran out first. The last pages charged are then
+//!   typically still in that CPU's LRU batch, not on a list. Kept until
+//!   `exit`.
 //! - `unmap`: munmap what `touch` mapped; `ok <ns the munmap took>`.
 //! - `kill-large BYTES`: start a child that touches BYTES as `touch` does
 //!   and waits; once it holds them, SIGKILL it and wait for it;
@@ -71,6 +77,7 @@ use std::{
 };
 
 use nix::{
+    sched::{CpuSet, sched_getaffinity, sched_getcpu, sched_setaffinity},
     sys::{
         prctl,
         signal::{SigHandler, Signal, signal},
@@ -260,6 +267,43 @@ impl Mapping {
     /// refused for the range, so the count does not depend on the
     /// machine's transparent huge page setting).
     fn touch(bytes: usize) -> io::Result<Self> {
+        let mapping = Self::map(bytes)?;
+        for offset in (0..mapping.len).step_by(PAGE) {
+            mapping.touch_page(offset);
+        }
+        Ok(mapping)
+    }
+
+    /// Touches page after page until `usage` reads at least `level`, on the
+    /// CPU it started on (so the pages charged last wait in that CPU's LRU
+    /// batch); the bytes touched, `None` if the mapping ran out first.
+    fn touch_until(bytes: usize, level: u64, usage: &File) -> io::Result<(Self, Option<usize>)> {
+        let mapping = Self::map(bytes)?;
+        let _pinned = PinnedToThisCpu::new()?;
+        for offset in (0..mapping.len).step_by(PAGE) {
+            mapping.touch_page(offset);
+            if read_counter(usage) >= level {
+                return Ok((mapping, Some(offset + PAGE)));
+            }
+        }
+        Ok((mapping, None))
+    }
+
+    /// Writes one byte of the page at `offset`: faults it in and charges it.
+    fn touch_page(&self, offset: usize) {
+        assert!(offset < self.len, "touch past the mapping");
+        // SAFETY: offset < len, inside the writable mapping; volatile so the
+        // write (the page fault) is not optimised away.
+        unsafe {
+            self.start
+                .as_ptr()
+                .cast::<u8>()
+                .add(offset)
+                .write_volatile(1)
+        };
+    }
+
+    fn map(bytes: usize) -> io::Result<Self> {
         let len = bytes.div_ceil(PAGE).max(1) * PAGE;
         // SAFETY: a new private anonymous mapping at an address the kernel
         // picks; no existing memory is affected.
@@ -282,13 +326,31 @@ impl Mapping {
         if unsafe { libc::madvise(start.as_ptr(), len, libc::MADV_NOHUGEPAGE) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        let base = start.as_ptr().cast::<u8>();
-        for offset in (0..len).step_by(PAGE) {
-            // SAFETY: offset < len, inside the writable mapping; volatile so
-            // the write (the page fault) is not optimised away.
-            unsafe { base.add(offset).write_volatile(1) };
-        }
         Ok(mapping)
+    }
+}
+
+/// Keeps the process on the CPU it runs on until dropped.
+struct PinnedToThisCpu {
+    before: CpuSet,
+}
+
+impl PinnedToThisCpu {
+    fn new() -> io::Result<Self> {
+        let this = Pid::from_raw(0);
+        let before = sched_getaffinity(this).map_err(io::Error::from)?;
+        let mut only = CpuSet::new();
+        only.set(sched_getcpu().map_err(io::Error::from)?)
+            .map_err(io::Error::from)?;
+        sched_setaffinity(this, &only).map_err(io::Error::from)?;
+        Ok(Self { before })
+    }
+}
+
+impl Drop for PinnedToThisCpu {
+    fn drop(&mut self) {
+        // Failing leaves the process pinned, which only a test notices.
+        let _ = sched_setaffinity(Pid::from_raw(0), &self.before);
     }
 }
 
@@ -476,6 +538,8 @@ struct Workload {
     bomb: Option<Bomb>,
     /// What `touch` mapped, until `unmap`.
     touched: Option<Mapping>,
+    /// What `touch-until` mapped, kept until exit.
+    touched_until: Vec<Mapping>,
 }
 
 impl Workload {
@@ -566,6 +630,20 @@ impl Workload {
                 let took = started.elapsed();
                 self.touched = Some(mapping);
                 took.as_nanos().to_string()
+            }
+            "touch-until" => {
+                let bytes = amount()?;
+                let level = amount()? as u64;
+                let usage = words.next().ok_or("touch-until needs a usage file")?;
+                let usage = File::open(usage).map_err(|e| format!("{usage}: {e}"))?;
+                let (mapping, touched) = Mapping::touch_until(bytes, level, &usage)
+                    .map_err(|e| format!("touch-until: {e}"))?;
+                self.touched_until.push(mapping);
+                touched
+                    .ok_or_else(|| {
+                        format!("touch-until: {bytes} touched, usage still below {level}")
+                    })?
+                    .to_string()
             }
             "unmap" => {
                 let mapping = self.touched.take().ok_or("unmap: nothing touched")?;

@@ -101,6 +101,7 @@ impl Hook {
                     &[
                         program("lru_insertion", "mm_lru_insertion", 1),
                         program("memcg_charge_state", "mod_memcg_state", 3),
+                        SWITCH_OUT,
                     ]
                 }
             }
@@ -109,6 +110,7 @@ impl Hook {
                     &[
                         program("memcg_lruvec_state", "mod_memcg_lruvec_state", 3),
                         program("memcg_state", "mod_memcg_state", 3),
+                        SWITCH_OUT,
                     ]
                 }
             }
@@ -117,6 +119,7 @@ impl Hook {
                     &[
                         program("page_alloc", "mm_page_alloc", 4),
                         program("page_free", "mm_page_free", 2),
+                        SWITCH_OUT,
                     ]
                 }
             }
@@ -140,6 +143,13 @@ impl Hook {
         }
     }
 }
+
+/// Near a line, the task a CPU switches out has its memory cgroup read:
+/// the last charges of a task that then sleeps would otherwise wait for
+/// that CPU's next charge, as each CPU reads the page counters once per
+/// check step, an LRU insertion comes up to a batch of 31 folios after the
+/// charge, and a page allocation before it.
+const SWITCH_OUT: Program = program("memory_switch_out", "sched_switch", 4);
 
 const fn program(name: &'static str, tracepoint: &'static str, arity: usize) -> Program {
     Program {

@@ -1,11 +1,11 @@
 //! The programs' maps as the agent uses them: the bands of the watched
 //! scopes, and the per-CPU counters and run statistics the programs keep.
-use std::time::Duration;
+use std::{collections::BTreeSet, time::Duration};
 
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use evictd_common::{
-    Band, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, RESOURCE_MEMORY,
-    RESOURCE_PIDS, names,
+    Band, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, NODE_PIDS_SCOPE_ID,
+    RESOURCE_MEMORY, RESOURCE_PIDS, names,
 };
 
 use super::{BpfError, Probes};
@@ -42,11 +42,17 @@ impl ScopeKind {
 pub struct ScopeMaps {
     pub(super) memory: HashMap<MapData, u64, Band>,
     pub(super) pids: HashMap<MapData, u64, Band>,
+    /// How many pids cgroups `pids` holds, for the programs: with none, a
+    /// fork reads the node-wide count alone and walks no cgroup.
+    pub(super) pids_cgroup_count: Array<MapData, u64>,
+    pub(super) pids_cgroups: BTreeSet<u64>,
 }
 
 impl ScopeMaps {
     /// Arms (or re-arms) the band of scope `id`.
     pub fn set_band(&mut self, kind: ScopeKind, id: u64, band: Band) -> Result<(), BpfError> {
+        // Counted before the band is armed, so no fork passes over it.
+        self.count_pids_cgroup(kind, id, true)?;
         let (map, name) = self.map_mut(kind);
         map.insert(id, band, 0)
             .map_err(|source| BpfError::Map { map: name, source })
@@ -56,9 +62,35 @@ impl ScopeMaps {
     pub fn remove_scope(&mut self, kind: ScopeKind, id: u64) -> Result<(), BpfError> {
         let (map, name) = self.map_mut(kind);
         match map.remove(&id) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(source) => Err(BpfError::Map { map: name, source }),
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(source) => return Err(BpfError::Map { map: name, source }),
         }
+        self.count_pids_cgroup(kind, id, false)
+    }
+
+    fn count_pids_cgroup(
+        &mut self,
+        kind: ScopeKind,
+        id: u64,
+        watched: bool,
+    ) -> Result<(), BpfError> {
+        if kind != ScopeKind::Pids || id == NODE_PIDS_SCOPE_ID {
+            return Ok(());
+        }
+        let changed = if watched {
+            self.pids_cgroups.insert(id)
+        } else {
+            self.pids_cgroups.remove(&id)
+        };
+        if !changed {
+            return Ok(());
+        }
+        self.pids_cgroup_count
+            .set(0, self.pids_cgroups.len() as u64, 0)
+            .map_err(|source| BpfError::Map {
+                map: names::PIDS_CGROUP_SCOPES,
+                source,
+            })
     }
 
     /// The band as the kernel holds it now (last value included).

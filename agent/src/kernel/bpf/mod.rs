@@ -120,6 +120,8 @@ impl Probes {
         let scope_maps = ScopeMaps {
             memory: take_map(&mut ebpf, names::MEMORY_SCOPES)?,
             pids: take_map(&mut ebpf, names::PIDS_SCOPES)?,
+            pids_cgroup_count: take_map(&mut ebpf, names::PIDS_CGROUP_SCOPES)?,
+            pids_cgroups: Default::default(),
         };
         let counters = take_map(&mut ebpf, names::COUNTERS)?;
         let events = Some(take_map(&mut ebpf, names::EVENTS)?);

@@ -6,8 +6,9 @@ use super::{Trigger::Kernel, *};
 use crate::{kernel::capabilities::Psi, node::cgroupfs::CgroupVersion};
 
 /// Tracepoints (and arities) both test kernels have.
-const COMMON: [(&str, usize); 8] = [
+const COMMON: [(&str, usize); 9] = [
     ("mm_lru_insertion", 1),
+    ("sched_switch", 4),
     ("mm_page_alloc", 4),
     ("mm_page_free", 2),
     ("sched_process_fork", 2),
