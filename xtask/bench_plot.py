@@ -158,6 +158,12 @@ def pod_count(results, out):
             axis.hlines(goal, count * 0.8, count * 1.25, colors="red", linestyles="dotted")
             axis.annotate(f"goal p99 ≤ {goal:g} ms", (count * 0.8, goal), fontsize=7,
                           color="red", va="bottom")
+    if not counts:
+        # Every run was decided before the bench saw a crossing (a smoke
+        # run of one round can be): nothing to draw, as the table says.
+        plt.close(fig)
+        print("pod-count.png: no run with a crossing to measure from; not drawn")
+        return
     axis.plot(counts, medians, "o-", color="black", label="median")
     axis.plot(counts, tails, "s--", color="tab:red", label="p99")
     axis.set_xscale("log")
