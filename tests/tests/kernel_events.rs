@@ -434,7 +434,10 @@ fn node_wide_task_count_crossing() {
     let KernelEvent::Crossing(c) = event.event else {
         unreachable!()
     };
-    assert_ne!(c.raw.trigger_cgroup_id, 0, "the crossing names a pids cgroup");
+    assert_ne!(
+        c.raw.trigger_cgroup_id, 0,
+        "the crossing names a pids cgroup"
+    );
 }
 
 #[test]

@@ -14,6 +14,11 @@ pub struct BpfCostArgs {
     /// Free/re-touch rounds of 128 MiB.
     #[arg(long, default_value_t = 40)]
     rounds: u32,
+    /// How tasks are watched: `cgroup` (a line in the churning cgroup,
+    /// crossed each round: forks walk pids cgroups) or `node` (node-wide
+    /// only: forks read the node's count alone).
+    #[arg(long, default_value = "cgroup", value_parser = ["cgroup", "node"])]
+    pids: String,
     /// Extra agent arguments, e.g. `-- --memory-check-step 1Mi`.
     #[arg(last = true)]
     agent_args: Vec<String>,
@@ -59,6 +64,7 @@ pub fn bpf_cost(args: &BpfCostArgs) -> Result<()> {
             .arg(release.join("evictd"))
             .arg(release.join("evictd-workload"))
             .arg(args.rounds.to_string())
+            .arg(&args.pids)
             .args(&args.agent_args),
     )
 }

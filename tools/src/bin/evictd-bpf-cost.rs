@@ -1,12 +1,15 @@
-//! `evictd-bpf-cost AGENT WORKLOAD ROUNDS [AGENT ARGS...]` (run by `cargo
-//! xtask bpf-cost`):
+//! `evictd-bpf-cost AGENT WORKLOAD ROUNDS PIDS [AGENT ARGS...]` (run by
+//! `cargo xtask bpf-cost`):
 //! what each eBPF program costs per invocation under memory churn, measured
 //! by the kernel (`kernel.bpf_stats_enabled`).
 //!
 //! Runs the release agent watching a private cgroup in which a workload
 //! repeatedly frees and re-touches memory (crossing a threshold each round)
 //! and forks children, then reads run counts and run times from the agent's
-//! own metrics.
+//! own metrics. PIDS says how tasks are watched: `cgroup`, the private
+//! cgroup with a 40-task line it crosses each round (every fork walks the
+//! task's pids cgroups), or `node`, the node as a whole (`pid.available`,
+//! far from its line: a fork reads the node-wide count alone).
 use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::TcpStream,
@@ -15,7 +18,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use evictd_integration::{BpfStatsEnabled, PrivateCgroupTree, Workload, program_stats};
+use evictd_integration::{BpfStats, PrivateCgroupTree, Workload, program_stats};
 
 const MIB: u64 = 1 << 20;
 
@@ -33,34 +36,55 @@ impl Drop for Agent {
 
 fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
-    let (Some(agent), Some(workload), Some(rounds)) = (args.next(), args.next(), args.next())
+    let usage = "usage: evictd-bpf-cost AGENT WORKLOAD ROUNDS cgroup|node [AGENT ARGS...]";
+    let (Some(agent), Some(workload), Some(rounds), Some(pids)) =
+        (args.next(), args.next(), args.next(), args.next())
     else {
-        bail!("usage: evictd-bpf-cost AGENT WORKLOAD ROUNDS [AGENT ARGS...]");
+        bail!(usage);
     };
     let rounds = rounds.parse().context("ROUNDS")?;
+    let pids = match pids.as_str() {
+        "cgroup" => PidsWatched::Cgroup,
+        "node" => PidsWatched::Node,
+        other => bail!("PIDS: {other:?} is neither cgroup nor node; {usage}"),
+    };
     let agent_args: Vec<String> = args.collect();
     run(
         std::path::Path::new(&agent),
         std::path::Path::new(&workload),
         rounds,
+        pids,
         &agent_args,
     )
+}
+
+/// How the agent watches tasks during the run.
+#[derive(Clone, Copy)]
+enum PidsWatched {
+    /// The churning cgroup, with a line its forks cross.
+    Cgroup,
+    /// The node as a whole, far from its line.
+    Node,
 }
 
 fn run(
     agent: &std::path::Path,
     workload: &std::path::Path,
     rounds: u32,
+    pids: PidsWatched,
     agent_args: &[String],
 ) -> Result<()> {
-    let _stats = BpfStatsEnabled::new().context("turning kernel.bpf_stats_enabled on")?;
+    let _stats = BpfStats::on().context("turning kernel.bpf_stats_enabled on")?;
     let tree = PrivateCgroupTree::new().context("creating the private cgroup tree")?;
     tree.create("churn")?;
     let scope = tree.relative_path("churn");
     let mut child = Command::new(agent)
         .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
         .args(["--watch-memory", &format!("{scope}=192Mi")])
-        .args(["--watch-pids", &format!("{scope}=40")])
+        .args(match pids {
+            PidsWatched::Cgroup => ["--watch-pids".to_owned(), format!("{scope}=40")],
+            PidsWatched::Node => ["--eviction-hard".to_owned(), "pid.available<100".to_owned()],
+        })
         .args(agent_args)
         .stdout(Stdio::piped())
         .spawn()
@@ -85,8 +109,12 @@ fn run(
 
     let workload_path = workload.to_str().context("workload path is not UTF-8")?;
     let mut workload = Workload::spawn_in(&tree, "churn", workload_path)?;
+    let watched = match pids {
+        PidsWatched::Cgroup => "tasks watched in the cgroup, a 40-task line crossed each round",
+        PidsWatched::Node => "tasks watched node-wide only, far from pid.available<100",
+    };
     println!(
-        "bpf-cost: {rounds} rounds of freeing and re-touching 128 MiB across a 192 Mi threshold, 50 forks each"
+        "bpf-cost: {rounds} rounds of freeing and re-touching 128 MiB across a 192 Mi threshold, 50 forks each; {watched}"
     );
     let started = Instant::now();
     workload.alloc(256 * MIB)?;

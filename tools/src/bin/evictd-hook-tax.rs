@@ -92,9 +92,19 @@ fn main() -> Result<()> {
             measure(&node, &workload, samples)
                 .with_context(|| format!("round {round}, {}", config.name))?;
             if let Some(agent) = agent {
-                let (status, _) = agent.stop()?;
+                let (status, mut log) = agent.stop()?;
                 if !status.success() {
                     bail!("the agent ({}) exited with {status}", config.name);
+                }
+                // Far from the threshold the zone keeps the hooks off; a
+                // change while the workload ran is in the measurement.
+                let moves = log.all("precise memory hooks").len();
+                if config.ready.is_some() && moves > 1 {
+                    println!(
+                        "{}, round {round}: the memory hooks moved {} times while the workload ran",
+                        config.name,
+                        moves - 1
+                    );
                 }
             }
         }

@@ -32,7 +32,7 @@ use evictd::{
     node::cgroupfs::CgroupFs,
     scopes::levels::Levels,
 };
-use evictd_integration::{BpfStatsEnabled, Controller, PrivateCgroupTree, Workload};
+use evictd_integration::{BpfStats, Controller, PrivateCgroupTree, Workload};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 
 const MIB: u64 = 1 << 20;
@@ -52,7 +52,7 @@ fn main() -> Result<()> {
     println!("{capabilities}\n");
     let btf = btf.context("no kernel BTF")?;
     let tmpfs = PrivateTmpfs::mount()?;
-    let _stats = BpfStatsEnabled::new().context("turning kernel.bpf_stats_enabled on")?;
+    let _stats = BpfStats::on().context("turning kernel.bpf_stats_enabled on")?;
     for hook in Hook::ALL {
         if hook.purpose() != Purpose::Memory {
             continue;

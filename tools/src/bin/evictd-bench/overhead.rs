@@ -9,7 +9,9 @@
 //!   kernel tears its address space down before the parent can reap it).
 //!
 //! Each mode's agent attached is compared with no agent at all (the floor),
-//! in the same run and interleaved with the modes. Twice: with the node far
+//! in the same run and interleaved with the modes, with
+//! `kernel.bpf_stats_enabled` off as on a node (the kernel then counts no
+//! program runs). Twice: with the node far
 //! from every threshold (only the steady pods: available memory about 7×
 //! the threshold), and close to the memory threshold: ballast in the pod
 //! brings the node's available memory to threshold + bytes + 32 MiB before
@@ -18,7 +20,7 @@
 //! it (an eviction there is a bench failure, counted in `evictions`).
 use anyhow::{Context as _, Result};
 use evictd::node::cgroupfs::CgroupFs;
-use evictd_integration::{Agent, SandboxNode, http_get, program_stats};
+use evictd_integration::{Agent, SandboxNode};
 
 use crate::{
     Args, MIB, NO_AGENT,
@@ -47,8 +49,6 @@ pub struct OverheadRun {
     pub problems: Vec<String>,
     /// The agent's CPU time while the operations ran.
     pub agent_cpu_ms: f64,
-    /// `(program, runs, ns)` of the agent's BPF programs over its life.
-    pub bpf: Vec<(String, u64, u64)>,
 }
 
 impl OverheadRun {
@@ -133,16 +133,11 @@ fn operations(node: &mut SandboxNode, bytes: u64) -> Result<()> {
     Ok(())
 }
 
-fn finish(mut agent: Agent, cpu_before: std::time::Duration, run: &mut OverheadRun) -> Result<()> {
+fn finish(agent: Agent, cpu_before: std::time::Duration, run: &mut OverheadRun) -> Result<()> {
     run.agent_cpu_ms = cpu_time(agent.pid())?
         .saturating_sub(cpu_before)
         .as_secs_f64()
         * 1e3;
-    let address = agent.log.metrics_address();
-    let metrics = http_get(&address, "/metrics");
-    if let Ok(metrics) = &metrics {
-        run.bpf = program_stats(metrics);
-    }
     let mut log = stop(agent)?;
     run.evictions = log.all("eviction decided").len();
     run.problems = log
@@ -150,10 +145,5 @@ fn finish(mut agent: Agent, cpu_before: std::time::Duration, run: &mut OverheadR
         .iter()
         .map(|line| line["message"].as_str().unwrap_or_default().to_owned())
         .collect();
-    if let Err(e) = metrics {
-        // Said, not hidden: the BPF column is then empty for this run.
-        run.problems
-            .push(format!("the bench could not read {address}/metrics: {e}"));
-    }
     Ok(())
 }
