@@ -29,7 +29,14 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
     .unwrap();
     let attached = agent.log.expect("eBPF programs attached", &[]);
     let program_ids = program_ids(&attached);
-    assert_eq!(program_ids.len(), 7, "{attached}");
+    assert_eq!(program_ids.len(), 8, "{attached}");
+    assert!(
+        attached["programs"]
+            .as_str()
+            .unwrap()
+            .contains("memory_switch_out"),
+        "{attached}"
+    );
     let loaded = BpfObjects::of_programs(&program_ids);
     let address = agent.log.metrics_address();
     agent
