@@ -416,7 +416,7 @@ fn node_wide_task_count_crossing() {
     tree.create("pod").unwrap();
     let mut kernel = Kernel::load();
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
-    let now = evictd::node::cgroupfs::node_tasks().unwrap();
+    let now = evictd::node::cgroupfs::node_tasks(None).unwrap();
     kernel.watch(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
     workload.fork(60).unwrap();
     let event = kernel.expect(

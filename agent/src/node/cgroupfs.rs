@@ -1,12 +1,14 @@
 //! cgroupfs: where the memory, pids and (v1) freezer controllers are
 //! mounted, and fresh reads of the values the kernel programs track.
 use std::{
+    collections::HashMap,
     fs, io,
     os::{
         fd::{AsFd, BorrowedFd},
         unix::fs::{FileExt as _, MetadataExt as _},
     },
     path::{Path, PathBuf},
+    sync::{Mutex, PoisonError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +97,56 @@ impl OpenValue {
 impl AsFd for OpenValue {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+/// Text files read again and again (the node's own cgroup files, the
+/// procfs files of its signals), kept open. Each read is one `pread` at
+/// offset 0, which makes kernfs and procfs generate the text afresh, where
+/// reading by path costs an open, a statx, a read per doubling of the
+/// buffer and a close: most of what an idle agent's resync costs. A file
+/// whose cgroup was removed (ENODEV) is opened again by path, once.
+#[derive(Debug, Default)]
+pub struct KeptOpen {
+    files: Mutex<HashMap<PathBuf, fs::File>>,
+}
+
+/// A clone opens its own files as it reads them.
+impl Clone for KeptOpen {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl KeptOpen {
+    /// The whole text of `path` now, as [`fs::read_to_string`] gives it.
+    pub fn read_to_string(&self, path: &Path) -> io::Result<String> {
+        let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(file) = files.get(path) {
+            match read_whole_at_zero(file) {
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {}
+                read => return read,
+            }
+        }
+        let file = fs::File::open(path)?;
+        let text = read_whole_at_zero(&file)?;
+        files.insert(path.to_owned(), file);
+        Ok(text)
+    }
+}
+
+/// The text of `file` from offset 0, read in one `pread` when it fits the
+/// buffer; a text that fills it is read again whole into a larger one.
+fn read_whole_at_zero(file: &fs::File) -> io::Result<String> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let len = file.read_at(&mut buf, 0)?;
+        if len < buf.len() {
+            buf.truncate(len);
+            return String::from_utf8(buf)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+        buf.resize(buf.len() * 2, 0);
     }
 }
 
@@ -234,17 +286,38 @@ impl CgroupFs {
     }
 
     pub fn read_memory(&self, path: &str) -> Result<MemoryReading, CgroupError> {
+        self.memory_reading(None, path)
+    }
+
+    /// [`CgroupFs::read_memory`] through files kept open.
+    pub fn read_memory_kept(
+        &self,
+        files: &KeptOpen,
+        path: &str,
+    ) -> Result<MemoryReading, CgroupError> {
+        self.memory_reading(Some(files), path)
+    }
+
+    fn memory_reading(
+        &self,
+        files: Option<&KeptOpen>,
+        path: &str,
+    ) -> Result<MemoryReading, CgroupError> {
         let dir = self.memory_dir(path);
         match self.version {
             CgroupVersion::V1 => Ok(MemoryReading {
-                usage_bytes: read_u64(&dir.join("memory.usage_in_bytes"))?,
+                usage_bytes: read_u64(files, &dir.join("memory.usage_in_bytes"))?,
                 // total_: hierarchical, counting the cgroup's descendants too.
-                inactive_file_bytes: stat_field(&dir.join("memory.stat"), "total_inactive_file")?,
+                inactive_file_bytes: stat_field(
+                    files,
+                    &dir.join("memory.stat"),
+                    "total_inactive_file",
+                )?,
             }),
-            CgroupVersion::V2 if is_root(path) => read_meminfo(),
+            CgroupVersion::V2 if is_root(path) => read_meminfo(files),
             CgroupVersion::V2 => Ok(MemoryReading {
-                usage_bytes: read_u64(&dir.join("memory.current"))?,
-                inactive_file_bytes: stat_field(&dir.join("memory.stat"), "inactive_file")?,
+                usage_bytes: read_u64(files, &dir.join("memory.current"))?,
+                inactive_file_bytes: stat_field(files, &dir.join("memory.stat"), "inactive_file")?,
             }),
         }
     }
@@ -253,8 +326,8 @@ impl CgroupFs {
     /// [`CgroupFs::read_memory`] also reads `memory.stat`.
     pub fn read_memory_usage(&self, path: &str) -> Result<u64, CgroupError> {
         match self.memory_usage_file(path) {
-            Some(file) => read_u64(&file),
-            None => read_meminfo().map(|m| m.usage_bytes),
+            Some(file) => read_u64(None, &file),
+            None => read_meminfo(None).map(|m| m.usage_bytes),
         }
     }
 
@@ -279,7 +352,12 @@ impl CgroupFs {
     }
 
     pub fn read_pids(&self, path: &str) -> Result<u64, CgroupError> {
-        read_u64(&self.pids_dir(path)?.join("pids.current"))
+        read_u64(None, &self.pids_dir(path)?.join("pids.current"))
+    }
+
+    /// [`CgroupFs::read_pids`] through files kept open.
+    pub fn read_pids_kept(&self, files: &KeptOpen, path: &str) -> Result<u64, CgroupError> {
+        read_u64(Some(files), &self.pids_dir(path)?.join("pids.current"))
     }
 
     /// Processes in cgroup `path` and its descendants, not threads: the
@@ -317,9 +395,9 @@ fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
 /// `runningTaskCount`): the total after the slash in /proc/loadavg's fourth
 /// field. Not `sysinfo(2)`'s `procs`, which is 16 bits wide and wraps past
 /// 65,535 tasks (kubernetes#107107), just when the count matters.
-pub fn node_tasks() -> Result<u64, CgroupError> {
+pub fn node_tasks(files: Option<&KeptOpen>) -> Result<u64, CgroupError> {
     let path = Path::new("/proc/loadavg");
-    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    let text = read_text(files, path)?;
     loadavg_tasks(&text).ok_or_else(|| CgroupError::Parse {
         path: path.to_owned(),
         text: text.trim().to_owned(),
@@ -395,16 +473,25 @@ fn join(root: &Path, path: &str) -> PathBuf {
     }
 }
 
-fn read_u64(path: &Path) -> Result<u64, CgroupError> {
-    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+/// The text of `path`, through `files` when given, else read by path.
+pub(crate) fn read_text(files: Option<&KeptOpen>, path: &Path) -> Result<String, CgroupError> {
+    match files {
+        Some(files) => files.read_to_string(path),
+        None => fs::read_to_string(path),
+    }
+    .map_err(|e| CgroupError::io(path, e))
+}
+
+fn read_u64(files: Option<&KeptOpen>, path: &Path) -> Result<u64, CgroupError> {
+    let text = read_text(files, path)?;
     text.trim().parse().map_err(|_| CgroupError::Parse {
         path: path.to_owned(),
         text: text.trim().to_owned(),
     })
 }
 
-fn stat_field(path: &Path, field: &str) -> Result<u64, CgroupError> {
-    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+fn stat_field(files: Option<&KeptOpen>, path: &Path, field: &str) -> Result<u64, CgroupError> {
+    let text = read_text(files, path)?;
     parse_keyed(&text, field).ok_or_else(|| CgroupError::Parse {
         path: path.to_owned(),
         text: format!("no {field} line"),
@@ -422,9 +509,9 @@ fn parse_keyed(text: &str, key: &str) -> Option<u64> {
 }
 
 /// The v2 root has no memory.current; use the machine's own accounting.
-fn read_meminfo() -> Result<MemoryReading, CgroupError> {
+fn read_meminfo(files: Option<&KeptOpen>) -> Result<MemoryReading, CgroupError> {
     let path = Path::new("/proc/meminfo");
-    let text = fs::read_to_string(path).map_err(|e| CgroupError::io(path, e))?;
+    let text = read_text(files, path)?;
     let field = |key: &str| {
         parse_keyed(&text, key)
             .map(|kib| kib * 1024)
@@ -558,12 +645,41 @@ mod tests {
     }
 
     #[test]
+    fn kept_open_files_are_read_afresh_and_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = KeptOpen::default();
+        let value = dir.path().join("memory.usage_in_bytes");
+        fs::write(&value, "1000\n").unwrap();
+        assert_eq!(read_u64(Some(&files), &value).unwrap(), 1000);
+        // The same open file (rewritten in place), read again from 0.
+        fs::write(&value, "2000\n").unwrap();
+        assert_eq!(read_u64(Some(&files), &value).unwrap(), 2000);
+        // Longer than one read's buffer.
+        let stat = dir.path().join("memory.stat");
+        let mut text: String = (0..400).map(|i| format!("field_{i} {i}\n")).collect();
+        text += "total_inactive_file 7\n";
+        fs::write(&stat, &text).unwrap();
+        assert_eq!(files.read_to_string(&stat).unwrap(), text);
+        assert_eq!(
+            stat_field(Some(&files), &stat, "total_inactive_file").unwrap(),
+            7
+        );
+        let gone = read_u64(Some(&files), &dir.path().join("missing")).unwrap_err();
+        assert!(matches!(gone, CgroupError::Gone(_)), "{gone}");
+        // /proc files, as the node's signals read them.
+        let loadavg = node_tasks(Some(&files)).unwrap();
+        assert!(loadavg > 0);
+        let meminfo = read_meminfo(Some(&files)).unwrap();
+        assert!(meminfo.usage_bytes > 0);
+    }
+
+    #[test]
     fn reads_this_machine() {
         let fs = CgroupFs::discover().unwrap();
         let root = fs.read_memory("/").unwrap();
         assert!(root.usage_bytes > 0);
         assert!(root.working_set_bytes() <= root.usage_bytes);
-        assert!(node_tasks().unwrap() > 0);
+        assert!(node_tasks(None).unwrap() > 0);
         let gone = fs.read_memory("/no-such-cgroup-evictd").unwrap_err();
         assert!(matches!(gone, CgroupError::Gone(_)), "{gone}");
     }

@@ -25,7 +25,7 @@ pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
     decide::thresholds::{Resource, Signal},
-    node::cgroupfs::{CgroupError, CgroupFs, OpenValue, hierarchy_ids, is_gone},
+    node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenValue, hierarchy_ids, is_gone},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
         local_storage::{self, LocalStorageEviction},
@@ -157,6 +157,7 @@ impl Inventory {
                 nodefs: args.nodefs_path.clone(),
                 imagefs: args.imagefs_path.clone(),
                 containerfs: None,
+                files: KeptOpen::default(),
             },
             runtime: None,
             runtime_filesystems: 0,

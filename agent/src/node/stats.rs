@@ -8,7 +8,7 @@ use std::{
 };
 
 use crate::node::{
-    cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, MemoryReading},
+    cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, KeptOpen, MemoryReading},
     snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
 };
 
@@ -44,6 +44,8 @@ pub struct NodeSignals {
     /// Where the runtime keeps writable layers, once it has said
     /// (`ImageFsInfo`); the imagefs itself unless its layout is split.
     pub containerfs: Option<PathBuf>,
+    /// The node's files, read on every engine run.
+    pub files: KeptOpen,
 }
 
 /// One fresh look at the node: every signal's input, and the readings the
@@ -69,17 +71,11 @@ impl NodeSignals {
     /// Every signal's input. A filesystem path that does not exist leaves
     /// that filesystem out (its signals are not observed).
     pub fn observe(&self) -> Result<NodeObservation, SignalsError> {
-        let total = mem_total()?;
-        let capacity = lowest_memory_limit(&self.cgroupfs, &self.node)?
+        let total = mem_total(&self.files)?;
+        let capacity = lowest_memory_limit(&self.cgroupfs, &self.files, &self.node)?
             .map_or(total, |limit| limit.min(total));
-        let node_memory = self.cgroupfs.read_memory(&self.node)?;
-        let kubepods = match self.kubepods() {
-            Some(path) => {
-                let memory = self.cgroupfs.read_memory(&path)?;
-                Some((path, memory))
-            }
-            None => None,
-        };
+        let node_memory = self.cgroupfs.read_memory_kept(&self.files, &self.node)?;
+        let kubepods = self.kubepods_memory()?;
         let allocatable = match &kubepods {
             Some((path, memory)) => self.allocatable(path, memory, capacity)?,
             None => None,
@@ -114,10 +110,25 @@ impl NodeSignals {
     /// The pods' cgroup under the node, by the cgroupfs or the systemd
     /// driver's name, if kubelet (or a test) created it.
     pub fn kubepods(&self) -> Option<String> {
-        ["kubepods", "kubepods.slice"]
+        KUBEPODS_NAMES
             .into_iter()
             .map(|name| child_path(&self.node, name))
             .find(|path| self.cgroupfs.memory_dir(path).is_dir())
+    }
+
+    /// [`NodeSignals::kubepods`] and its memory, found by reading: a name
+    /// with no cgroup reads as gone, so a run looks the directory up only
+    /// where the files are not open yet.
+    fn kubepods_memory(&self) -> Result<Option<(String, MemoryReading)>, SignalsError> {
+        for name in KUBEPODS_NAMES {
+            let path = child_path(&self.node, name);
+            match self.cgroupfs.read_memory_kept(&self.files, &path) {
+                Ok(memory) => return Ok(Some((path, memory))),
+                Err(CgroupError::Gone(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(None)
     }
 
     /// kubelet's allocatable memory signal: the pods' cgroup against node
@@ -134,7 +145,7 @@ impl NodeSignals {
     ) -> Result<Option<MemoryStats>, SignalsError> {
         // The node's own limit already bounds it from above (node_capacity).
         Ok(
-            memory_limit(&self.cgroupfs, kubepods)?.map(|limit| MemoryStats {
+            kept_memory_limit(&self.cgroupfs, &self.files, kubepods)?.map(|limit| MemoryStats {
                 capacity_bytes: limit.min(node_capacity),
                 working_set_bytes: memory.working_set_bytes(),
             }),
@@ -146,20 +157,25 @@ impl NodeSignals {
     /// kubelet's rlimit statistics count them. Also what the node's PID
     /// scope counts (see [`NodeObservation::scope_tasks`]).
     fn pids(&self) -> Result<(PidStats, Option<u64>), SignalsError> {
-        let node_pids = match self.cgroupfs.pids_dir(&self.node) {
-            Ok(dir) if !is_root(&self.node) && dir.is_dir() => {
-                Some(self.cgroupfs.read_pids(&self.node)?)
+        // Read, not looked up first: a node cgroup outside the pids
+        // hierarchy reads as gone.
+        let node_pids = if is_root(&self.node) {
+            None
+        } else {
+            match self.cgroupfs.read_pids_kept(&self.files, &self.node) {
+                Ok(tasks) => Some(tasks),
+                Err(CgroupError::Gone(_) | CgroupError::NoPidsController) => None,
+                Err(e) => return Err(e.into()),
             }
-            _ => None,
         };
         if let Some(in_use) = node_pids
-            && let Some(max) = lowest_pids_limit(&self.cgroupfs, &self.node)?
+            && let Some(max) = lowest_pids_limit(&self.cgroupfs, &self.files, &self.node)?
         {
             return Ok((PidStats { max, in_use }, node_pids));
         }
-        let pid_max = read_number(Path::new("/proc/sys/kernel/pid_max"))?;
-        let threads_max = read_number(Path::new("/proc/sys/kernel/threads-max"))?;
-        let in_use = cgroupfs::node_tasks()?;
+        let pid_max = read_number(&self.files, Path::new("/proc/sys/kernel/pid_max"))?;
+        let threads_max = read_number(&self.files, Path::new("/proc/sys/kernel/threads-max"))?;
+        let in_use = cgroupfs::node_tasks(Some(&self.files))?;
         let scope_tasks = if is_root(&self.node) {
             Some(in_use)
         } else {
@@ -174,6 +190,10 @@ impl NodeSignals {
         ))
     }
 }
+
+/// The pods' cgroup under the node: the cgroupfs driver's name, the
+/// systemd driver's.
+const KUBEPODS_NAMES: [&str; 2] = ["kubepods", "kubepods.slice"];
 
 /// `parent/name` as a cgroup path relative to the hierarchy root.
 pub fn child_path(parent: &str, name: &str) -> String {
@@ -195,20 +215,28 @@ fn lineage(path: &str) -> impl Iterator<Item = String> + '_ {
 
 /// The tightest memory limit on `path` or an ancestor: an ancestor's limit
 /// binds the whole subtree.
-fn lowest_memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+fn lowest_memory_limit(
+    cgroupfs: &CgroupFs,
+    files: &KeptOpen,
+    path: &str,
+) -> Result<Option<u64>, SignalsError> {
     let mut lowest: Option<u64> = None;
     for cgroup in lineage(path) {
-        if let Some(limit) = memory_limit(cgroupfs, &cgroup)? {
+        if let Some(limit) = kept_memory_limit(cgroupfs, files, &cgroup)? {
             lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
         }
     }
     Ok(lowest)
 }
 
-fn lowest_pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+fn lowest_pids_limit(
+    cgroupfs: &CgroupFs,
+    files: &KeptOpen,
+    path: &str,
+) -> Result<Option<u64>, SignalsError> {
     let mut lowest: Option<u64> = None;
     for cgroup in lineage(path) {
-        if let Some(limit) = pids_limit(cgroupfs, &cgroup)? {
+        if let Some(limit) = pids_limit(cgroupfs, files, &cgroup)? {
             lowest = Some(lowest.map_or(limit, |l| l.min(limit)));
         }
     }
@@ -222,21 +250,42 @@ const UNLIMITED_MEMORY: u64 = 1 << 62;
 
 /// The cgroup's hard memory limit; `None` when unlimited.
 pub fn memory_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
+    memory_limit_through(cgroupfs, None, path)
+}
+
+/// [`memory_limit`] through files kept open.
+fn kept_memory_limit(
+    cgroupfs: &CgroupFs,
+    files: &KeptOpen,
+    path: &str,
+) -> Result<Option<u64>, SignalsError> {
+    memory_limit_through(cgroupfs, Some(files), path)
+}
+
+fn memory_limit_through(
+    cgroupfs: &CgroupFs,
+    files: Option<&KeptOpen>,
+    path: &str,
+) -> Result<Option<u64>, SignalsError> {
     let file = match cgroupfs.version {
         CgroupVersion::V1 => "memory.limit_in_bytes",
         CgroupVersion::V2 => "memory.max",
     };
-    let limit = read_limit(&cgroupfs.memory_dir(path).join(file))?;
+    let limit = read_limit(files, &cgroupfs.memory_dir(path).join(file))?;
     Ok(limit.filter(|bytes| *bytes <= UNLIMITED_MEMORY))
 }
 
-fn pids_limit(cgroupfs: &CgroupFs, path: &str) -> Result<Option<u64>, SignalsError> {
-    read_limit(&cgroupfs.pids_dir(path)?.join("pids.max"))
+fn pids_limit(
+    cgroupfs: &CgroupFs,
+    files: &KeptOpen,
+    path: &str,
+) -> Result<Option<u64>, SignalsError> {
+    read_limit(Some(files), &cgroupfs.pids_dir(path)?.join("pids.max"))
 }
 
 /// A limit file: a number, or "max" for none.
-fn read_limit(path: &Path) -> Result<Option<u64>, SignalsError> {
-    let text = read(path)?;
+fn read_limit(files: Option<&KeptOpen>, path: &Path) -> Result<Option<u64>, SignalsError> {
+    let text = read(files, path)?;
     match text.trim() {
         "max" => Ok(None),
         number => number.parse().map(Some).map_err(|_| SignalsError::Parse {
@@ -246,26 +295,20 @@ fn read_limit(path: &Path) -> Result<Option<u64>, SignalsError> {
     }
 }
 
-fn read_number(path: &Path) -> Result<u64, SignalsError> {
-    read_limit(path)?.ok_or_else(|| SignalsError::Parse {
+fn read_number(files: &KeptOpen, path: &Path) -> Result<u64, SignalsError> {
+    read_limit(Some(files), path)?.ok_or_else(|| SignalsError::Parse {
         path: path.to_owned(),
         text: "max".into(),
     })
 }
 
-fn read(path: &Path) -> Result<String, SignalsError> {
-    fs::read_to_string(path).map_err(|source| match source.kind() {
-        io::ErrorKind::NotFound => SignalsError::Cgroup(CgroupError::Gone(path.to_owned())),
-        _ => SignalsError::Read {
-            path: path.to_owned(),
-            source,
-        },
-    })
+fn read(files: Option<&KeptOpen>, path: &Path) -> Result<String, SignalsError> {
+    Ok(cgroupfs::read_text(files, path)?)
 }
 
-fn mem_total() -> Result<u64, SignalsError> {
+fn mem_total(files: &KeptOpen) -> Result<u64, SignalsError> {
     let path = Path::new("/proc/meminfo");
-    let text = read(path)?;
+    let text = read(Some(files), path)?;
     text.lines()
         .find_map(|line| {
             let rest = line.strip_prefix("MemTotal:")?;
@@ -359,6 +402,7 @@ mod tests {
             nodefs: dir.path().join("missing"),
             containerfs: None,
             imagefs: dir.path().to_owned(),
+            files: KeptOpen::default(),
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 536870912);
@@ -409,11 +453,12 @@ mod tests {
             nodefs: dir.path().join("missing"),
             containerfs: None,
             imagefs: dir.path().join("missing"),
+            files: KeptOpen::default(),
         };
         let stats = signals.observe().unwrap().stats;
         assert_eq!(
             stats.memory.capacity_bytes,
-            mem_total().unwrap(),
+            mem_total(&KeptOpen::default()).unwrap(),
             "unlimited: MemTotal"
         );
         assert_eq!(stats.memory.working_set_bytes, 3072);
@@ -469,6 +514,7 @@ mod tests {
             nodefs: dir.path().join("missing"),
             containerfs: None,
             imagefs: dir.path().join("missing"),
+            files: KeptOpen::default(),
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 1048576);
@@ -514,7 +560,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("pids.max");
         write(&path, "lots\n");
-        let err = read_limit(&path).unwrap_err().to_string();
+        let err = read_limit(None, &path).unwrap_err().to_string();
         assert!(err.contains("pids.max") && err.contains("lots"), "{err}");
     }
 }

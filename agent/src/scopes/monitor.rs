@@ -551,7 +551,7 @@ impl<B: BandTable> Monitor<B> {
                 working_set: None,
             }),
             (_, None) => Ok(Reading {
-                value: cgroupfs::node_tasks()?,
+                value: cgroupfs::node_tasks(None)?,
                 working_set: None,
             }),
         }
