@@ -43,7 +43,7 @@ use crate::{
         kubernetes::{KubeError, Kubernetes},
         metrics::{Metrics, MetricsError},
     },
-    run::precise::PreciseHooks,
+    run::precise::{BackstopClock, PreciseHooks},
     scopes::{
         monitor::{KernelCoverage, Monitor, MonitorOptions},
         zone::{FarTrigger, ZoneOptions},
@@ -167,7 +167,14 @@ pub async fn run(
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
     let zone = zone_options(&armed, &args, check_interval);
-    let precise = zone.map(|_| PreciseHooks::new(cgroupfs.clone(), metrics.clone()));
+    let precise = zone.map(|_| {
+        PreciseHooks::new(
+            cgroupfs.clone(),
+            metrics.clone(),
+            check_interval,
+            BackstopClock::timerfd(),
+        )
+    });
     let notifier =
         notifier(&armed, &args, &cgroupfs, inventory.node_cgroup()).map_err(|source| {
             RunError::Notify {

@@ -4,9 +4,20 @@
 //! engine memory scope, which wakes the engine when the node comes near a
 //! line while the hooks are off. (On cgroup v2 the plan's read period,
 //! part of the evictor's action, is the far trigger.)
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    io,
+    os::fd::{AsFd as _, AsRawFd, RawFd},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::future::select_all;
+use nix::sys::{
+    time::TimeSpec,
+    timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags},
+};
+use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{info, warn};
 
 use crate::{
@@ -32,12 +43,22 @@ pub struct PreciseHooks {
     far: bool,
     /// The last plan's approach rate, bytes per second.
     approach_rate: u64,
+    /// How often the engine resyncs: each resync reads the usage against
+    /// the edges too ([`PreciseHooks::apply`]), so a backstop read due
+    /// later than that is left to it.
+    resync_interval: Duration,
+    clock: BackstopClock,
 }
 
 impl PreciseHooks {
     /// The hooks are attached when this is made (as [`crate::kernel::triggers::arm`]
     /// leaves them).
-    pub fn new(cgroupfs: CgroupFs, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        cgroupfs: CgroupFs,
+        metrics: Arc<Metrics>,
+        resync_interval: Duration,
+        clock: BackstopClock,
+    ) -> Self {
         metrics.precise_hooks_armed.set(1);
         Self {
             cgroupfs,
@@ -46,6 +67,8 @@ impl PreciseHooks {
             managed: true,
             far: false,
             approach_rate: 1,
+            resync_interval,
+            clock,
         }
     }
 
@@ -149,7 +172,8 @@ impl PreciseHooks {
         loop {
             let check_after = if self.far {
                 match self.edge_check_after()? {
-                    Some(after) => Some(after),
+                    Some(after) if after < self.resync_interval => Some(after),
+                    Some(_) => None,
                     None => return Ok(monotonic_now_ns()),
                 }
             } else {
@@ -164,7 +188,7 @@ impl PreciseHooks {
             };
             tokio::select! {
                 (woke, _, _) = select_all(waits) => return woke,
-                () = tokio::time::sleep(after) => {}
+                () = self.clock.sleep(after) => {}
             }
         }
     }
@@ -193,6 +217,80 @@ impl PreciseHooks {
     pub fn give_up<K: KernelRecords>(&mut self, kernel: Option<&mut K>, error: &NotifyError) {
         self.fail(error);
         self.set(kernel, true, "the far trigger failed");
+    }
+}
+
+/// How the backstop waits between its reads of the usage.
+pub enum BackstopClock {
+    /// A timerfd: one wake-up at the deadline. A tokio sleep longer than
+    /// 64 ms wakes the runtime once early (its timer wheel's coarser slot)
+    /// and again at the deadline, and one made while the runtime runs
+    /// wakes it once more: three wake-ups per read instead of one, which
+    /// was about a tenth of the idle agent's CPU (docs/design.md, agent
+    /// footprint).
+    TimerFd(AsyncFd<OneShotTimer>),
+    /// tokio's clock, which tests pause and advance.
+    Tokio,
+}
+
+impl BackstopClock {
+    /// A timerfd on CLOCK_MONOTONIC; tokio's clock where none can be made.
+    pub fn timerfd() -> Self {
+        let made = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )
+        .map_err(io::Error::from)
+        .and_then(|timer| {
+            // SAFETY: the AsyncFd owns the timer, so its fd stays open and
+            // unchanged while registered.
+            unsafe { AsyncFd::register_with_interest(OneShotTimer(timer), Interest::READABLE) }
+                .map_err(io::Error::from)
+        });
+        match made {
+            Ok(timer) => Self::TimerFd(timer),
+            Err(e) => {
+                warn!(error = %e, "no timerfd for the zone's backstop reads: tokio's timer instead");
+                Self::Tokio
+            }
+        }
+    }
+
+    async fn sleep(&mut self, after: Duration) {
+        if let Self::TimerFd(timer) = self {
+            match expire(timer, after).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(error = %e, "the zone's backstop timerfd failed: tokio's timer from now on");
+                    *self = Self::Tokio;
+                }
+            }
+        }
+        tokio::time::sleep(after).await;
+    }
+}
+
+/// Arms `timer` to expire once after `after` and waits until it has.
+async fn expire(timer: &mut AsyncFd<OneShotTimer>, after: Duration) -> io::Result<()> {
+    timer.get_ref().0.set(
+        Expiration::OneShot(TimeSpec::from_duration(after)),
+        TimerSetTimeFlags::empty(),
+    )?;
+    loop {
+        let mut ready = timer.readable_mut().await?;
+        // Reading the expiration count resets it; EAGAIN: not yet.
+        if let Ok(read) = ready.try_io(|timer| Ok(timer.get_ref().0.wait()?)) {
+            return read;
+        }
+    }
+}
+
+/// A timerfd as tokio's [`AsyncFd`] takes it.
+pub struct OneShotTimer(TimerFd);
+
+impl AsRawFd for OneShotTimer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
     }
 }
 
@@ -242,7 +340,12 @@ mod tests {
     async fn far_away_a_climb_past_the_edge_wakes_the_engine_without_the_kernels_notification() {
         let dir = tempfile::tempdir().unwrap();
         let cgroupfs = deaf_cgroup(dir.path());
-        let mut hooks = PreciseHooks::new(cgroupfs, Metrics::new().unwrap());
+        let mut hooks = PreciseHooks::new(
+            cgroupfs,
+            Metrics::new().unwrap(),
+            Duration::from_secs(3600),
+            BackstopClock::Tokio,
+        );
         let (_records, receiver) = mpsc::unbounded_channel();
         let mut kernel = FakeKernel::new(receiver);
         let edge = 1024 * MIB;
@@ -275,7 +378,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn near_a_line_only_the_eventfd_wakes_the_engine() {
         let dir = tempfile::tempdir().unwrap();
-        let mut hooks = PreciseHooks::new(deaf_cgroup(dir.path()), Metrics::new().unwrap());
+        let mut hooks = PreciseHooks::new(
+            deaf_cgroup(dir.path()),
+            Metrics::new().unwrap(),
+            Duration::from_secs(3600),
+            BackstopClock::Tokio,
+        );
         let (_records, receiver) = mpsc::unbounded_channel();
         let mut kernel = FakeKernel::new(receiver);
         let near = ZonePlan {
@@ -288,5 +396,54 @@ mod tests {
         // for the backstop to do.
         let woke = tokio::time::timeout(Duration::from_secs(10), hooks.wait()).await;
         assert!(woke.is_err(), "woke near a line: {woke:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backstop_read_due_after_the_next_resync_is_left_to_the_resync() {
+        let dir = tempfile::tempdir().unwrap();
+        // The backstop would read after (1 GiB - 64 MiB - 100 MiB) / 4 GiB/s,
+        // about 0.2 s; the resync, which reads the usage against the edge
+        // itself, comes every 0.1 s.
+        let mut hooks = PreciseHooks::new(
+            deaf_cgroup(dir.path()),
+            Metrics::new().unwrap(),
+            Duration::from_millis(100),
+            BackstopClock::Tokio,
+        );
+        let (_records, receiver) = mpsc::unbounded_channel();
+        let mut kernel = FakeKernel::new(receiver);
+        let edge = 1024 * MIB;
+        assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
+        let usage = dir.path().join("node/memory.usage_in_bytes");
+        let climb = async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            fs::write(&usage, format!("{}\n", edge + MIB)).unwrap();
+        };
+        let (woke, ()) = tokio::join!(
+            tokio::time::timeout(Duration::from_secs(10), hooks.wait()),
+            climb
+        );
+        assert!(woke.is_err(), "the backstop read: {woke:?}");
+        // What the resync's run does: the plan applied again reads the edge
+        // passed and asks for another look at once.
+        assert!(hooks.apply(Some(&mut kernel), &far_plan(edge)));
+    }
+
+    #[tokio::test]
+    async fn the_timerfd_clock_wakes_once_its_time_has_passed() {
+        let mut clock = BackstopClock::timerfd();
+        assert!(matches!(clock, BackstopClock::TimerFd(_)));
+        for after in [Duration::from_millis(20), Duration::from_millis(5)] {
+            let started = std::time::Instant::now();
+            tokio::time::timeout(Duration::from_secs(10), clock.sleep(after))
+                .await
+                .expect("the timerfd never expired");
+            assert!(
+                started.elapsed() >= after,
+                "woke after {:?}",
+                started.elapsed()
+            );
+        }
+        assert!(matches!(clock, BackstopClock::TimerFd(_)), "fell back");
     }
 }

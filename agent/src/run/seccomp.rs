@@ -37,7 +37,15 @@ mod tests {
             .flat_map(|rule| rule["names"].as_array().unwrap())
             .map(|name| name.as_str().unwrap())
             .collect();
-        for needed in ["bpf", "pidfd_open", "pidfd_send_signal", "process_mrelease"] {
+        for needed in [
+            "bpf",
+            "pidfd_open",
+            "pidfd_send_signal",
+            "process_mrelease",
+            // The zone's backstop timer.
+            "timerfd_create",
+            "timerfd_settime",
+        ] {
             assert!(allowed.contains(&needed), "{needed} is not allowed");
         }
         // Raw tracepoints attach through bpf() itself.

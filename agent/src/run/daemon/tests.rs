@@ -153,7 +153,12 @@ async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Du
     let sources = Sources::<FakeKernel> {
         kernel: Some(kernel),
         notifier: None,
-        precise: Some(PreciseHooks::new(cgroupfs, harness.metrics.clone())),
+        precise: Some(PreciseHooks::new(
+            cgroupfs,
+            harness.metrics.clone(),
+            Duration::from_secs(3600),
+            BackstopClock::Tokio,
+        )),
         check_interval: Duration::from_secs(3600),
         timer_cause: WakeCause::Resync,
     };
