@@ -124,7 +124,9 @@ impl KeptOpen {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(file) = files.get(path) {
             match read_whole_at_zero(file) {
-                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {
+                    files.remove(path);
+                }
                 read => return read,
             }
         }

@@ -272,6 +272,8 @@ impl BackstopClock {
 
 /// Arms `timer` to expire once after `after` and waits until it has.
 async fn expire(timer: &mut AsyncFd<OneShotTimer>, after: Duration) -> io::Result<()> {
+    // A zero expiration would disarm the timer, not expire it at once.
+    let after = after.max(Duration::from_nanos(1));
     timer.get_ref().0.set(
         Expiration::OneShot(TimeSpec::from_duration(after)),
         TimerSetTimeFlags::empty(),
@@ -433,7 +435,11 @@ mod tests {
     async fn the_timerfd_clock_wakes_once_its_time_has_passed() {
         let mut clock = BackstopClock::timerfd();
         assert!(matches!(clock, BackstopClock::TimerFd(_)));
-        for after in [Duration::from_millis(20), Duration::from_millis(5)] {
+        for after in [
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+            Duration::ZERO,
+        ] {
             let started = std::time::Instant::now();
             tokio::time::timeout(Duration::from_secs(10), clock.sleep(after))
                 .await
