@@ -107,10 +107,10 @@ static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
 #[map]
 static CHECK_BUDGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// 1 while this CPU's last page-counter read found a watched scope near its
-/// line, within what the CPUs may charge before this one reads again: the
-/// next task switched out on this CPU has its memory cgroup read (see
-/// `memory_switch_out`).
+/// 1 while this CPU's last read of a watched scope found it near its line,
+/// within what the CPUs may charge before this one reads again: each task
+/// switched out on this CPU has its memory cgroup read until a read of a
+/// watched scope finds it farther (see `memory_switch_out`).
 #[map]
 static NEAR_A_LINE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
 
@@ -244,9 +244,10 @@ pub fn memcg_charge_state(ctx: RawTracePointContext) -> i32 {
 /// and `page_alloc` before the page is charged; so the last charges of a
 /// burst wait for the next burst when the task then sleeps: milliseconds
 /// for a paced allocator, forever for one that stops just past a line. Near
-/// a line (`NEAR_A_LINE`) the task leaving this CPU, which made those
-/// charges, has its memory cgroup read. Everywhere else this is one per-CPU
-/// load per context switch.
+/// a line (`NEAR_A_LINE`) the task leaving this CPU, which may have made
+/// those charges, has its memory cgroup read; a task in no watched scope
+/// leaves the mark for the next. Everywhere else this is one per-CPU load
+/// per context switch.
 #[raw_tracepoint(tracepoint = "sched_switch")]
 pub fn memory_switch_out(ctx: RawTracePointContext) -> i32 {
     let Some(mark) = NEAR_A_LINE.get_ptr_mut(0) else {
@@ -256,8 +257,9 @@ pub fn memory_switch_out(ctx: RawTracePointContext) -> i32 {
     if unsafe { *mark } == 0 {
         return 0;
     }
-    // Cleared first: the read below sets it again if still near.
-    unsafe { *mark = 0 };
+    // The read below clears the mark only if it finds a watched scope far
+    // from its line: a task in no watched scope (a kworker, the agent)
+    // leaves it for the task that made the charges.
     let memory_subsys_id = layout!(memory_subsys_id);
     if memory_subsys_id == u32::MAX {
         return 0;
@@ -394,7 +396,11 @@ fn check_memory(mut css: u64) -> Result<(), i32> {
         css = read(css, layout!(css_parent) as u64)?;
         depth += 1;
     }
-    read_sooner_near_a_line(pages_to_line);
+    // Only a watched scope says how near a line this CPU is: a charge or a
+    // switch-out in another cgroup must not take the mark off.
+    if pages_to_line != u64::MAX {
+        read_sooner_near_a_line(pages_to_line);
+    }
     Ok(())
 }
 
