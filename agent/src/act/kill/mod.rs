@@ -64,6 +64,11 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 /// How often `cgroup.procs` and `freezer.state` are re-read while waiting:
 /// short against exit latencies, cheap for cgroupfs.
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
+/// How often `freezer.state` is read while the pod freezes: a task in the
+/// middle of a page fault freezes on its way back to user mode, well under
+/// a millisecond later, so a pod not frozen at the first look is nearly
+/// always frozen at the next; tokio's timer ticks every millisecond.
+const FREEZE_POLL: Duration = Duration::from_millis(1);
 /// How long a frozen pod waits for its reapers to be seen freeing before it
 /// is thawed anyway, how often that is looked at (tokio's timer ticks every
 /// millisecond), and how far the pod's charge must fall to count as seen.
@@ -567,7 +572,7 @@ impl Pod<'_> {
                     "not frozen within {FREEZE_DEADLINE:?}; killing it unfrozen");
                 return Ok(false);
             }
-            tokio::time::sleep(POLL_INTERVAL).await;
+            tokio::time::sleep(FREEZE_POLL).await;
         }
     }
 
