@@ -18,7 +18,10 @@
 //! - `process_mrelease` runs on blocking threads (one per CPU at most, as
 //!   Android lmkd's reaper pool), never on the agent's loop: reaping a
 //!   large process takes tens of milliseconds, and the loop must go on
-//!   deciding meanwhile.
+//!   deciding meanwhile. Each thread stays off the CPU its first victim
+//!   last ran on while it reaps: the thawed victim wakes there, and a
+//!   reaper beside it would take turns with its exit instead of freeing
+//!   at the same time.
 //! - Soft evictions first SIGTERM the containers' processes (not the pod
 //!   sandbox's `pause`, whose end would take the pod's network down during
 //!   its grace period) and wait up to the grace period for them to exit.
@@ -36,6 +39,7 @@
 //!
 //! It never kills the hierarchy root, pid 1, or the agent itself: a pod
 //! that holds the agent is refused whole.
+mod cpu;
 mod pidfd;
 mod tree;
 
@@ -48,6 +52,7 @@ use crate::{
     kernel::bpf::monotonic_now_ns,
     node::cgroupfs::{CgroupFs, CgroupVersion, is_gone},
 };
+use cpu::OffVictimCpu;
 use pidfd::PidFd;
 use tree::Freezer;
 
@@ -411,6 +416,9 @@ impl Pod<'_> {
             let (begin, begun) = oneshot::channel();
             reaping.begun.push(begun);
             reaping.threads.push(tokio::task::spawn_blocking(move || {
+                let _off_victim_cpu = share
+                    .first()
+                    .and_then(|pidfd| OffVictimCpu::enter(pidfd.pid));
                 let _ = begin.send(());
                 share
                     .iter()
