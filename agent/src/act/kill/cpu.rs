@@ -25,8 +25,7 @@ impl OffVictimCpu {
         let restore = sched_getaffinity(this_thread).ok()?;
         let mut away = restore;
         away.unset(cpu).ok()?;
-        let any_left = (0..CpuSet::count()).any(|c| away.is_set(c).unwrap_or(false));
-        if !any_left {
+        if away == CpuSet::new() {
             return None;
         }
         sched_setaffinity(this_thread, &away).ok()?;
