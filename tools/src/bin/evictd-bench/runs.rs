@@ -348,8 +348,11 @@ pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
         .count() as u64;
     run.peak_logged = records.iter().map(|record| record[1] & !REFUSED_FORK).max();
     fill_outcome(&mut run, &mut agent_log);
-    if let Some(crossed) = run.crossed_ns {
-        fill_times(&mut run, &mut agent_log, crossed);
+    match run.crossed_ns {
+        Some(crossed) => fill_times(&mut run, &mut agent_log, crossed),
+        // The bomb records a child after its fork returns; a bomb frozen
+        // in between never logs the fork that crossed.
+        None => run.decided_without_crossing = run.trigger.is_some(),
     }
     Ok(run)
 }
