@@ -92,10 +92,11 @@ fn reading_guide(results: &Value) -> String {
          of the n.{ranks} A run that never got there (the kernel's OOM killer or pids.max \
          first, or no decision) ranks above every other and shows as `never`; a run in \
          which the agent decided although neither the log nor the kernel saw the node \
-         cross (the bomb frozen before its next reading) has nothing to measure from: it \
-         is left out of n and counted in *decided, no crossing*. *kernel won*: \
+         cross (the bomb frozen before its next reading or record) has nothing to measure \
+         from: it is left out of n and counted in *decided, no crossing*. *kernel won*: \
          a kernel OOM kill in the node (memory) or a fork refused at pids.max; *wrong \
-         victim*: a pod other than the bomb killed or lost.\n"
+         victim*: a pod other than the bomb killed or lost; both are counted over every \
+         run, those without a crossing included.\n"
     )
 }
 
@@ -148,11 +149,6 @@ fn runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
         .into_iter()
         .filter(|r| r["decided_without_crossing"] != true)
         .collect()
-}
-
-/// Runs left out of [`runs`]: the agent decided, the node never crossed.
-fn early(results: &Value, scenario: &Value, mode: &str) -> usize {
-    all_runs(results, scenario, mode).len() - runs(results, scenario, mode).len()
 }
 
 fn field(runs: &Runs, name: &str) -> Vec<Option<f64>> {
@@ -238,13 +234,14 @@ fn memory_table(results: &Value) -> String {
         .to_owned();
     for scenario in scenarios(results, "memory") {
         for mode in modes(scenario) {
-            let these = runs(results, scenario, mode);
-            if these.is_empty() {
+            let every = all_runs(results, scenario, mode);
+            if every.is_empty() {
                 continue;
             }
-            let n = these.len();
+            let these = runs(results, scenario, mode);
+            let (n, all) = (these.len(), every.len());
             text += &format!(
-                "| {} | {} | {n} | {} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {} |\n",
+                "| {} | {} | {n} | {} | {} | {} | {} | {} | {}/{all} | {}/{all} | {} | {} |\n",
                 scenario["name"].as_str().unwrap_or_default(),
                 mode,
                 triple(&field(&these, "noticed_us")),
@@ -252,10 +249,10 @@ fn memory_table(results: &Value) -> String {
                 triple(&decided_to_back(&these)),
                 triple(&field(&these, "back_us")),
                 agent_memory_back(mode, &these),
-                kernel_won(&these),
-                wrong_victim(&these),
-                early(results, scenario, mode),
-                agent_cost(mode, &these),
+                kernel_won(&every),
+                wrong_victim(&every),
+                all - n,
+                agent_cost(mode, &every),
             );
         }
     }
@@ -301,24 +298,26 @@ fn kill_phases_table(results: &Value) -> String {
 }
 
 fn fork_bomb_table(results: &Value) -> String {
-    let mut text = "| mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | bomb's cgroup empty p50 / p90 / p99 | kernel won | wrong victim | agent CPU per run (ms) | peak RSS (MiB) |\n\
-                    |---|---:|---|---|---|---:|---:|---:|---:|\n"
+    let mut text = "| mode | n | noticed p50 / p90 / p99 | decided p50 / p90 / p99 | bomb's cgroup empty p50 / p90 / p99 | kernel won | wrong victim | decided, no crossing | agent CPU per run (ms) | peak RSS (MiB) |\n\
+                    |---|---:|---|---|---|---:|---:|---:|---:|---:|\n"
         .to_owned();
     for scenario in scenarios(results, "fork-bomb") {
         for mode in modes(scenario) {
-            let these = runs(results, scenario, mode);
-            if these.is_empty() {
+            let every = all_runs(results, scenario, mode);
+            if every.is_empty() {
                 continue;
             }
-            let n = these.len();
+            let these = runs(results, scenario, mode);
+            let (n, all) = (these.len(), every.len());
             text += &format!(
-                "| {mode} | {n} | {} | {} | {} | {}/{n} | {}/{n} | {} |\n",
+                "| {mode} | {n} | {} | {} | {} | {}/{all} | {}/{all} | {} | {} |\n",
                 triple(&field(&these, "noticed_us")),
                 triple(&field(&these, "decided_us")),
                 triple(&field(&these, "killed_us")),
-                kernel_won(&these),
-                wrong_victim(&these),
-                agent_cost(mode, &these),
+                kernel_won(&every),
+                wrong_victim(&every),
+                all - n,
+                agent_cost(mode, &every),
             );
         }
     }
@@ -348,23 +347,24 @@ fn pods_table(results: &Value) -> String {
         .to_owned();
     for scenario in scenarios(results, "pods") {
         for mode in modes(scenario) {
-            let these = runs(results, scenario, mode);
-            if these.is_empty() {
+            let every = all_runs(results, scenario, mode);
+            if every.is_empty() {
                 continue;
             }
-            let n = these.len();
-            let cost = agent_cost(mode, &these);
+            let these = runs(results, scenario, mode);
+            let (n, all) = (these.len(), every.len());
+            let cost = agent_cost(mode, &every);
             let cpu = cost.split(" | ").next().unwrap_or_default();
             text += &format!(
-                "| {} | {mode} | {n} | {} | {} | {} | {} | {}/{n} | {}/{n} | {} | {cpu} |\n",
+                "| {} | {mode} | {n} | {} | {} | {} | {} | {}/{all} | {}/{all} | {} | {cpu} |\n",
                 scenario["pods"],
                 woken_by(&these),
                 triple(&field(&these, "decision_us")),
                 triple(&field(&these, "decided_us")),
                 triple(&field(&these, "back_us")),
-                kernel_won(&these),
-                wrong_victim(&these),
-                early(results, scenario, mode),
+                kernel_won(&every),
+                wrong_victim(&every),
+                all - n,
             );
         }
     }
@@ -541,5 +541,26 @@ mod tests {
         let lost = json!({"back_us": null, "decided_us": 30_000.0});
         let runs: Runs = vec![&back, &lost];
         assert_eq!(decided_to_back(&runs), [Some(100_000.0), None]);
+    }
+
+    #[test]
+    fn a_fork_bomb_run_without_a_crossing_keeps_its_row_and_its_victims() {
+        let results = json!({
+            "scenarios": [{"name": "fork bomb", "kind": "fork-bomb", "modes": ["event"]}],
+            "runs": [{"scenario": "fork bomb", "mode": "event", "run": {
+                "decided_without_crossing": true,
+                "kernel_kills": 0,
+                "victims": ["default/quiet"],
+                "lost_pods": [],
+                "agent_cpu_ms": 10.0,
+                "agent_peak_rss_bytes": 0,
+            }}],
+        });
+        let table = fork_bomb_table(&results);
+        let row = table.lines().nth(2).expect("a row for event mode");
+        let cells: Vec<&str> = row.split(" | ").collect();
+        // mode, n, three timings, kernel won, wrong victim, no crossing.
+        assert_eq!(cells[..2], ["| event", "0"]);
+        assert_eq!(cells[5..8], ["0/1", "1/1", "1"]);
     }
 }
