@@ -256,7 +256,10 @@ pub(crate) mod fakes {
 
         /// Memory bounds count each pod's page cache too, as bytes charged
         /// do; the process count is left unknown (0).
-        fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+        fn pods_for(
+            &mut self,
+            resource: Resource,
+        ) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
             if matches!(resource, Resource::EphemeralStorage | Resource::Inodes) {
                 let model = self.0.borrow();
                 if model.disk_usage_pending {
@@ -274,7 +277,7 @@ pub(crate) mod fakes {
                     pod.usage.pids = 0;
                 }
             }
-            Ok(pods)
+            Ok(pods.into_iter().map(Arc::new).collect())
         }
 
         fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {

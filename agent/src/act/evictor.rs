@@ -67,7 +67,7 @@ const MAX_SINGLE_READS: usize = 16;
 /// A decision's pods, its choice, and which pods' usage was read exactly
 /// (the others' is a bound).
 pub(super) struct Ranking {
-    pods: Vec<PodSnapshot>,
+    pods: Vec<Arc<PodSnapshot>>,
     choice: Choice,
     exact: Vec<bool>,
 }
@@ -358,7 +358,7 @@ impl<I: Io> Evictor<I> {
                 && !self.evictions.pod_limit_kill_of(&pod.uid)
         };
         let bounded = starvation.resource == Resource::Memory;
-        let mut pods: Vec<PodSnapshot> = self
+        let mut pods: Vec<Arc<PodSnapshot>> = self
             .node
             .pods_for(starvation.resource)?
             .into_iter()
@@ -391,11 +391,12 @@ impl<I: Io> Evictor<I> {
                 });
             };
             if reads == MAX_SINGLE_READS {
-                let pods: Vec<PodSnapshot> = self
+                let pods: Vec<Arc<PodSnapshot>> = self
                     .node
                     .pods()?
                     .into_iter()
                     .filter(|pod| keep(pod, false))
+                    .map(Arc::new)
                     .collect();
                 let choice = self.engine.choose_for(
                     starvation,
@@ -413,7 +414,7 @@ impl<I: Io> Evictor<I> {
             reads += 1;
             match self.node.refine(&pods[inexact])? {
                 Some(pod) if pod.usage.pids > 0 => {
-                    pods[inexact] = pod;
+                    pods[inexact] = Arc::new(pod);
                     exact[inexact] = true;
                 }
                 // Gone, or not running.

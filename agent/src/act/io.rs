@@ -2,7 +2,7 @@
 //! the real thing and a unit test with a fake (as mini-redis passes its
 //! listener in): the node as cgroupfs shows it, the kill, the Kubernetes
 //! API, the kernel's band table and the kernel's records.
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use crate::{
     act::kill::{KillError, KillReport, Killer},
@@ -54,8 +54,9 @@ pub trait NodeSource {
     fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError>;
     /// Every pod with a cheap reading for a decision on `resource`: for
     /// memory an upper bound of the working set (bytes charged) and no
-    /// process count, made exact by [`NodeSource::refine`].
-    fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError>;
+    /// process count, made exact by [`NodeSource::refine`]. The pods are
+    /// shared with the source, which may keep them for the next call.
+    fn pods_for(&mut self, resource: Resource) -> Result<Vec<Arc<PodSnapshot>>, InventoryError>;
     /// `pod` with its usage read exactly; `None` once it is gone.
     fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
     /// Cgroups may have been created or removed (records lost, or a
@@ -149,7 +150,7 @@ impl NodeSource for Inventory {
         Inventory::pods(self)
     }
 
-    fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+    fn pods_for(&mut self, resource: Resource) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
         Inventory::pods_for(self, resource)
     }
 

@@ -9,6 +9,7 @@
 //! epoch that never goes backwards, so grace and transition periods are
 //! tested without sleeping.
 use std::{
+    borrow::Borrow,
     collections::{BTreeMap, BTreeSet},
     time::Duration,
 };
@@ -273,11 +274,11 @@ impl Engine {
     }
 
     /// Ranks `pods` for `starvation` and picks the victims.
-    pub fn choose_for(
+    pub fn choose_for<P: Borrow<PodSnapshot>>(
         &self,
         starvation: &Starvation,
         dedicated_imagefs: bool,
-        pods: &[PodSnapshot],
+        pods: &[P],
         policy: VictimPolicy,
     ) -> Choice {
         let ranking: Vec<Ranked> = rank::rank(pods, starvation.threshold.signal, dedicated_imagefs);
@@ -291,7 +292,8 @@ impl Engine {
                     pod: ranked.pod.clone(),
                     index: ranked.index,
                     usage: ranked.usage,
-                    grace_period: self.grace_period(&starvation.threshold, &pods[ranked.index]),
+                    grace_period: self
+                        .grace_period(&starvation.threshold, pods[ranked.index].borrow()),
                 }
             })
             .collect();

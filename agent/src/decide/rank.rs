@@ -2,7 +2,7 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc` in
 //! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
 //! reason for every pod's place so a decision can be explained.
-use std::cmp::Reverse;
+use std::{borrow::Borrow, cmp::Reverse};
 
 use crate::{
     decide::thresholds::{Resource, Signal},
@@ -117,11 +117,15 @@ impl Ranked {
 /// be (a critical DaemonSet pod, a Guaranteed pod within its requests). So
 /// pods whose metadata is missing go after every pod evictd knows: not
 /// knowing a pod never makes it more likely to die.
-pub fn rank(pods: &[PodSnapshot], signal: Signal, dedicated_imagefs: bool) -> Vec<Ranked> {
+pub fn rank<P: Borrow<PodSnapshot>>(
+    pods: &[P],
+    signal: Signal,
+    dedicated_imagefs: bool,
+) -> Vec<Ranked> {
     let mut entries: Vec<(Ranked, i64)> = pods
         .iter()
         .enumerate()
-        .map(|(index, pod)| measure(index, pod, signal, dedicated_imagefs))
+        .map(|(index, pod)| measure(index, pod.borrow(), signal, dedicated_imagefs))
         .collect();
     // A stable sort keeps the input order among equals: kubelet's
     // sort.Sort is not stable, so its tie order is arbitrary. Keys of plain

@@ -94,8 +94,24 @@ pub trait PodMetadataSource: Send {
     /// before a listing's lookups.
     fn refresh(&mut self) {}
 
+    /// Changes whenever a lookup's answer may have: a listing reuses the
+    /// pods it built from the source while this stays the same.
+    fn generation(&self) -> u64;
+
     /// Where the source counts its own troubles, once the metrics exist.
     fn set_metrics(&mut self, _metrics: Arc<Metrics>) {}
+}
+
+/// The pods as last listed, and what was built of each from its metadata.
+struct Listing {
+    cgroups: Vec<PodCgroup>,
+    /// Per cgroup, the pod last built from the metadata source's answer,
+    /// while the source's generation is still `generation`: a decision
+    /// then reads only the pods' usage, and neither looks every pod up nor
+    /// copies its spec. `None` for a pod the source did not know, which is
+    /// built afresh each time (its memory limit is read again).
+    built: Vec<Option<Arc<PodSnapshot>>>,
+    generation: Option<u64>,
 }
 
 /// A pod cgroup found on the node.
@@ -112,7 +128,7 @@ pub struct Inventory {
     /// The pod cgroups as last listed; `None` once a pod's cgroup was
     /// created or removed since (a kernel record says so), or when that
     /// cannot be known (records lost, no lifecycle programs).
-    listed: Option<Vec<PodCgroup>>,
+    listed: Option<Listing>,
     /// The listed pods' bytes-charged files, open, by cgroup path: a memory
     /// listing reads each with one system call.
     usage_files: HashMap<String, OpenValue>,
@@ -176,6 +192,8 @@ impl Inventory {
     /// once it is started).
     pub fn set_metadata(&mut self, source: Box<dyn PodMetadataSource>) {
         self.metadata = Some(source);
+        // Pods built from the last source's answers are built again.
+        self.listed = None;
     }
 
     /// Takes disk usage and the runtime's filesystems from `link`.
@@ -221,7 +239,11 @@ impl Inventory {
     /// Every pod, with usage read now. A pod removed while it is read is
     /// left out.
     pub fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
-        self.read_pods(Reads::Exact)
+        Ok(self
+            .read_pods(Reads::Exact)?
+            .into_iter()
+            .map(Arc::unwrap_or_clone)
+            .collect())
     }
 
     /// Every pod with what a decision on `resource` ranks it by, read
@@ -238,7 +260,10 @@ impl Inventory {
     /// on no usage would take the lowest-priority pod, whatever it
     /// writes). Without a runtime pods have no disk usage, and rank by
     /// priority and requests.
-    pub fn pods_for(&mut self, resource: Resource) -> Result<Vec<PodSnapshot>, InventoryError> {
+    pub fn pods_for(
+        &mut self,
+        resource: Resource,
+    ) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
         match resource {
             Resource::Memory => self.read_pods(Reads::MemoryBound),
             Resource::Pids => self.read_pods(Reads::Exact),
@@ -252,11 +277,14 @@ impl Inventory {
                     Some(LinkUsage::Unavailable) => return Err(InventoryError::DiskUsageUnknown),
                     Some(LinkUsage::Fresh(_)) | None => {}
                 }
-                let mut pods = self.read_pods(Reads::Exact)?;
-                if let Some(LinkUsage::Fresh(usage)) = usage {
-                    fill_pods(&usage, &mut pods);
-                }
-                Ok(pods)
+                let pods = self.read_pods(Reads::Exact)?;
+                let Some(LinkUsage::Fresh(usage)) = usage else {
+                    return Ok(pods);
+                };
+                let mut pods: Vec<PodSnapshot> =
+                    pods.into_iter().map(Arc::unwrap_or_clone).collect();
+                fill_pods(&usage, &mut pods);
+                Ok(pods.into_iter().map(Arc::new).collect())
             }
         }
     }
@@ -300,10 +328,10 @@ impl Inventory {
         if self.runtime.is_none() {
             return Ok(Vec::new());
         }
-        let limited: Vec<PodSnapshot> = self
+        let limited: Vec<Arc<PodSnapshot>> = self
             .read_pods(Reads::MemoryBound)?
             .into_iter()
-            .filter(local_storage::has_limit)
+            .filter(|pod| local_storage::has_limit(pod))
             .collect();
         let mut running = Vec::with_capacity(limited.len());
         for pod in &limited {
@@ -353,7 +381,7 @@ impl Inventory {
             return;
         };
         let path = format!("/{}", path.trim_matches('/'));
-        let inside_a_pod = listed.iter().any(|pod| {
+        let inside_a_pod = listed.cgroups.iter().any(|pod| {
             path.strip_prefix(&pod.path)
                 .is_some_and(|rest| rest.starts_with('/'))
         });
@@ -362,33 +390,63 @@ impl Inventory {
         }
     }
 
-    fn read_pods(&mut self, reads: Reads) -> Result<Vec<PodSnapshot>, InventoryError> {
-        if let Some(source) = self.metadata.as_mut() {
+    fn read_pods(&mut self, reads: Reads) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
+        // Read before the lookups: a change made during them is then seen
+        // by the next listing, which builds those pods again.
+        let generation = self.metadata.as_mut().map(|source| {
             source.refresh();
-        }
-        let listed = match self.listed.take() {
-            Some(listed) => listed,
+            source.generation()
+        });
+        let mut listing = match self.listed.take() {
+            Some(listing) if listing.generation == generation => listing,
+            Some(listing) => Listing {
+                built: vec![None; listing.cgroups.len()],
+                generation,
+                ..listing
+            },
             None => {
-                let listed = match self.kubepods_cgroup() {
+                let cgroups = match self.kubepods_cgroup() {
                     Some(kubepods) => {
                         find_pods(&self.signals.cgroupfs.memory_dir(&kubepods), &kubepods)?
                     }
                     None => Vec::new(),
                 };
-                self.keep_usage_files_of(&listed);
-                listed
+                self.keep_usage_files_of(&cgroups);
+                Listing {
+                    built: vec![None; cgroups.len()],
+                    cgroups,
+                    generation,
+                }
             }
         };
-        let mut pods = Vec::with_capacity(listed.len());
+        let mut pods = Vec::with_capacity(listing.cgroups.len());
         let mut gone = false;
-        for cgroup in &listed {
-            match self.pod(cgroup.clone(), reads)? {
-                Some(pod) => pods.push(pod),
-                None => gone = true,
+        for (cgroup, built) in listing.cgroups.iter().zip(&mut listing.built) {
+            let usage = match self.usage(&cgroup.path, reads) {
+                Ok(usage) => usage,
+                Err(CgroupError::Gone(_)) => {
+                    debug!(pod = cgroup.path, "pod cgroup vanished while being read");
+                    gone = true;
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let pod = match built.take() {
+                // In place unless the last decision still holds the pod.
+                Some(mut pod) => {
+                    Arc::make_mut(&mut pod).usage = usage;
+                    pod
+                }
+                None => Arc::new(self.pod(cgroup, usage)?),
+            };
+            // Nothing defaulted: built from the metadata source's answer.
+            if pod.unknown.is_empty() {
+                *built = Some(Arc::clone(&pod));
             }
+            pods.push(pod);
         }
         if !gone {
-            self.listed = Some(listed);
+            self.listed = Some(listing);
         }
         Ok(pods)
     }
@@ -401,19 +459,9 @@ impl Inventory {
         })
     }
 
-    fn pod(
-        &mut self,
-        cgroup: PodCgroup,
-        reads: Reads,
-    ) -> Result<Option<PodSnapshot>, InventoryError> {
-        let usage = match self.usage(&cgroup.path, reads) {
-            Ok(usage) => usage,
-            Err(CgroupError::Gone(_)) => {
-                debug!(pod = cgroup.path, "pod cgroup vanished while being read");
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
-        };
+    /// The pod in `cgroup`, from what the metadata source says of it, with
+    /// `usage`.
+    fn pod(&mut self, cgroup: &PodCgroup, usage: PodUsage) -> Result<PodSnapshot, InventoryError> {
         let known = match self.metadata.as_mut() {
             Some(source) => source.lookup(&cgroup.uid)?,
             None => None,
@@ -426,13 +474,13 @@ impl Inventory {
             });
         let guaranteed_shape = match known {
             Some(_) => None,
-            None => self.guaranteed_shape(&cgroup),
+            None => self.guaranteed_shape(cgroup),
         };
         let pod = match known {
             Some(pod) => PodSnapshot {
-                uid: cgroup.uid,
+                uid: cgroup.uid.clone(),
                 usage,
-                cgroup: Some(cgroup.path),
+                cgroup: Some(cgroup.path.clone()),
                 cgroup_qos: Some(cgroup.qos),
                 unknown: Vec::new(),
                 hosts_evictd,
@@ -447,7 +495,7 @@ impl Inventory {
                     .filter(|field| !(**field == "static" && is_static_pod_uid(&cgroup.uid)))
                     .map(|field| (*field).to_owned())
                     .collect(),
-                uid: cgroup.uid,
+                uid: cgroup.uid.clone(),
                 priority: 0,
                 mirror: false,
                 containers: Vec::new(),
@@ -457,12 +505,12 @@ impl Inventory {
                 empty_dirs: Vec::new(),
                 termination_grace_period_seconds: None,
                 usage,
-                cgroup: Some(cgroup.path),
+                cgroup: Some(cgroup.path.clone()),
                 cgroup_qos: Some(cgroup.qos),
                 hosts_evictd,
             },
         };
-        Ok(Some(pod))
+        Ok(pod)
     }
 
     /// A pod without metadata in kubelet's Guaranteed cgroup has requests

@@ -36,6 +36,8 @@ pub struct MetadataFile {
     /// would otherwise re-read a broken file) and warned about once.
     rejected: Option<Version>,
     pods: HashMap<String, PodSnapshot>,
+    /// Counts the copies of `pods` loaded.
+    generation: u64,
     metrics: Option<Arc<Metrics>>,
 }
 
@@ -48,6 +50,7 @@ impl MetadataFile {
             loaded: None,
             rejected: None,
             pods: HashMap::new(),
+            generation: 0,
             metrics: None,
         };
         let version = file
@@ -127,6 +130,7 @@ impl MetadataFile {
                 }
                 self.pods = pods;
                 self.loaded = version;
+                self.generation += 1;
             }
             Err(e) => self.reject(version, &e),
         }
@@ -167,6 +171,10 @@ impl PodMetadataSource for MetadataFile {
     /// One stat of the file per listing, not one per pod.
     fn refresh(&mut self) {
         self.reload_if_changed();
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation
     }
 
     fn set_metrics(&mut self, metrics: Arc<Metrics>) {

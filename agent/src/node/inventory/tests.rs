@@ -112,7 +112,7 @@ fn only_a_pods_own_cgroup_record_lists_the_pods_again_and_each_is_read_through_i
     let charged = |inventory: &mut Inventory| -> Vec<(String, u64)> {
         let pods = inventory.pods_for(Resource::Memory).unwrap();
         pods.into_iter()
-            .map(|pod| (pod.uid, pod.usage.memory_working_set_bytes))
+            .map(|pod| (pod.uid.clone(), pod.usage.memory_working_set_bytes))
             .collect()
     };
     assert_eq!(charged(&mut inventory), [("a".to_owned(), 100)]);
@@ -213,6 +213,119 @@ fn metadata_names_pods_and_what_is_missing_is_stated() {
         2,
         "metadata for a pod not on the node adds nothing"
     );
+}
+
+/// A metadata source the test changes, counting its lookups.
+#[derive(Clone, Default)]
+struct CountedSource(Arc<std::sync::Mutex<Counted>>);
+
+#[derive(Default)]
+struct Counted {
+    pods: HashMap<String, PodSnapshot>,
+    generation: u64,
+    lookups: usize,
+}
+
+impl CountedSource {
+    fn set(&self, json: &str) {
+        let pod: PodSnapshot = serde_json::from_str(json).unwrap();
+        let mut counted = self.0.lock().unwrap();
+        counted.pods.insert(pod.uid.clone(), pod);
+        counted.generation += 1;
+    }
+
+    fn lookups(&self) -> usize {
+        self.0.lock().unwrap().lookups
+    }
+}
+
+impl PodMetadataSource for CountedSource {
+    fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
+        let mut counted = self.0.lock().unwrap();
+        counted.lookups += 1;
+        Ok(counted.pods.get(uid).cloned())
+    }
+
+    fn generation(&self) -> u64 {
+        self.0.lock().unwrap().generation
+    }
+}
+
+#[test]
+fn known_pods_are_looked_up_again_only_after_their_metadata_changed_and_their_usage_is_always_fresh()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let known_usage = root.join("memory/sandbox/kubepods/burstable/podknown/memory.usage_in_bytes");
+    v1_pod(root, "sandbox/kubepods/burstable/podknown", 10, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podstranger", 20, 1);
+    let source = CountedSource::default();
+    source.set(
+        r#"{"namespace": "shop", "name": "web", "uid": "known", "priority": 7, "containers": []}"#,
+    );
+    let mut inventory = inventory(root, "/sandbox", None);
+    inventory.set_metadata(Box::new(source.clone()));
+    let known = |pods: &[Arc<PodSnapshot>]| {
+        let pod = pods.iter().find(|pod| pod.uid == "known").unwrap();
+        (pod.priority, pod.usage.memory_working_set_bytes)
+    };
+
+    let first = inventory.pods_for(Resource::Memory).unwrap();
+    assert_eq!(known(&first), (7, 10));
+    assert_eq!(source.lookups(), 2);
+
+    write(&known_usage, "15\n");
+    let second = inventory.pods_for(Resource::Memory).unwrap();
+    assert_eq!(known(&second), (7, 15));
+    assert_eq!(source.lookups(), 3, "only the pod the source does not know");
+
+    write(&known_usage, "20\n");
+    source.set(
+        r#"{"namespace": "shop", "name": "web", "uid": "known", "priority": 9, "containers": []}"#,
+    );
+    let third = inventory.pods_for(Resource::Memory).unwrap();
+    assert_eq!(known(&third), (9, 20));
+    assert_eq!(source.lookups(), 5, "every pod, once the source changed");
+    assert_eq!(
+        known(&second),
+        (7, 15),
+        "a listing held on to is not changed by the next"
+    );
+    let stranger = third.iter().find(|pod| pod.uid == "stranger").unwrap();
+    assert!(stranger.unknown.contains(&"priority".to_owned()));
+}
+
+#[test]
+fn a_rewritten_metadata_file_is_seen_by_the_next_listing() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/burstable/podknown", 10, 1);
+    let metadata = root.join("pods.json");
+    let write_priority = |priority: i32, second: u64| {
+        write(
+            &metadata,
+            &format!(
+                r#"[{{"namespace": "shop", "name": "web", "uid": "known", "priority": {priority}, "containers": []}}]"#
+            ),
+        );
+        // A time of its own: coarse timestamps could give two writes one.
+        fs::File::options()
+            .write(true)
+            .open(&metadata)
+            .unwrap()
+            .set_modified(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000 + second),
+            )
+            .unwrap();
+    };
+    write_priority(7, 1);
+    let mut inventory = inventory(root, "/sandbox", Some(&metadata));
+    let priority =
+        |inventory: &mut Inventory| inventory.pods_for(Resource::Memory).unwrap()[0].priority;
+    assert_eq!(priority(&mut inventory), 7);
+    assert_eq!(priority(&mut inventory), 7);
+    write_priority(9, 2);
+    assert_eq!(priority(&mut inventory), 9);
 }
 
 #[test]

@@ -58,7 +58,8 @@ struct State {
     mirrors: HashMap<String, String>,
     /// Whether a full list has arrived since the agent started.
     listed: bool,
-    /// Counts changes, so the metadata cache is written only after one.
+    /// Counts changes, so the metadata cache is written only after one, and
+    /// a listing knows when the pods it built from the store are stale.
     generation: u64,
 }
 
@@ -172,6 +173,11 @@ impl PodStore {
 impl PodMetadataSource for PodStore {
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError> {
         Ok(self.get(uid).map(|pod| pod.snapshot))
+    }
+
+    fn generation(&self) -> u64 {
+        let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
+        state.generation
     }
 }
 
