@@ -11,9 +11,18 @@ use core::mem::size_of;
 pub const RESOURCE_MEMORY: u32 = 0;
 pub const RESOURCE_PIDS: u32 = 1;
 
-/// Key of the node-wide PID scope in the `PIDS_SCOPES` map. Cgroup ids are
-/// kernfs node ids and never 0 (the root cgroup is 1), so 0 is free.
+/// Scope id of the node-wide PID scope in records and in the agent (its
+/// band is `NODE_PIDS_BAND`'s one entry, not a key of `PIDS_SCOPES`).
+/// Cgroup ids are kernfs node ids and never 0 (the root cgroup is 1), so 0
+/// is free.
 pub const NODE_PIDS_SCOPE_ID: u64 = 0;
+
+/// Indices into the `PIDS_WATCHED` array, which the agent keeps: how many
+/// pids cgroups `PIDS_SCOPES` holds, and 1 while the node-wide band is
+/// watched.
+pub const PIDS_WATCHED_CGROUPS: u32 = 0;
+pub const PIDS_WATCHED_NODE: u32 = 1;
+pub const PIDS_WATCHED_LEN: u32 = 2;
 
 /// Event kinds, the first `u32` of every ring-buffer record.
 pub const EVENT_CROSSING: u32 = 1;
@@ -220,7 +229,8 @@ const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 32);
 pub mod names {
     pub const MEMORY_SCOPES: &str = "MEMORY_SCOPES";
     pub const PIDS_SCOPES: &str = "PIDS_SCOPES";
-    pub const PIDS_CGROUP_SCOPES: &str = "PIDS_CGROUP_SCOPES";
+    pub const PIDS_WATCHED: &str = "PIDS_WATCHED";
+    pub const NODE_PIDS_BAND: &str = "NODE_PIDS_BAND";
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const LAYOUT: &str = "LAYOUT";

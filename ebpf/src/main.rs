@@ -23,7 +23,8 @@ use evictd_common::{
     Band, CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
     COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
     EVENT_CROSSING, EVENT_OOM_VICTIM, EVENTS_RING_BYTES, KernelLayout, NODE_PIDS_SCOPE_ID,
-    OomVictimEvent, RESOURCE_MEMORY, RESOURCE_PIDS,
+    OomVictimEvent, PIDS_WATCHED_CGROUPS, PIDS_WATCHED_LEN, PIDS_WATCHED_NODE, RESOURCE_MEMORY,
+    RESOURCE_PIDS,
 };
 
 /// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
@@ -95,10 +96,16 @@ static MEMORY_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 #[map]
 static PIDS_SCOPES: HashMap<u64, Band> = HashMap::with_max_entries(4096, 0);
 
-/// How many pids cgroups `PIDS_SCOPES` holds (the node-wide scope aside);
-/// the agent keeps it.
+/// How many pids cgroups `PIDS_SCOPES` holds, and whether the node-wide
+/// band is watched (`PIDS_WATCHED_*`); the agent keeps both.
 #[map]
-static PIDS_CGROUP_SCOPES: Array<u64> = Array::with_max_entries(1, 0);
+static PIDS_WATCHED: Array<u64> = Array::with_max_entries(PIDS_WATCHED_LEN, 0);
+
+/// The node-wide band, read at every fork and free on the node: an array's
+/// element is found without hashing a key (a hash lookup of it cost about
+/// 230 ns a fork; design note).
+#[map]
+static NODE_PIDS_BAND: Array<Band> = Array::with_max_entries(1, 0);
 
 #[map]
 static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_RING_BYTES, 0);
@@ -427,17 +434,18 @@ pub fn task_free(ctx: RawTracePointContext) -> i32 {
     0
 }
 
-/// Whether a pids cgroup is watched: without one (a node watched as a
-/// whole, through the pid namespace) a fork walks no cgroup.
+/// Whether pids cgroups (`PIDS_WATCHED_CGROUPS`) or the node
+/// (`PIDS_WATCHED_NODE`) are watched: without a pids cgroup (a node
+/// watched as a whole, through the pid namespace) a fork walks no cgroup.
 #[inline(always)]
-fn pids_cgroups_watched() -> bool {
-    PIDS_CGROUP_SCOPES.get(0).is_some_and(|count| *count != 0)
+fn pids_watched(index: u32) -> bool {
+    PIDS_WATCHED.get(index).is_some_and(|value| *value != 0)
 }
 
 #[inline(always)]
 fn check_pids(task: u64) -> Result<(), i32> {
     let subsys_id = layout!(pids_subsys_id);
-    let walk = subsys_id != u32::MAX && pids_cgroups_watched();
+    let walk = subsys_id != u32::MAX && pids_watched(PIDS_WATCHED_CGROUPS);
     let mut trigger_id = 0;
     if walk {
         let mut css = task_css(task, subsys_id)?;
@@ -456,7 +464,9 @@ fn check_pids(task: u64) -> Result<(), i32> {
             depth += 1;
         }
     }
-    if let Some(scope) = PIDS_SCOPES.get_ptr_mut(NODE_PIDS_SCOPE_ID) {
+    if pids_watched(PIDS_WATCHED_NODE)
+        && let Some(scope) = NODE_PIDS_BAND.get_ptr_mut(0)
+    {
         // The freed task has no pid any more; the current task always has
         // one, and level 0 of any pid is the initial namespace.
         // SAFETY: helper without preconditions.

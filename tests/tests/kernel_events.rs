@@ -442,6 +442,38 @@ fn node_wide_task_count_crossing() {
 
 #[test]
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
+fn a_node_wide_band_no_longer_watched_reports_nothing_until_watched_again() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("pod").unwrap();
+    let mut kernel = Kernel::load();
+    let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
+    let now = evictd::node::cgroupfs::node_tasks(None).unwrap();
+    let node_crossing = crossing(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, true);
+    kernel.watch(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
+    kernel
+        .maps
+        .remove_scope(ScopeKind::Pids, NODE_PIDS_SCOPE_ID)
+        .unwrap();
+    assert_eq!(
+        kernel
+            .maps
+            .band(ScopeKind::Pids, NODE_PIDS_SCOPE_ID)
+            .unwrap(),
+        None
+    );
+    // The armed band is still in the kernel's array: only the watch says
+    // it is not to be compared.
+    workload.fork(60).unwrap();
+    assert_eq!(kernel.count_queued(&node_crossing), 0);
+
+    workload.reap(60).unwrap();
+    kernel.watch(ScopeKind::Pids, NODE_PIDS_SCOPE_ID, &[now + 40], 0);
+    workload.fork(60).unwrap();
+    kernel.expect("node crossing once watched again", node_crossing);
+}
+
+#[test]
+#[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn cgroup_creation_and_removal_are_reported() {
     let tree = PrivateCgroupTree::new().unwrap();
     let mut kernel = Kernel::load();

@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, time::Duration};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use evictd_common::{
     Band, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS, NODE_PIDS_SCOPE_ID,
-    RESOURCE_MEMORY, RESOURCE_PIDS, names,
+    PIDS_WATCHED_CGROUPS, PIDS_WATCHED_NODE, RESOURCE_MEMORY, RESOURCE_PIDS, names,
 };
 
 use super::{BpfError, Probes};
@@ -42,15 +42,31 @@ impl ScopeKind {
 pub struct ScopeMaps {
     pub(super) memory: HashMap<MapData, u64, Band>,
     pub(super) pids: HashMap<MapData, u64, Band>,
-    /// How many pids cgroups `pids` holds, for the programs: with none, a
-    /// fork reads the node-wide count alone and walks no cgroup.
-    pub(super) pids_cgroup_count: Array<MapData, u64>,
+    /// The node-wide band ([`NODE_PIDS_SCOPE_ID`]): every fork and free
+    /// on the node reads it, from an array rather than `pids`.
+    pub(super) node_pids: Array<MapData, Band>,
+    /// For the programs: how many pids cgroups `pids` holds (with none, a
+    /// fork reads the node-wide count alone and walks no cgroup), and
+    /// whether `node_pids` is watched.
+    pub(super) pids_watched: Array<MapData, u64>,
     pub(super) pids_cgroups: BTreeSet<u64>,
+    pub(super) node_pids_watched: bool,
 }
 
 impl ScopeMaps {
     /// Arms (or re-arms) the band of scope `id`.
     pub fn set_band(&mut self, kind: ScopeKind, id: u64, band: Band) -> Result<(), BpfError> {
+        if is_node_pids(kind, id) {
+            // The band before the flag: a fork never compares with the
+            // band of an earlier watch.
+            self.node_pids
+                .set(0, band, 0)
+                .map_err(|source| BpfError::Map {
+                    map: names::NODE_PIDS_BAND,
+                    source,
+                })?;
+            return self.watch_node_pids(true);
+        }
         // Counted before the band is armed, so no fork passes over it.
         self.count_pids_cgroup(kind, id, true)?;
         let (map, name) = self.map_mut(kind);
@@ -60,6 +76,9 @@ impl ScopeMaps {
 
     /// Stops watching scope `id`; a scope that was not watched is fine.
     pub fn remove_scope(&mut self, kind: ScopeKind, id: u64) -> Result<(), BpfError> {
+        if is_node_pids(kind, id) {
+            return self.watch_node_pids(false);
+        }
         let (map, name) = self.map_mut(kind);
         match map.remove(&id) {
             Ok(()) | Err(MapError::KeyNotFound) => {}
@@ -68,13 +87,22 @@ impl ScopeMaps {
         self.count_pids_cgroup(kind, id, false)
     }
 
+    fn watch_node_pids(&mut self, watched: bool) -> Result<(), BpfError> {
+        if self.node_pids_watched == watched {
+            return Ok(());
+        }
+        self.set_pids_watched(PIDS_WATCHED_NODE, u64::from(watched))?;
+        self.node_pids_watched = watched;
+        Ok(())
+    }
+
     fn count_pids_cgroup(
         &mut self,
         kind: ScopeKind,
         id: u64,
         watched: bool,
     ) -> Result<(), BpfError> {
-        if kind != ScopeKind::Pids || id == NODE_PIDS_SCOPE_ID {
+        if kind != ScopeKind::Pids {
             return Ok(());
         }
         let changed = if watched {
@@ -85,16 +113,33 @@ impl ScopeMaps {
         if !changed {
             return Ok(());
         }
-        self.pids_cgroup_count
-            .set(0, self.pids_cgroups.len() as u64, 0)
+        self.set_pids_watched(PIDS_WATCHED_CGROUPS, self.pids_cgroups.len() as u64)
+    }
+
+    fn set_pids_watched(&mut self, index: u32, value: u64) -> Result<(), BpfError> {
+        self.pids_watched
+            .set(index, value, 0)
             .map_err(|source| BpfError::Map {
-                map: names::PIDS_CGROUP_SCOPES,
+                map: names::PIDS_WATCHED,
                 source,
             })
     }
 
     /// The band as the kernel holds it now (last value included).
     pub fn band(&self, kind: ScopeKind, id: u64) -> Result<Option<Band>, BpfError> {
+        if is_node_pids(kind, id) {
+            if !self.node_pids_watched {
+                return Ok(None);
+            }
+            return self
+                .node_pids
+                .get(&0, 0)
+                .map(Some)
+                .map_err(|source| BpfError::Map {
+                    map: names::NODE_PIDS_BAND,
+                    source,
+                });
+        }
         let (map, name) = match kind {
             ScopeKind::Memory => (&self.memory, names::MEMORY_SCOPES),
             ScopeKind::Pids => (&self.pids, names::PIDS_SCOPES),
@@ -112,6 +157,10 @@ impl ScopeMaps {
             ScopeKind::Pids => (&mut self.pids, names::PIDS_SCOPES),
         }
     }
+}
+
+fn is_node_pids(kind: ScopeKind, id: u64) -> bool {
+    kind == ScopeKind::Pids && id == NODE_PIDS_SCOPE_ID
 }
 
 /// Sums of the per-CPU counters the programs keep.

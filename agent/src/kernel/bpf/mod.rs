@@ -120,8 +120,10 @@ impl Probes {
         let scope_maps = ScopeMaps {
             memory: take_map(&mut ebpf, names::MEMORY_SCOPES)?,
             pids: take_map(&mut ebpf, names::PIDS_SCOPES)?,
-            pids_cgroup_count: take_map(&mut ebpf, names::PIDS_CGROUP_SCOPES)?,
+            node_pids: take_map(&mut ebpf, names::NODE_PIDS_BAND)?,
+            pids_watched: take_map(&mut ebpf, names::PIDS_WATCHED)?,
             pids_cgroups: Default::default(),
+            node_pids_watched: false,
         };
         let counters = take_map(&mut ebpf, names::COUNTERS)?;
         let events = Some(take_map(&mut ebpf, names::EVENTS)?);
