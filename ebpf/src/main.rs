@@ -103,7 +103,10 @@ static PIDS_WATCHED: Array<u64> = Array::with_max_entries(PIDS_WATCHED_LEN, 0);
 
 /// The node-wide band, read at every fork and free on the node: an array's
 /// element is found without hashing a key (a hash lookup of it cost about
-/// 230 ns a fork; design note).
+/// 230 ns a fork; design note). The agent's update copies into the element
+/// where a hash map's swaps it, so a fork during one may see half of each
+/// band: at worst one report too many, which the agent settles on a fresh
+/// reading, or a crossing left to the next fork or free.
 #[map]
 static NODE_PIDS_BAND: Array<Band> = Array::with_max_entries(1, 0);
 
