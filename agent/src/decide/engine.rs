@@ -289,7 +289,7 @@ impl Engine {
             .map(|position| {
                 let ranked = &ranking[position];
                 Victim {
-                    pod: ranked.pod.clone(),
+                    pod: pods[ranked.index].borrow().key(),
                     index: ranked.index,
                     usage: ranked.usage,
                     grace_period: self

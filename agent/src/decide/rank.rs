@@ -58,10 +58,9 @@ impl DiskMeasure {
 /// One pod's place in a ranking; [`Ranked::reason`] says why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ranked {
-    /// Index of the pod in the slice that was ranked.
+    /// Index of the pod in the slice that was ranked: its name is there
+    /// (not copied into every place: a decision names a few pods of many).
     pub index: usize,
-    /// `namespace/name`.
-    pub pod: String,
     pub priority: i32,
     /// Usage of the starved resource, as kubelet measures it for this signal.
     pub usage: i64,
@@ -181,7 +180,6 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
     let exceeds_request = request.map(|request| usage > request);
     let ranked = Ranked {
         index,
-        pod: pod.key(),
         priority: pod.priority,
         usage,
         request,

@@ -101,7 +101,11 @@ pub fn run(
             thresholds_met: assessment.signals_met(),
             node_conditions: &assessment.node_conditions,
             starved_resource: starved.map(|s| s.resource),
-            ranking: choice.ranking.iter().map(|r| r.pod.as_str()).collect(),
+            ranking: choice
+                .ranking
+                .iter()
+                .map(|r| snapshot.pods[r.index].key())
+                .collect(),
             victims: choice.victims.iter().map(|v| v.pod.as_str()).collect(),
             starved_signal: starved.map(|s| s.threshold.signal),
             deficit: choice.deficit,
@@ -127,7 +131,7 @@ struct Decision<'a> {
     thresholds_met: BTreeSet<Signal>,
     node_conditions: &'a [NodeCondition],
     starved_resource: Option<Resource>,
-    ranking: Vec<&'a str>,
+    ranking: Vec<String>,
     victims: Vec<&'a str>,
     /// The threshold's signal the victims are chosen for.
     starved_signal: Option<Signal>,

@@ -2,7 +2,7 @@
 //! beside the loop (the Eviction API where `--eviction-action evict` asks
 //! for it, else the local kill, with a soft eviction's grace period); its
 //! end reported; then the victim's resource watched until it is back.
-use std::{collections::BTreeMap, future::Future, pin::Pin, time::Duration};
+use std::{collections::BTreeMap, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use futures::{
     StreamExt as _,
@@ -270,7 +270,7 @@ impl<I: Io> Evictor<I> {
             choice,
             exact,
         } = ranking;
-        let candidates = explain(choice, exact);
+        let candidates = explain(choice, pods, exact);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
             return self.soon();
@@ -565,7 +565,7 @@ impl<I: Io> Evictor<I> {
 /// The head of the ranking, one pod per line-part: where each stands and
 /// why. A pod whose memory was not read exactly (it ranks after every
 /// victim) shows its bytes charged, an upper bound of its working set.
-fn explain(choice: &Choice, exact: &[bool]) -> String {
+fn explain(choice: &Choice, pods: &[Arc<PodSnapshot>], exact: &[bool]) -> String {
     let mut text: Vec<String> = choice
         .ranking
         .iter()
@@ -577,7 +577,8 @@ fn explain(choice: &Choice, exact: &[bool]) -> String {
             } else {
                 " (bytes charged: at most this working set)"
             };
-            format!("{}. {}: {}{bound}", place + 1, ranked.pod, ranked.reason())
+            let pod = pods[ranked.index].key();
+            format!("{}. {pod}: {}{bound}", place + 1, ranked.reason())
         })
         .collect();
     if choice.ranking.len() > CANDIDATES_LOGGED {

@@ -415,7 +415,7 @@ fn kubelet_evicts_the_first_evictable_pod_only() {
     mirror.mirror = true;
     let pods = [pod("small", 0, MI), evictd, mirror, pod("big", 0, 500 * MI)];
     let choice = engine.choose(&assessment, &pods, VictimPolicy::One);
-    let ranking: Vec<_> = choice.ranking.iter().map(|r| r.pod.as_str()).collect();
+    let ranking: Vec<_> = choice.ranking.iter().map(|r| pods[r.index].key()).collect();
     assert_eq!(
         ranking,
         [

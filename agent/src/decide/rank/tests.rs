@@ -39,10 +39,10 @@ fn memory_pod(name: &str, priority: i32, request: Option<&str>, working_set: u64
     )
 }
 
-fn names(ranking: &[Ranked]) -> Vec<&str> {
+fn names<'a>(ranking: &[Ranked], pods: &'a [PodSnapshot]) -> Vec<&'a str> {
     ranking
         .iter()
-        .map(|r| r.pod.strip_prefix("default/").unwrap())
+        .map(|r| pods[r.index].name.as_str())
         .collect()
 }
 
@@ -118,7 +118,7 @@ fn memory_pods_above_their_request_go_before_higher_priority_ones_within() {
         memory_pod("above", 1000, Some("100Mi"), 101 * MI),
     ];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
-    assert_eq!(names(&ranking), ["above", "within"]);
+    assert_eq!(names(&ranking, &pods), ["above", "within"]);
     assert_eq!(ranking[0].exceeds_request, Some(true));
     assert_eq!(ranking[1].exceeds_request, Some(false));
 }
@@ -133,7 +133,7 @@ fn memory_pods_above_their_request_go_by_priority_then_excess() {
     ];
     let ranking = rank(&pods, Signal::AllocatableMemoryAvailable, false);
     assert_eq!(
-        names(&ranking),
+        names(&ranking, &pods),
         ["big-excess", "best-effort", "small-excess", "high"]
     );
 }
@@ -147,7 +147,10 @@ fn memory_pods_within_their_request_go_by_priority_then_usage_over_request() {
         memory_pod("low", -5, Some("1Gi"), 0),
     ];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
-    assert_eq!(names(&ranking), ["low", "near", "far-below", "important"]);
+    assert_eq!(
+        names(&ranking, &pods),
+        ["low", "near", "far-below", "important"]
+    );
 }
 
 #[test]
@@ -163,7 +166,7 @@ fn a_memory_limit_without_request_is_the_request() {
     );
     let pods = [limited, memory_pod("greedy", 0, Some("100Mi"), 110 * MI)];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
-    assert_eq!(names(&ranking), ["greedy", "limited"]);
+    assert_eq!(names(&ranking, &pods), ["greedy", "limited"]);
     assert_eq!(ranking[1].request, Some(200 * MI as i64));
 }
 
@@ -175,7 +178,7 @@ fn ties_keep_the_input_order() {
         memory_pod("third", 0, Some("200Mi"), 250 * MI),
     ];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
-    assert_eq!(names(&ranking), ["first", "second", "third"]);
+    assert_eq!(names(&ranking, &pods), ["first", "second", "third"]);
 }
 
 fn pids_pod(name: &str, priority: i32, pids: u64) -> PodSnapshot {
@@ -194,7 +197,7 @@ fn pid_pressure_ranks_by_priority_then_pid_count() {
         pids_pod("many", 0, 300),
     ];
     let ranking = rank(&pods, Signal::PidAvailable, false);
-    assert_eq!(names(&ranking), ["many", "few", "important-forker"]);
+    assert_eq!(names(&ranking, &pods), ["many", "few", "important-forker"]);
     assert_eq!(ranking[0].request, None);
     assert_eq!(ranking[0].usage, 300);
 }
@@ -235,7 +238,7 @@ fn disk_usage_measured_depends_on_the_filesystem(
         disk_pod("layers", 0, None, disk_usage(250, 30, 20)),
     ];
     let ranking = rank(&pods, signal, dedicated_imagefs);
-    assert_eq!(names(&ranking), order);
+    assert_eq!(names(&ranking, &pods), order);
     assert_eq!(ranking[0].usage, first_usage_mi * MI as i64);
 }
 
@@ -249,7 +252,7 @@ fn disk_ranks_above_request_then_priority_then_excess() {
     ];
     let ranking = rank(&pods, Signal::NodeFsAvailable, false);
     assert_eq!(
-        names(&ranking),
+        names(&ranking, &pods),
         ["above-big", "above-small", "above-important", "within"]
     );
 }
@@ -268,7 +271,7 @@ fn any_inode_use_exceeds_the_zero_request_and_the_storage_request_is_subtracted(
     let ranking = rank(&pods, Signal::NodeFsInodesFree, false);
     // 1500 - 1000 < 1000 - 0: the storage request counts against inodes,
     // as in kubelet.
-    assert_eq!(names(&ranking), ["unrequested", "requested", "none"]);
+    assert_eq!(names(&ranking, &pods), ["unrequested", "requested", "none"]);
     assert_eq!(ranking[2].exceeds_request, Some(false));
 }
 
@@ -328,16 +331,12 @@ fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
         memory_pod("hog", 0, None, 300 * MI),
     ];
     let ranking = rank(&pods, Signal::MemoryAvailable, false);
-    let order: Vec<&str> = ranking.iter().map(|r| r.pod.as_str()).collect();
-    assert_eq!(
-        order,
-        ["default/hog", "default/guaranteed", "default/stranger"]
-    );
+    assert_eq!(names(&ranking, &pods), ["hog", "guaranteed", "stranger"]);
     assert!(
         ranking[2].reason().contains("metadata unknown"),
         "{}",
         ranking[2].reason()
     );
     let pids = rank(&pods, Signal::PidAvailable, false);
-    assert_eq!(pids.last().unwrap().pod, "default/stranger");
+    assert_eq!(names(&pids, &pods).last(), Some(&"stranger"));
 }

@@ -470,7 +470,7 @@ fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
         crate::decide::thresholds::Signal::MemoryAvailable,
         false,
     );
-    assert_eq!(ranking[0].pod, burstable.key());
+    assert_eq!(pods[ranking[0].index].key(), burstable.key());
 }
 
 /// What observing the node reads besides its memory: its PIDs, and the
