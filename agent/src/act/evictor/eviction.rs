@@ -11,7 +11,7 @@ use futures::{
 };
 use tracing::{error, info, warn};
 
-use super::{Action, CANDIDATES_LOGGED, Evictor, Ranking};
+use super::{Action, CANDIDATES_LOGGED, DecisionTimes, Evictor, Ranking};
 use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
@@ -269,6 +269,7 @@ impl<I: Io> Evictor<I> {
             pods,
             choice,
             exact,
+            times,
         } = ranking;
         let candidates = explain(choice, pods, exact);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
@@ -295,7 +296,7 @@ impl<I: Io> Evictor<I> {
         let mut started = false;
         for victim in choice.victims.iter().take(room) {
             let pod = &pods[victim.index];
-            self.announce(wake, starvation, victim, pod, &candidates);
+            self.announce(wake, starvation, victim, pod, &candidates, times);
             if self.options.dry_run {
                 continue;
             }
@@ -323,8 +324,10 @@ impl<I: Io> Evictor<I> {
         victim: &Victim,
         pod: &PodSnapshot,
         candidates: &str,
+        times: &DecisionTimes,
     ) {
         let signal = starvation.threshold.signal;
+        let us = |phase: Duration| phase.as_micros() as u64;
         let qos = pod.qos_class();
         info!(
             %signal,
@@ -342,6 +345,12 @@ impl<I: Io> Evictor<I> {
             trigger = wake.cause.as_str(),
             trigger_at_ns = wake.at_ns,
             decision_us = self.clock.since(wake.at_ns).as_micros() as u64,
+            woken_to_run_us = us(times.woken_to_run),
+            observe_us = us(times.observe),
+            list_us = us(times.list),
+            rank_us = us(times.rank),
+            exact_read_us = us(times.exact_read),
+            exact_reads = times.exact_reads,
             at_ns = self.clock.now_ns(),
             dry_run = self.options.dry_run,
             "eviction decided"

@@ -423,6 +423,17 @@ async fn a_memory_decision_reads_exactly_only_the_pods_it_turns_on() {
     assert!(decided.contains("victim=default/hog"), "{decided}");
     // Exact numbers in the log: 300 MiB of working set, not 301 charged.
     assert!(decided.contains("victim_usage=314572800"), "{decided}");
+    // And where the decision's time went, with the one exact read.
+    for phase in [
+        "woken_to_run_us=",
+        "observe_us=",
+        "list_us=",
+        "rank_us=",
+        "exact_read_us=",
+    ] {
+        assert!(decided.contains(phase), "{phase} in {decided}");
+    }
+    assert!(decided.contains("exact_reads=1"), "{decided}");
 }
 
 #[tokio::test(start_paused = true)]

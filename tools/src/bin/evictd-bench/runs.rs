@@ -81,6 +81,16 @@ pub struct Run {
     /// agent's `at_ns − trigger_at_ns`): kernel record → decision in event
     /// mode.
     pub decision_us: Option<f64>,
+    /// Where `decision_us` went, from the same line (µs): to the engine
+    /// run (the wake-up, the kernel's records read), the node's signals
+    /// read, the pods listed, every ranking, the exact reads of the pods
+    /// the decision turned on, and how many pods those were.
+    pub woken_to_run_us: Option<f64>,
+    pub observe_us: Option<f64>,
+    pub list_us: Option<f64>,
+    pub rank_us: Option<f64>,
+    pub exact_read_us: Option<f64>,
+    pub exact_reads: Option<u64>,
     /// The kill complete: the agent's `pod killed` (victim's cgroup empty);
     /// the oracle: the bomb's pidfd says it exited.
     pub killed_us: Option<f64>,
@@ -472,6 +482,13 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
         let (at, trigger) = (l["at_ns"].as_u64()?, l["trigger_at_ns"].as_u64()?);
         Some(relative_us(at, trigger))
     });
+    let took = |field: &str| first.and_then(|l| l[field].as_u64()).map(|us| us as f64);
+    run.woken_to_run_us = took("woken_to_run_us");
+    run.observe_us = took("observe_us");
+    run.list_us = took("list_us");
+    run.rank_us = took("rank_us");
+    run.exact_read_us = took("exact_read_us");
+    run.exact_reads = first.and_then(|l| l["exact_reads"].as_u64());
     run.killed_us = at(killed.first(), "at_ns");
     let back = log.all("memory back");
     run.agent_back_us = at(back.first(), "at_ns");

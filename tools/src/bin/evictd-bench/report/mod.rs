@@ -47,6 +47,14 @@ pub fn markdown(results: &Value) -> String {
              decided*: the agent's `eviction decided` from the trigger that woke its deciding \
              run (in event mode the kernel record; *woken by* says which).\n\n";
     text += &pods_table(results);
+    text += "\n### Where woken → decided goes\n\nEach phase from the agent's `eviction decided` \
+             line, p50 / p90 / p99 over the runs: *to the run*: from the trigger to the engine \
+             run (the wake-up, the kernel's records read); *node read*: the node's signals; \
+             *pods listed*: every pod with the usage it ranks by (for memory, its bytes \
+             charged: one read per pod); *rankings*: every ranking the decision made; *exact \
+             reads*: the working set of the pods the decision turned on (*read*: how many, \
+             p50); *rest*: woken → decided less these (the engine, metrics, tripwires).\n\n";
+    text += &decision_phases_table(results);
     text += "\n## Workload overhead\n\n";
     text += &overhead_table(results);
     text += "\n## Idle agent, no pressure\n\n";
@@ -371,6 +379,55 @@ fn pods_table(results: &Value) -> String {
     text
 }
 
+fn decision_phases_table(results: &Value) -> String {
+    let mut text = "| pods | mode | n | to the run | node read | pods listed | rankings | exact reads | read | rest | woken → decided |\n\
+                    |---:|---|---:|---|---|---|---|---|---:|---|---|\n"
+        .to_owned();
+    const PHASES: [&str; 5] = [
+        "woken_to_run_us",
+        "observe_us",
+        "list_us",
+        "rank_us",
+        "exact_read_us",
+    ];
+    for scenario in scenarios(results, "pods") {
+        for mode in modes(scenario) {
+            let these: Runs = runs(results, scenario, mode)
+                .into_iter()
+                .filter(|r| r["list_us"].is_number())
+                .collect();
+            if these.is_empty() {
+                continue;
+            }
+            let rest: Vec<Option<f64>> = these
+                .iter()
+                .map(|r| {
+                    let phases: Option<f64> = PHASES.iter().map(|p| r[*p].as_f64()).sum();
+                    Some(r["decision_us"].as_f64()? - phases?)
+                })
+                .collect();
+            let phases: Vec<String> = PHASES
+                .iter()
+                .map(|phase| triple(&field(&these, phase)))
+                .collect();
+            text += &format!(
+                "| {} | {mode} | {} | {} | {} | {} | {} |\n",
+                scenario["pods"],
+                these.len(),
+                phases.join(" | "),
+                format_count(percentile(&field(&these, "exact_reads"), 0.5)),
+                triple(&rest),
+                triple(&field(&these, "decision_us")),
+            );
+        }
+    }
+    text
+}
+
+fn format_count(count: Option<f64>) -> String {
+    count.map_or("-".to_owned(), |count| format!("{count:.0}"))
+}
+
 /// The overhead operations, as bench.json names their durations.
 const OPERATIONS: [(&str, &str); 3] = [
     ("fault_ns", "page faults"),
@@ -541,6 +598,31 @@ mod tests {
         let lost = json!({"back_us": null, "decided_us": 30_000.0});
         let runs: Runs = vec![&back, &lost];
         assert_eq!(decided_to_back(&runs), [Some(100_000.0), None]);
+    }
+
+    #[test]
+    fn the_rest_of_a_decision_is_what_its_phases_leave_and_old_logs_get_no_row() {
+        let phased = json!({
+            "decision_us": 2_000.0, "woken_to_run_us": 100.0, "observe_us": 200.0,
+            "list_us": 1_000.0, "rank_us": 300.0, "exact_read_us": 250.0, "exact_reads": 1,
+        });
+        let results = json!({
+            "scenarios": [
+                {"name": "250 pods", "kind": "pods", "pods": 250, "modes": ["event", "poll"]},
+            ],
+            "runs": [
+                {"scenario": "250 pods", "mode": "event", "run": phased},
+                // An agent whose line has no phases.
+                {"scenario": "250 pods", "mode": "poll", "run": {"decision_us": 9_000.0}},
+            ],
+        });
+        let table = decision_phases_table(&results);
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(rows.len(), 1, "{table}");
+        let cells: Vec<&str> = rows[0].split(" | ").collect();
+        assert_eq!(cells[..3], ["| 250", "event", "1"]);
+        assert_eq!(cells[8], "1", "exact reads");
+        assert!(cells[9].starts_with("0.15 / "), "rest: {}", cells[9]);
     }
 
     #[test]
