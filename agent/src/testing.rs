@@ -283,7 +283,11 @@ pub(crate) mod fakes {
         fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
             let mut model = self.0.borrow_mut();
             model.refined += 1;
-            Ok(model.pods.iter().find(|p| p.uid == pod.uid).cloned())
+            Ok(model
+                .pods
+                .iter()
+                .find(|p| p.uid == pod.uid && p.usage.pids > 0)
+                .cloned())
         }
 
         fn cgroups_changed(&mut self) {}

@@ -262,19 +262,17 @@ fn a_kernel_oom_kill_is_counted_by_the_kernel_and_reported_by_the_agent() {
 
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
-fn an_open_usage_file_reads_afresh_and_says_when_its_cgroup_is_gone() {
+fn open_memory_files_read_afresh_and_say_when_their_cgroup_is_gone() {
     let tree = PrivateCgroupTree::new().unwrap();
     tree.create("pod").unwrap();
     let cgroupfs = CgroupFs::discover().unwrap();
     // What a memory listing keeps open for each pod.
-    let usage = cgroupfs
-        .open_memory_usage(&tree.relative_path("pod"))
-        .unwrap()
-        .unwrap();
-    assert_eq!(usage.read_u64().unwrap(), tree.memory_usage("pod").unwrap());
+    let path = tree.relative_path("pod");
+    let memory = cgroupfs.open_memory(&path).unwrap().unwrap();
+    assert_eq!(memory.charged().unwrap(), tree.memory_usage("pod").unwrap());
     let mut workload = Workload::spawn_in(&tree, "pod", WORKLOAD).unwrap();
     workload.alloc(32 * MIB).unwrap();
-    let grown = usage.read_u64().unwrap();
+    let grown = memory.charged().unwrap();
     assert!(grown >= 32 * MIB, "read again: {grown} bytes");
     // A quiet cgroup read twice a moment apart: equal up to the kernel's
     // per-CPU batching.
@@ -283,11 +281,26 @@ fn an_open_usage_file_reads_afresh_and_says_when_its_cgroup_is_gone() {
         grown.abs_diff(by_path) < MIB,
         "open {grown}, by path {by_path}"
     );
+    // The working set, as a decision's exact read takes it.
+    let open = memory.read().unwrap().working_set_bytes();
+    let by_path = cgroupfs.read_memory(&path).unwrap().working_set_bytes();
+    assert!(open >= 32 * MIB, "working set {open} bytes");
+    assert!(
+        open.abs_diff(by_path) < MIB,
+        "open {open}, by path {by_path}"
+    );
+    assert!(cgroupfs.has_processes(&path).unwrap());
     drop(workload);
+    assert!(!cgroupfs.has_processes(&path).unwrap());
     tree.remove("pod").unwrap();
     assert!(
-        matches!(usage.read_u64(), Err(CgroupError::Gone(_))),
+        matches!(memory.charged(), Err(CgroupError::Gone(_))),
         "{:?}",
-        usage.read_u64()
+        memory.charged()
+    );
+    assert!(
+        matches!(memory.read(), Err(CgroupError::Gone(_))),
+        "{:?}",
+        memory.read()
     );
 }

@@ -456,12 +456,11 @@ impl<I: Io> Evictor<I> {
             times.exact_read += self.clock.since(phase_ns);
             times.exact_reads += 1;
             match refined? {
-                Some(pod) if pod.usage.pids > 0 => {
+                Some(pod) => {
                     pods[inexact] = Arc::new(pod);
                     exact[inexact] = true;
                 }
-                // Gone, or not running.
-                _ => {
+                None => {
                     pods.remove(inexact);
                     exact.remove(inexact);
                 }

@@ -57,7 +57,8 @@ pub trait NodeSource {
     /// process count, made exact by [`NodeSource::refine`]. The pods are
     /// shared with the source, which may keep them for the next call.
     fn pods_for(&mut self, resource: Resource) -> Result<Vec<Arc<PodSnapshot>>, InventoryError>;
-    /// `pod` with its usage read exactly; `None` once it is gone.
+    /// `pod` with its working set read exactly; `None` once it is gone or
+    /// no process runs in it.
     fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError>;
     /// Cgroups may have been created or removed (records lost, or a
     /// resync without the lifecycle programs).

@@ -2,7 +2,8 @@
 //! mounted, and fresh reads of the values the kernel programs track.
 use std::{
     collections::HashMap,
-    fs, io,
+    fs,
+    io::{self, Read as _},
     os::{
         fd::{AsFd, BorrowedFd},
         unix::fs::{FileExt as _, MetadataExt as _},
@@ -97,6 +98,40 @@ impl OpenValue {
 impl AsFd for OpenValue {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
+    }
+}
+
+/// A pod cgroup's memory files kept open: the bytes charged, which a
+/// memory listing ranks every pod by, and memory.stat, which makes that
+/// the working set for the few pods a decision turns on. Each is one
+/// `pread` where reading by path takes five system calls.
+#[derive(Debug)]
+pub struct OpenMemory {
+    charged: OpenValue,
+    stat: fs::File,
+    stat_path: PathBuf,
+    inactive_file_field: &'static str,
+}
+
+impl OpenMemory {
+    /// Descriptors each holds.
+    pub const FILES: usize = 2;
+
+    /// The bytes charged now; [`CgroupError::Gone`] once the cgroup was
+    /// removed.
+    pub fn charged(&self) -> Result<u64, CgroupError> {
+        self.charged.read_u64()
+    }
+
+    /// [`CgroupFs::read_memory`] through the open files.
+    pub fn read(&self) -> Result<MemoryReading, CgroupError> {
+        let usage_bytes = self.charged()?;
+        let text =
+            read_whole_at_zero(&self.stat).map_err(|e| CgroupError::io(&self.stat_path, e))?;
+        Ok(MemoryReading {
+            usage_bytes,
+            inactive_file_bytes: keyed_field(&text, &self.stat_path, self.inactive_file_field)?,
+        })
     }
 }
 
@@ -305,22 +340,34 @@ impl CgroupFs {
         files: Option<&KeptOpen>,
         path: &str,
     ) -> Result<MemoryReading, CgroupError> {
+        if self.version == CgroupVersion::V2 && is_root(path) {
+            return read_meminfo(files);
+        }
         let dir = self.memory_dir(path);
+        Ok(MemoryReading {
+            usage_bytes: read_u64(files, &dir.join(self.usage_file_name()))?,
+            inactive_file_bytes: stat_field(
+                files,
+                &dir.join("memory.stat"),
+                self.inactive_file_field(),
+            )?,
+        })
+    }
+
+    /// The file of a (non-root on v2) cgroup's bytes charged.
+    fn usage_file_name(&self) -> &'static str {
         match self.version {
-            CgroupVersion::V1 => Ok(MemoryReading {
-                usage_bytes: read_u64(files, &dir.join("memory.usage_in_bytes"))?,
-                // total_: hierarchical, counting the cgroup's descendants too.
-                inactive_file_bytes: stat_field(
-                    files,
-                    &dir.join("memory.stat"),
-                    "total_inactive_file",
-                )?,
-            }),
-            CgroupVersion::V2 if is_root(path) => read_meminfo(files),
-            CgroupVersion::V2 => Ok(MemoryReading {
-                usage_bytes: read_u64(files, &dir.join("memory.current"))?,
-                inactive_file_bytes: stat_field(files, &dir.join("memory.stat"), "inactive_file")?,
-            }),
+            CgroupVersion::V1 => "memory.usage_in_bytes",
+            CgroupVersion::V2 => "memory.current",
+        }
+    }
+
+    /// memory.stat's inactive file pages of the cgroup and its descendants
+    /// (v1's `total_` lines are the hierarchical ones).
+    fn inactive_file_field(&self) -> &'static str {
+        match self.version {
+            CgroupVersion::V1 => "total_inactive_file",
+            CgroupVersion::V2 => "inactive_file",
         }
     }
 
@@ -333,23 +380,28 @@ impl CgroupFs {
         }
     }
 
-    /// [`CgroupFs::read_memory_usage`]'s file of cgroup `path`, kept open to
-    /// be read again and again; `None` for the v2 root, which has none.
-    pub fn open_memory_usage(&self, path: &str) -> Result<Option<OpenValue>, CgroupError> {
-        let Some(path) = self.memory_usage_file(path) else {
+    /// Cgroup `path`'s memory files, kept open to be read again and again;
+    /// `None` for the v2 root, which has none.
+    pub fn open_memory(&self, path: &str) -> Result<Option<OpenMemory>, CgroupError> {
+        if self.version == CgroupVersion::V2 && is_root(path) {
             return Ok(None);
-        };
-        OpenValue::open(path).map(Some)
+        }
+        let dir = self.memory_dir(path);
+        let stat = dir.join("memory.stat");
+        Ok(Some(OpenMemory {
+            charged: OpenValue::open(dir.join(self.usage_file_name()))?,
+            stat: fs::File::open(&stat).map_err(|e| CgroupError::io(&stat, e))?,
+            stat_path: stat,
+            inactive_file_field: self.inactive_file_field(),
+        }))
     }
 
     /// Where a cgroup's bytes charged are; `None` for the v2 root, whose
     /// usage comes from /proc/meminfo.
     fn memory_usage_file(&self, path: &str) -> Option<PathBuf> {
-        let dir = self.memory_dir(path);
         match self.version {
-            CgroupVersion::V1 => Some(dir.join("memory.usage_in_bytes")),
             CgroupVersion::V2 if is_root(path) => None,
-            CgroupVersion::V2 => Some(dir.join("memory.current")),
+            _ => Some(self.memory_dir(path).join(self.usage_file_name())),
         }
     }
 
@@ -371,6 +423,11 @@ impl CgroupFs {
     pub fn count_processes(&self, path: &str) -> Result<u64, CgroupError> {
         count_processes(&self.memory_dir(path))
     }
+
+    /// Whether a process runs in cgroup `path` or below.
+    pub fn has_processes(&self, path: &str) -> Result<bool, CgroupError> {
+        any_process(&self.memory_dir(path))
+    }
 }
 
 /// [`CgroupFs::count_processes`] below `dir`. A descendant removed while
@@ -390,6 +447,32 @@ fn count_processes(dir: &Path) -> Result<u64, CgroupError> {
         }
     }
     Ok(count)
+}
+
+/// [`CgroupFs::has_processes`] below `dir`, in as few system calls as it
+/// can, since a memory decision asks it of the pod it is about to take:
+/// one read of each `cgroup.procs`, enough to see that it is not empty,
+/// and a cgroup's children listed (the costliest step: kernfs lists every
+/// controller file) only while no process was found. Removals are as in
+/// [`count_processes`].
+fn any_process(dir: &Path) -> Result<bool, CgroupError> {
+    let procs = dir.join("cgroup.procs");
+    let mut first_pid = [0u8; 32];
+    let read = fs::File::open(&procs).and_then(|mut file| file.read(&mut first_pid));
+    if read.map_err(|e| CgroupError::io(&procs, e))? > 0 {
+        return Ok(true);
+    }
+    let entries = fs::read_dir(dir).map_err(|e| CgroupError::io(dir, e))?;
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match any_process(&entry.path()) {
+                Ok(true) => return Ok(true),
+                Ok(false) | Err(CgroupError::Gone(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(false)
 }
 
 /// Tasks (threads) on the node, as kubelet counts them for
@@ -493,8 +576,12 @@ fn read_u64(files: Option<&KeptOpen>, path: &Path) -> Result<u64, CgroupError> {
 }
 
 fn stat_field(files: Option<&KeptOpen>, path: &Path, field: &str) -> Result<u64, CgroupError> {
-    let text = read_text(files, path)?;
-    parse_keyed(&text, field).ok_or_else(|| CgroupError::Parse {
+    keyed_field(&read_text(files, path)?, path, field)
+}
+
+/// `field`'s value in `text`, the key-value file at `path`.
+fn keyed_field(text: &str, path: &Path, field: &str) -> Result<u64, CgroupError> {
+    parse_keyed(text, field).ok_or_else(|| CgroupError::Parse {
         path: path.to_owned(),
         text: format!("no {field} line"),
     })
@@ -683,6 +770,34 @@ mod tests {
         assert!(root.working_set_bytes() <= root.usage_bytes);
         assert!(node_tasks(None).unwrap() > 0);
         let gone = fs.read_memory("/no-such-cgroup-evictd").unwrap_err();
+        assert!(matches!(gone, CgroupError::Gone(_)), "{gone}");
+    }
+
+    #[test]
+    fn a_process_anywhere_below_a_cgroup_counts_and_a_removed_cgroup_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CgroupFs {
+            version: CgroupVersion::V1,
+            memory_root: dir.path().to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        };
+        let procs = |path: &str, text: &str| {
+            let cgroup = dir.path().join(path);
+            fs::create_dir_all(&cgroup).unwrap();
+            fs::write(cgroup.join("cgroup.procs"), text).unwrap();
+        };
+        procs("pod", "");
+        procs("pod/pause", "");
+        procs("pod/ctr", "");
+        procs("pod/ctr/nested", "");
+        assert!(!fs.has_processes("/pod").unwrap());
+        procs("pod/ctr/nested", "42\n");
+        assert!(fs.has_processes("/pod").unwrap());
+        procs("pod/ctr/nested", "");
+        procs("pod", "7\n");
+        assert!(fs.has_processes("/pod").unwrap(), "in the pod's own cgroup");
+        let gone = fs.has_processes("/removed").unwrap_err();
         assert!(matches!(gone, CgroupError::Gone(_)), "{gone}");
     }
 }

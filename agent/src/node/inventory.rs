@@ -25,7 +25,7 @@ pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
     decide::thresholds::{Resource, Signal},
-    node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenValue, hierarchy_ids, is_gone},
+    node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
         local_storage::{self, LocalStorageEviction},
@@ -129,9 +129,10 @@ pub struct Inventory {
     /// created or removed since (a kernel record says so), or when that
     /// cannot be known (records lost, no lifecycle programs).
     listed: Option<Listing>,
-    /// The listed pods' bytes-charged files, open, by cgroup path: a memory
-    /// listing reads each with one system call.
-    usage_files: HashMap<String, OpenValue>,
+    /// The listed pods' memory files, open, by cgroup path: a memory
+    /// listing reads each pod's bytes charged with one system call, and an
+    /// exact read its working set with two.
+    memory_files: HashMap<String, OpenMemory>,
     /// The memory controller's hierarchy id (0 on v2): only its cgroups
     /// can change the listing.
     memory_hierarchy: Option<u32>,
@@ -163,7 +164,7 @@ impl Inventory {
         };
         Ok(Self {
             listed: None,
-            usage_files: HashMap::new(),
+            memory_files: HashMap::new(),
             memory_hierarchy: hierarchy_ids(&cgroupfs).memory,
             own_cgroup: own_memory_cgroup(),
             own_pod_uid: args.pod_uid.clone(),
@@ -289,17 +290,24 @@ impl Inventory {
         }
     }
 
-    /// `pod` with its usage read exactly now; `None` once it is gone.
+    /// `pod` with its working set read exactly now; `None` once it is gone
+    /// or no process runs in it (a killed pod's cgroup may linger, holding
+    /// page cache). Its other usage is left as listed.
     pub fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
         let Some(path) = pod.cgroup.as_deref() else {
             return Ok(Some(pod.clone()));
         };
-        match self.usage(path, Reads::Exact) {
-            Ok(usage) => Ok(Some(PodSnapshot {
-                usage,
-                ..pod.clone()
-            })),
-            Err(CgroupError::Gone(_)) => Ok(None),
+        let read = self.working_set(path).and_then(|working_set| {
+            let running = self.signals.cgroupfs.has_processes(path)?;
+            Ok(running.then_some(working_set))
+        });
+        match read {
+            Ok(Some(working_set)) => {
+                let mut pod = pod.clone();
+                pod.usage.memory_working_set_bytes = working_set;
+                Ok(Some(pod))
+            }
+            Ok(None) | Err(CgroupError::Gone(_)) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -337,9 +345,7 @@ impl Inventory {
         for pod in &limited {
             // A killed pod's volumes stay until kubelet cleans it up: only
             // a pod with processes is judged again.
-            if let Some(pod) = self.refine(pod)?
-                && pod.usage.pids > 0
-            {
+            if let Some(pod) = self.refine(pod)? {
                 running.push(pod);
             }
         }
@@ -411,7 +417,7 @@ impl Inventory {
                     }
                     None => Vec::new(),
                 };
-                self.keep_usage_files_of(&cgroups);
+                self.keep_memory_files_of(&cgroups, kept_files_budget());
                 Listing {
                     built: vec![None; cgroups.len()],
                     cgroups,
@@ -545,51 +551,87 @@ impl Inventory {
                 ..PodUsage::default()
             });
         }
-        let cgroupfs = &self.signals.cgroupfs;
-        let memory = cgroupfs.read_memory(path)?;
-        let pids = cgroupfs.count_processes(path)?;
         Ok(PodUsage {
-            memory_working_set_bytes: memory.working_set_bytes(),
-            pids,
+            memory_working_set_bytes: self.working_set(path)?,
+            pids: self.signals.cgroupfs.count_processes(path)?,
             ..PodUsage::default()
         })
     }
 
-    /// Keeps the listed pods' bytes-charged files open, and only theirs,
-    /// so a memory decision reads each with one system call (opening them
-    /// is the cost a listing pays, off the decision when it can be: at
-    /// startup, or when a pod came or went).
-    fn keep_usage_files_of(&mut self, listed: &[PodCgroup]) {
+    /// Keeps the listed pods' memory files open, and only theirs, so a
+    /// memory decision reads each with one system call (opening them is
+    /// the cost a listing pays, off the decision when it can be: at
+    /// startup, or when a pod came or went). At most `budget` files are
+    /// kept ([`kept_files_budget`]), so that a kill always has descriptors
+    /// left.
+    fn keep_memory_files_of(&mut self, listed: &[PodCgroup], budget: usize) {
         let paths: HashSet<&str> = listed.iter().map(|pod| pod.path.as_str()).collect();
-        self.usage_files
+        self.memory_files
             .retain(|path, _| paths.contains(path.as_str()));
         for pod in listed {
-            if self.usage_files.contains_key(&pod.path) {
+            if self.memory_files.len() * OpenMemory::FILES >= budget {
+                debug!(
+                    kept = self.memory_files.len(),
+                    "no descriptors left to keep more pods' memory files open: the rest are read by path"
+                );
+                break;
+            }
+            if self.memory_files.contains_key(&pod.path) {
                 continue;
             }
-            // A pod gone meanwhile, or no descriptor left: read by path.
-            if let Ok(Some(open)) = self.signals.cgroupfs.open_memory_usage(&pod.path) {
-                self.usage_files.insert(pod.path.clone(), open);
+            // A pod gone meanwhile: read by path.
+            if let Ok(Some(open)) = self.signals.cgroupfs.open_memory(&pod.path) {
+                self.memory_files.insert(pod.path.clone(), open);
             }
         }
     }
 
-    /// The bytes charged to pod cgroup `path`: through its file kept open,
-    /// or by path where the listing could not open one.
-    fn bytes_charged(&mut self, path: &str) -> Result<u64, CgroupError> {
-        if let Some(open) = self.usage_files.get(path) {
-            match open.read_u64() {
-                // Removed, or removed and made again under the same path: by
-                // path below (the record of either lists the pods again,
-                // which opens the new one).
-                Err(CgroupError::Gone(_)) => {
-                    self.usage_files.remove(path);
-                }
-                result => return result,
+    /// Pod cgroup `path`'s kept files, dropped once its cgroup is gone:
+    /// removed, or removed and made again under the same path (the record
+    /// of either lists the pods again, which opens the new one).
+    fn read_kept<T>(
+        &mut self,
+        path: &str,
+        read: impl Fn(&OpenMemory) -> Result<T, CgroupError>,
+    ) -> Option<Result<T, CgroupError>> {
+        match read(self.memory_files.get(path)?) {
+            Err(CgroupError::Gone(_)) => {
+                self.memory_files.remove(path);
+                None
             }
+            result => Some(result),
         }
-        self.signals.cgroupfs.read_memory_usage(path)
     }
+
+    /// The bytes charged to pod cgroup `path`: through its files kept
+    /// open, or by path where the listing could not open them.
+    fn bytes_charged(&mut self, path: &str) -> Result<u64, CgroupError> {
+        self.read_kept(path, OpenMemory::charged)
+            .unwrap_or_else(|| self.signals.cgroupfs.read_memory_usage(path))
+    }
+
+    /// Pod cgroup `path`'s working set, read as [`Inventory::bytes_charged`].
+    fn working_set(&mut self, path: &str) -> Result<u64, CgroupError> {
+        self.read_kept(path, OpenMemory::read)
+            .unwrap_or_else(|| self.signals.cgroupfs.read_memory(path))
+            .map(|memory| memory.working_set_bytes())
+    }
+}
+
+/// Open files the inventory leaves to the rest of the agent: a kill's
+/// pidfds above all (`act::kill` checks that its batches fit).
+pub const FILES_LEFT_TO_THE_REST: u64 = 1024;
+
+/// How many files the inventory may keep open for pods: the open-file
+/// limit less [`FILES_LEFT_TO_THE_REST`]; none when the limit cannot be
+/// read.
+fn kept_files_budget() -> usize {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map_or(
+        0,
+        |(soft, _)| {
+            usize::try_from(soft.saturating_sub(FILES_LEFT_TO_THE_REST)).unwrap_or(usize::MAX)
+        },
+    )
 }
 
 /// How much of a pod's usage a listing reads.

@@ -85,6 +85,9 @@ const REAPING_SEEN_BYTES: u64 = 1 << 20;
 /// processes of a round have their memory reaped (the first ones listed):
 /// a pod with more is a fork bomb, whose processes hold little.
 pub const SIGNAL_BATCH: usize = 256;
+// The pidfds a kill holds (its batch, and the reapers' own) fit in what
+// the inventory leaves free when it keeps pods' files open.
+const _: () = assert!(2 * SIGNAL_BATCH as u64 <= crate::node::inventory::FILES_LEFT_TO_THE_REST);
 /// The command of a pod sandbox's process (the `pause` image of every
 /// CRI runtime), spared the SIGTERM of a soft eviction.
 const SANDBOX_COMMAND: &str = "pause";

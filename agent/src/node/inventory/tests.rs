@@ -116,7 +116,7 @@ fn only_a_pods_own_cgroup_record_lists_the_pods_again_and_each_is_read_through_i
             .collect()
     };
     assert_eq!(charged(&mut inventory), [("a".to_owned(), 100)]);
-    assert_eq!(inventory.usage_files.len(), 1);
+    assert_eq!(inventory.memory_files.len(), 1);
 
     // The open file is read afresh.
     write(
@@ -141,9 +141,59 @@ fn only_a_pods_own_cgroup_record_lists_the_pods_again_and_each_is_read_through_i
     inventory.cgroup_changed(4, "sandbox/kubepods/besteffort/poda");
     assert_eq!(charged(&mut inventory), [("b".to_owned(), 200)]);
     assert_eq!(
-        inventory.usage_files.keys().collect::<Vec<_>>(),
+        inventory.memory_files.keys().collect::<Vec<_>>(),
         ["/sandbox/kubepods/besteffort/podb"]
     );
+}
+
+#[test]
+fn an_exact_read_takes_the_working_set_through_the_open_files_and_drops_a_pod_with_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let pod = root.join("memory/sandbox/kubepods/besteffort/poda");
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 300, 0);
+    // As kubelet lays a pod out: its processes in a container's cgroup.
+    write(&pod.join("ctr/cgroup.procs"), "7\n");
+    let mut inventory = inventory(root, "/sandbox", None);
+    let listed = inventory.pods_for(Resource::Memory).unwrap();
+    assert_eq!(listed[0].usage.memory_working_set_bytes, 300);
+
+    // A new memory.stat under the same path: the listing's open file still
+    // reads the one it opened.
+    write(&pod.join("memory.stat.new"), "total_inactive_file 200\n");
+    fs::rename(pod.join("memory.stat.new"), pod.join("memory.stat")).unwrap();
+    let refined = inventory.refine(&listed[0]).unwrap().unwrap();
+    assert_eq!(
+        refined.usage.memory_working_set_bytes, 300,
+        "read by path, it would be 100"
+    );
+
+    // Its last process gone, the pod's cgroup lingers: nothing to take back.
+    write(&pod.join("ctr/cgroup.procs"), "");
+    assert_eq!(inventory.refine(&listed[0]).unwrap(), None);
+    // Its cgroup gone too.
+    fs::remove_dir_all(&pod).unwrap();
+    assert_eq!(inventory.refine(&listed[0]).unwrap(), None);
+}
+
+#[test]
+fn pods_past_the_file_budget_are_read_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 100, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podb", 200, 1);
+    let mut inventory = inventory(root, "/sandbox", None);
+    let kubepods = inventory.kubepods_cgroup().unwrap();
+    let cgroups = find_pods(&inventory.signals.cgroupfs.memory_dir(&kubepods), &kubepods).unwrap();
+    inventory.keep_memory_files_of(&cgroups, OpenMemory::FILES);
+    assert_eq!(inventory.memory_files.len(), 1);
+
+    let mut charged: Vec<u64> = cgroups
+        .iter()
+        .map(|pod| inventory.bytes_charged(&pod.path).unwrap())
+        .collect();
+    charged.sort_unstable();
+    assert_eq!(charged, [100, 200]);
 }
 
 #[test]
