@@ -296,7 +296,7 @@ pub async fn run(
 /// pidfds in batches ([`crate::act::kill::SIGNAL_BATCH`]), and the soft
 /// limit a runtime sets (1,024 under containerd 2.x) is all the agent would
 /// otherwise have for them and everything else it holds open.
-fn raise_file_limit() {
+pub(crate) fn raise_file_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
