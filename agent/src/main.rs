@@ -59,6 +59,7 @@ fn main() -> ExitCode {
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_keep_alive(evictd::act::kill::BLOCKING_THREADS_KEEP_ALIVE)
         .build()
     {
         Ok(runtime) => runtime,

@@ -388,6 +388,7 @@ pub(crate) mod fakes {
                 mrelease_failed: 0,
                 frozen: false,
                 frozen_after: None,
+                thawed_after: None,
                 first_sigkill_after: Some(Duration::ZERO),
                 released_after: Some(Duration::ZERO),
                 empty_after: Duration::ZERO,

@@ -33,9 +33,11 @@ fn killer() -> Killer {
     Killer::new(CgroupFs::discover().unwrap()).with_deadline(scaled(KILL_DEADLINE))
 }
 
+/// On a runtime like the agent's: the kill's short polls wait on a
+/// timerfd, which needs the runtime's I/O driver.
 fn kill_pod(tree: &PrivateCgroupTree, rel: &str, grace: Duration) -> Result<KillReport, KillError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .unwrap();
     runtime.block_on(killer().kill_pod(&tree.relative_path(rel), grace))
@@ -107,6 +109,11 @@ fn kills_every_container_of_the_pod_returns_its_memory_and_spares_the_sibling() 
     assert_eq!(report.mrelease_ok + report.mrelease_failed, 2, "{report:?}");
     assert!(report.released_after.unwrap() >= report.first_sigkill_after.unwrap());
     assert!(report.first_sigkill_after.unwrap() <= report.empty_after);
+    // A frozen pod is thawed after its SIGKILLs, once.
+    assert_eq!(report.thawed_after.is_some(), has_freezer(&tree));
+    if let Some(thawed_after) = report.thawed_after {
+        assert!(thawed_after >= report.first_sigkill_after.unwrap());
+    }
     assert_eq!(death_signal(&mut a1), Some(libc::SIGKILL));
     assert_eq!(death_signal(&mut a2), Some(libc::SIGKILL));
     wait_until(GONE_DEADLINE, "pod-a's memory to come back", || {
@@ -334,7 +341,7 @@ fn pods_that_end_and_vanish_while_being_killed_are_no_error() {
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
     let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
+        .enable_all()
         .build()
         .unwrap();
     let killer = killer();

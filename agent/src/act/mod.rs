@@ -4,4 +4,5 @@
 pub mod evictor;
 pub mod io;
 pub mod kill;
+pub mod timer;
 pub mod wake;

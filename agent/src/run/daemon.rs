@@ -101,6 +101,7 @@ pub async fn run(
     return_freed_heap();
     lock_memory();
     run_in_real_time(args.realtime_priority);
+    killer.ready_threads().await;
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
     // Held to the end: dropping it stops the runtime's thread.

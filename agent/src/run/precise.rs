@@ -4,24 +4,13 @@
 //! engine memory scope, which wakes the engine when the node comes near a
 //! line while the hooks are off. (On cgroup v2 the plan's read period,
 //! part of the evictor's action, is the far trigger.)
-use std::{
-    collections::BTreeMap,
-    io,
-    os::fd::{AsFd as _, AsRawFd, RawFd},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::future::select_all;
-use nix::sys::{
-    time::TimeSpec,
-    timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags},
-};
-use tokio::io::{Interest, unix::AsyncFd};
 use tracing::{info, warn};
 
 use crate::{
-    act::io::KernelRecords,
+    act::{io::KernelRecords, timer::PreciseTimer},
     kernel::{
         bpf::monotonic_now_ns,
         notify::{MemcgThresholds, NotifyError},
@@ -228,7 +217,7 @@ pub enum BackstopClock {
     /// wakes it once more: three wake-ups per read instead of one, which
     /// was about a tenth of the idle agent's CPU (docs/design.md, agent
     /// footprint).
-    TimerFd(AsyncFd<OneShotTimer>),
+    TimerFd(PreciseTimer),
     /// tokio's clock, which tests pause and advance.
     Tokio,
 }
@@ -236,18 +225,7 @@ pub enum BackstopClock {
 impl BackstopClock {
     /// A timerfd on CLOCK_MONOTONIC; tokio's clock where none can be made.
     pub fn timerfd() -> Self {
-        let made = TimerFd::new(
-            ClockId::CLOCK_MONOTONIC,
-            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
-        )
-        .map_err(io::Error::from)
-        .and_then(|timer| {
-            // SAFETY: the AsyncFd owns the timer, so its fd stays open and
-            // unchanged while registered.
-            unsafe { AsyncFd::register_with_interest(OneShotTimer(timer), Interest::READABLE) }
-                .map_err(io::Error::from)
-        });
-        match made {
+        match PreciseTimer::new() {
             Ok(timer) => Self::TimerFd(timer),
             Err(e) => {
                 warn!(error = %e, "no timerfd for the zone's backstop reads: tokio's timer instead");
@@ -258,7 +236,7 @@ impl BackstopClock {
 
     async fn sleep(&mut self, after: Duration) {
         if let Self::TimerFd(timer) = self {
-            match expire(timer, after).await {
+            match timer.sleep(after).await {
                 Ok(()) => return,
                 Err(e) => {
                     warn!(error = %e, "the zone's backstop timerfd failed: tokio's timer from now on");
@@ -267,32 +245,6 @@ impl BackstopClock {
             }
         }
         tokio::time::sleep(after).await;
-    }
-}
-
-/// Arms `timer` to expire once after `after` and waits until it has.
-async fn expire(timer: &mut AsyncFd<OneShotTimer>, after: Duration) -> io::Result<()> {
-    // A zero expiration would disarm the timer, not expire it at once.
-    let after = after.max(Duration::from_nanos(1));
-    timer.get_ref().0.set(
-        Expiration::OneShot(TimeSpec::from_duration(after)),
-        TimerSetTimeFlags::empty(),
-    )?;
-    loop {
-        let mut ready = timer.readable_mut().await?;
-        // Reading the expiration count resets it; EAGAIN: not yet.
-        if let Ok(read) = ready.try_io(|timer| Ok(timer.get_ref().0.wait()?)) {
-            return read;
-        }
-    }
-}
-
-/// A timerfd as tokio's [`AsyncFd`] takes it.
-pub struct OneShotTimer(TimerFd);
-
-impl AsRawFd for OneShotTimer {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
     }
 }
 

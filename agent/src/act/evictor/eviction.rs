@@ -233,6 +233,7 @@ impl<I: Io> Evictor<I> {
                     rounds = report.rounds,
                     frozen_after_us = report.frozen_after.map(|d| d.as_micros() as u64),
                     sigkill_after_us = report.first_sigkill_after.map(|d| d.as_micros() as u64),
+                    thawed_after_us = report.thawed_after.map(|d| d.as_micros() as u64),
                     released_after_us = report.released_after.map(|d| d.as_micros() as u64),
                     empty_after_us = report.empty_after.as_micros() as u64,
                     kill_started_ns = report.started_at_ns,

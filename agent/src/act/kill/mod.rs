@@ -11,7 +11,7 @@
 //!   until the subtree is empty or the deadline passes. The freeze only has
 //!   to hold while the pod is listed and signalled (no fork escapes): a
 //!   task thawed with SIGKILL pending dies before it runs user code again.
-//!   So the pod is thawed as soon as the reapers are seen freeing (they
+//!   So the pod is thawed as soon as the reapers are seen unmapping (they
 //!   then hold the victims' memory), and each victim's exit frees beside
 //!   them; thawed earlier, a victim's exit would detach its memory before
 //!   a reaper found it and free it alone, at half the speed.
@@ -43,12 +43,19 @@ mod cpu;
 mod pidfd;
 mod tree;
 
-use std::{collections::BTreeSet, io, path::Path, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeSet,
+    io,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::{sync::oneshot, time::Instant};
 use tracing::{debug, warn};
 
 use crate::{
+    act::timer::Pacer,
     kernel::bpf::monotonic_now_ns,
     node::cgroupfs::{CgroupFs, CgroupVersion, is_gone},
 };
@@ -71,15 +78,17 @@ const ROUND_WAIT: Duration = Duration::from_millis(200);
 const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// How often `freezer.state` is read while the pod freezes: a task in the
 /// middle of a page fault freezes on its way back to user mode, well under
-/// a millisecond later, so a pod not frozen at the first look is nearly
-/// always frozen at the next; tokio's timer ticks every millisecond.
-const FREEZE_POLL: Duration = Duration::from_millis(1);
-/// How long a frozen pod waits for its reapers to be seen freeing before it
-/// is thawed anyway, how often that is looked at (tokio's timer ticks every
-/// millisecond), and how far the pod's charge must fall to count as seen.
+/// a millisecond later. On a timerfd: tokio's timer ticks every
+/// millisecond, so its next look would come one to two milliseconds on.
+const FREEZE_POLL: Duration = Duration::from_micros(100);
+/// How long a frozen pod waits for its reapers to be seen unmapping before
+/// it is thawed anyway, how often that is looked at, and how far their
+/// first victims' resident memory must fall to count as seen. Looked at on
+/// a timerfd: tokio's timer ticks every millisecond, and while the pod is
+/// frozen one CPU frees alone. 256 pages: 1 MiB of 4 KiB pages.
 const REAPERS_HOLD: Duration = Duration::from_millis(3);
-const REAPERS_POLL: Duration = Duration::from_millis(1);
-const REAPING_SEEN_BYTES: u64 = 1 << 20;
+const REAPERS_POLL: Duration = Duration::from_micros(100);
+const UNMAPPING_SEEN_PAGES: u64 = 256;
 /// pidfds open at once: a quarter of the 1,024 soft file limit a container
 /// runtime may give the agent, whatever else it has open. Also how many
 /// processes of a round have their memory reaped (the first ones listed):
@@ -88,6 +97,10 @@ pub const SIGNAL_BATCH: usize = 256;
 // The pidfds a kill holds (its batch, and the reapers' own) fit in what
 // the inventory leaves free when it keeps pods' files open.
 const _: () = assert!(2 * SIGNAL_BATCH as u64 <= crate::node::inventory::FILES_LEFT_TO_THE_REST);
+/// How long the agent's idle blocking threads wait for work before they
+/// end: for good, so the threads [`Killer::ready_threads`] starts are
+/// there at the first kill, however far off.
+pub const BLOCKING_THREADS_KEEP_ALIVE: Duration = Duration::MAX;
 /// The command of a pod sandbox's process (the `pause` image of every
 /// CRI runtime), spared the SIGTERM of a soft eviction.
 const SANDBOX_COMMAND: &str = "pause";
@@ -168,6 +181,9 @@ pub struct KillReport {
     pub frozen_after: Option<Duration>,
     /// From the call to the first SIGKILL (or `cgroup.kill` write).
     pub first_sigkill_after: Option<Duration>,
+    /// From the call to the first thaw of the frozen pod (its reapers seen
+    /// unmapping, or [`REAPERS_HOLD`] passed).
+    pub thawed_after: Option<Duration>,
     /// From the call to the end of the first round's `process_mrelease`
     /// calls: the victims' memory reaped, their exits still to come.
     pub released_after: Option<Duration>,
@@ -188,6 +204,7 @@ impl KillReport {
             frozen: false,
             frozen_after: None,
             first_sigkill_after: None,
+            thawed_after: None,
             released_after: None,
             empty_after: Duration::ZERO,
         }
@@ -199,6 +216,9 @@ impl KillReport {
 pub struct Killer {
     cgroupfs: CgroupFs,
     deadline: Duration,
+    /// Reaper threads a kill uses at most: one per CPU the agent may run
+    /// on, counted once (each count reads the cgroup's CPU quota files).
+    reapers: usize,
 }
 
 impl Killer {
@@ -206,6 +226,29 @@ impl Killer {
         Self {
             cgroupfs,
             deadline: DEFAULT_KILL_DEADLINE,
+            reapers: std::thread::available_parallelism().map_or(1, usize::from),
+        }
+    }
+
+    /// Starts the blocking threads a kill reaps on and returns once they
+    /// all run at once, so that a kill finds them idle instead of starting
+    /// a thread between its SIGKILL and its first `process_mrelease` while
+    /// the pod is frozen. The runtime must keep idle blocking threads (the
+    /// agent's sets `thread_keep_alive` to [`BLOCKING_THREADS_KEEP_ALIVE`]).
+    pub async fn ready_threads(&self) {
+        let all_running = Arc::new(std::sync::Barrier::new(self.reapers));
+        let started: Vec<_> = (0..self.reapers)
+            .map(|_| {
+                let all_running = Arc::clone(&all_running);
+                // None returns before every one has started: the pool
+                // cannot run them on fewer threads.
+                tokio::task::spawn_blocking(move || {
+                    all_running.wait();
+                })
+            })
+            .collect();
+        for thread in started {
+            let _ = thread.await;
         }
     }
 
@@ -219,7 +262,8 @@ impl Killer {
     /// Kills every process in `cgroup` (a path from the hierarchy root, e.g.
     /// `/kubepods/burstable/pod<uid>`) and its descendants. With `grace` >
     /// 0 the processes first get SIGTERM and up to `grace` to exit. Returns
-    /// once the subtree holds no process.
+    /// once the subtree holds no process. Runs on a runtime with its I/O and
+    /// time drivers (its short polls wait on a timerfd).
     pub async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
         tree::validate(cgroup)?;
         let started = Instant::now();
@@ -227,6 +271,7 @@ impl Killer {
         let pod = Pod {
             cgroup,
             dirs: self.listed_dirs(cgroup),
+            reapers: self.reapers,
         };
         // Listing refuses a pod holding the agent, before anything is
         // frozen or signalled.
@@ -321,6 +366,8 @@ impl Killer {
 struct Pod<'a> {
     cgroup: &'a str,
     dirs: Vec<PathBuf>,
+    /// See [`Killer::reapers`].
+    reapers: usize,
 }
 
 impl Pod<'_> {
@@ -403,15 +450,17 @@ impl Pod<'_> {
     /// blocking thread per CPU, in parallel with each other and with the
     /// processes' own exits.
     fn reap(&self, pidfds: Vec<PidFd>) -> Reaping {
-        let reapers = std::thread::available_parallelism()
-            .map_or(1, usize::from)
-            .min(pidfds.len());
+        let reapers = self.reapers.min(pidfds.len());
         let mut shares: Vec<Vec<PidFd>> = (0..reapers).map(|_| Vec::new()).collect();
         for (i, pidfd) in pidfds.into_iter().enumerate() {
             shares[i % reapers].push(pidfd);
         }
         let mut reaping = Reaping {
             cgroup: self.cgroup.to_owned(),
+            first_victims: shares
+                .iter()
+                .filter_map(|share| Some(share.first()?.pid))
+                .collect(),
             begun: Vec::with_capacity(reapers),
             threads: Vec::with_capacity(reapers),
         };
@@ -486,7 +535,7 @@ impl Pod<'_> {
         report: &mut KillReport,
     ) -> Result<(), KillError> {
         loop {
-            let thaw = match freezer {
+            let mut thaw = match freezer {
                 Some(freezer) => {
                     let guard = ThawOnDrop(freezer);
                     if freezer.freeze()? {
@@ -510,7 +559,6 @@ impl Pod<'_> {
             }
             report.rounds += 1;
             let signalled_at = started.elapsed();
-            let charged = self.charged();
             let (sent, to_reap) = self.signal_batched(&pids, libc::SIGKILL)?;
             if sent > 0 {
                 report.sigkill_sent += sent;
@@ -520,13 +568,22 @@ impl Pod<'_> {
             // thawed, a victim's exit would detach it from its memory before
             // a reaper could find it, and free it alone.
             let mut reaping = self.reap(to_reap);
+            // Read before the reapers are seen to begin: their threads
+            // were idle, and waking them takes longer than this.
+            let resident = thaw
+                .is_some()
+                .then(|| resident_pages(&reaping.first_victims))
+                .flatten();
             reaping.begun().await;
-            if thaw.is_some() {
-                self.reapers_hold(charged).await;
+            if let Some(resident) = resident {
+                reapers_hold(&reaping.first_victims, resident).await;
             }
             // Frozen tasks die only once thawed; every one listed has its
             // SIGKILL, so none runs user code again (no fork escapes).
-            drop(thaw);
+            if let Some(thaw) = thaw.take() {
+                drop(thaw);
+                report.thawed_after.get_or_insert(started.elapsed());
+            }
             reaping.finish(started, report).await;
             let round_end = deadline.min(Instant::now() + ROUND_WAIT);
             if self.wait_empty(round_end).await? || Instant::now() >= deadline {
@@ -535,37 +592,11 @@ impl Pod<'_> {
         }
     }
 
-    /// The pod's bytes charged (v1 `memory.usage_in_bytes`: the freezer
-    /// is v1's), if readable.
-    fn charged(&self) -> Option<u64> {
-        let text = std::fs::read_to_string(self.dirs[0].join("memory.usage_in_bytes")).ok()?;
-        text.trim().parse().ok()
-    }
-
-    /// Waits, at most [`REAPERS_HOLD`], until the pod's charge has fallen
-    /// [`REAPING_SEEN_BYTES`] below `charged` (taken before the SIGKILL):
-    /// the reapers are freeing, so they hold the victims' memory, and a
-    /// thawed victim's exit frees beside them instead of taking the memory
-    /// from them. A pod with little memory waits the whole bound.
-    async fn reapers_hold(&self, charged: Option<u64>) {
-        let Some(charged) = charged else { return };
-        let until = Instant::now() + REAPERS_HOLD;
-        loop {
-            if self
-                .charged()
-                .is_none_or(|now| now.saturating_add(REAPING_SEEN_BYTES) <= charged)
-                || Instant::now() >= until
-            {
-                return;
-            }
-            tokio::time::sleep(REAPERS_POLL).await;
-        }
-    }
-
     /// Whether the freezer reported `FROZEN` in time (not if the cgroup went
     /// away meanwhile).
     async fn wait_frozen(&self, freezer: &Freezer, deadline: Instant) -> Result<bool, KillError> {
         let until = deadline.min(Instant::now() + FREEZE_DEADLINE);
+        let mut pacer = Pacer::new();
         loop {
             match freezer.is_frozen()? {
                 Some(true) => return Ok(true),
@@ -583,7 +614,7 @@ impl Pod<'_> {
                     "not frozen within {FREEZE_DEADLINE:?}; killing it unfrozen");
                 return Ok(false);
             }
-            tokio::time::sleep(FREEZE_POLL).await;
+            pacer.sleep(FREEZE_POLL).await;
         }
     }
 
@@ -638,9 +669,54 @@ impl Pod<'_> {
     }
 }
 
+/// Waits, at most [`REAPERS_HOLD`], until the resident memory of the
+/// reapers' `first_victims` has fallen [`UNMAPPING_SEEN_PAGES`] below
+/// `resident` pages (taken before the reapers began): they are unmapping, so
+/// they hold the victims' memory, and a thawed victim's exit frees beside
+/// them instead of taking the memory from them. Victims with little memory
+/// wait the whole bound. A victim's resident memory falls as a reaper
+/// unmaps each page table; its cgroup's charge falls only as each batch of
+/// about 40 MiB is freed, and the cgroup's `total_rss` once the memory
+/// statistics are flushed, each a few milliseconds in (docs/design.md).
+/// The loop looks, not another thread: one woken there would have to share
+/// a CPU with a reaper or wait for it.
+async fn reapers_hold(first_victims: &[u32], resident: u64) {
+    let until = Instant::now() + REAPERS_HOLD;
+    let mut pacer = Pacer::new();
+    while resident_pages(first_victims)
+        .is_some_and(|now| now.saturating_add(UNMAPPING_SEEN_PAGES) > resident)
+        && Instant::now() < until
+    {
+        pacer.sleep(REAPERS_POLL).await;
+    }
+}
+
+/// The resident pages of `pids` (`/proc/<pid>/statm`); a process gone
+/// counts none. `None` when none can be read.
+fn resident_pages(pids: &[u32]) -> Option<u64> {
+    let mut read_any = false;
+    let mut pages = 0;
+    for pid in pids {
+        let Ok(statm) = std::fs::read_to_string(format!("/proc/{pid}/statm")) else {
+            continue;
+        };
+        if let Some(resident) = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            pages += resident;
+            read_any = true;
+        }
+    }
+    read_any.then_some(pages)
+}
+
 /// `process_mrelease` calls under way on blocking threads.
 struct Reaping {
     cgroup: String,
+    /// The first process each thread reaps.
+    first_victims: Vec<u32>,
     /// Each thread says when it begins its calls.
     begun: Vec<oneshot::Receiver<()>>,
     threads: Vec<tokio::task::JoinHandle<Vec<Reaped>>>,

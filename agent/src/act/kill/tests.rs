@@ -93,6 +93,16 @@ async fn v2_writes_cgroup_kill_once_for_the_subtree() {
 }
 
 #[tokio::test]
+async fn the_threads_of_a_kill_are_started_beforehand_all_at_once() {
+    let fixture = Fixture::new("threads");
+    let killer = Killer::new(fixture.v1());
+    // Each thread waits for all the others: fewer threads would never end.
+    tokio::time::timeout(Duration::from_secs(10), killer.ready_threads())
+        .await
+        .expect("a reaper thread per CPU running at once");
+}
+
+#[tokio::test]
 async fn v2_without_cgroup_kill_falls_back_to_signals() {
     let fixture = Fixture::new("v2-old");
     let pod = fixture.cgroup("unified/pod1", "");
@@ -136,6 +146,7 @@ fn lists_the_subtree_in_every_v1_hierarchy_once() {
     let pod = Pod {
         cgroup: "/pod1",
         dirs,
+        reapers: 1,
     };
     assert_eq!(
         pod.pids().unwrap().into_iter().collect::<Vec<_>>(),
@@ -225,6 +236,7 @@ async fn a_pod_removed_before_its_freeze_is_no_error() {
     let pod = Pod {
         cgroup: "/pod1",
         dirs: vec![memory, dir],
+        reapers: 1,
     };
     let (log, _guard) = LogCapture::start();
     let mut report = KillReport::new(KillMethod::Signals, 0);
@@ -254,6 +266,7 @@ async fn a_pod_removed_while_freezing_ends_the_wait_quietly() {
     let pod = Pod {
         cgroup: "/pod1",
         dirs: vec![dir],
+        reapers: 1,
     };
     let (log, _guard) = LogCapture::start();
     let started = Instant::now();

@@ -103,11 +103,13 @@ pub struct Run {
     pub agent_freed_bytes: Option<u64>,
     /// The phases of the agent's kill (its `pod killed` line), relative to
     /// the crossing: the kill began; the v1 freezer said `FROZEN`; the
-    /// first SIGKILL; the first round's `process_mrelease` calls returned;
-    /// the victim's cgroup held no process.
+    /// first SIGKILL; the frozen pod thawed; the first round's
+    /// `process_mrelease` calls returned; the victim's cgroup held no
+    /// process.
     pub kill_started_us: Option<f64>,
     pub frozen_us: Option<f64>,
     pub sigkill_us: Option<f64>,
+    pub thawed_us: Option<f64>,
     pub released_us: Option<f64>,
     pub empty_us: Option<f64>,
     pub trigger: Option<String>,
@@ -500,6 +502,7 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
     };
     run.frozen_us = phase("frozen_after_us");
     run.sigkill_us = phase("sigkill_after_us");
+    run.thawed_us = phase("thawed_after_us");
     run.released_us = phase("released_after_us");
     run.empty_us = phase("empty_after_us");
 }

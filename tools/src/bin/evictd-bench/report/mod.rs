@@ -36,8 +36,10 @@ pub fn markdown(results: &Value) -> String {
              (its `pod killed` line), each from the previous: the kill future starts; on cgroup \
              v1 the pod's freezer reports `FROZEN`; the first SIGKILL; the first round's \
              `process_mrelease` calls return (the memory reaped); the cgroup holds no \
-             process; the node's page counter is back (the bench's instrument). A phase a run \
-             did not have (no freezer, v2's `cgroup.kill`) is left out.\n\n";
+             process; the node's page counter is back (the bench's instrument). The last \
+             column, from the SIGKILL too: the frozen pod thawed, once its reapers were seen \
+             unmapping (at most 3 ms). A phase a run did not have (no freezer, v2's \
+             `cgroup.kill`) is left out.\n\n";
     text += &kill_phases_table(results);
     text += "\n## Fork bomb\n\nTimes from the crossing of `pid.available` in the bomb's log (a record per \
              fork); *bomb's cgroup empty*: the agent's `pod killed`.\n\n";
@@ -268,8 +270,8 @@ fn memory_table(results: &Value) -> String {
 }
 
 fn kill_phases_table(results: &Value) -> String {
-    let mut text = "| scenario | mode | n | decided → kill starts | → frozen | → SIGKILL | → memory reaped | → cgroup empty | memory back − SIGKILL |\n\
-                    |---|---|---:|---|---|---|---|---|---|\n"
+    let mut text = "| scenario | mode | n | decided → kill starts | → frozen | → SIGKILL | → memory reaped | → cgroup empty | memory back − SIGKILL | SIGKILL → thawed |\n\
+                    |---|---|---:|---|---|---|---|---|---|---|\n"
         .to_owned();
     let between = |runs: &Runs, from: &str, to: &str| -> Vec<Option<f64>> {
         runs.iter()
@@ -290,7 +292,7 @@ fn kill_phases_table(results: &Value) -> String {
                 .map(|r| Some(r["sigkill_us"].as_f64()? - frozen_or_start(r)?))
                 .collect();
             text += &format!(
-                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 scenario["name"].as_str().unwrap_or_default(),
                 these.len(),
                 triple(&between(&these, "decided_us", "kill_started_us")),
@@ -299,6 +301,7 @@ fn kill_phases_table(results: &Value) -> String {
                 triple(&between(&these, "sigkill_us", "released_us")),
                 triple(&between(&these, "released_us", "empty_us")),
                 triple(&between(&these, "sigkill_us", "back_us")),
+                triple(&between(&these, "sigkill_us", "thawed_us")),
             );
         }
     }

@@ -1,0 +1,100 @@
+//! A timerfd the loop waits on: tokio's timer wheel ticks every
+//! millisecond, so a shorter sleep lasts one to two of them, and a sleep
+//! longer than 64 ms wakes the runtime more than once.
+use std::{
+    io,
+    os::fd::{AsFd as _, AsRawFd, RawFd},
+    time::Duration,
+};
+
+use nix::sys::{
+    time::TimeSpec,
+    timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags},
+};
+use tokio::io::{Interest, unix::AsyncFd};
+
+/// A one-shot CLOCK_MONOTONIC timerfd registered with the runtime.
+pub struct PreciseTimer(AsyncFd<OwnedTimer>);
+
+impl PreciseTimer {
+    /// Must be called within a runtime whose I/O driver is enabled (tokio
+    /// panics otherwise).
+    pub fn new() -> io::Result<Self> {
+        let timer = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+        )?;
+        // SAFETY: the AsyncFd owns the timer, so its fd stays open and
+        // unchanged while registered.
+        let registered =
+            unsafe { AsyncFd::register_with_interest(OwnedTimer(timer), Interest::READABLE) }?;
+        Ok(Self(registered))
+    }
+
+    /// Waits until `after` has passed.
+    pub async fn sleep(&mut self, after: Duration) -> io::Result<()> {
+        // A zero expiration would disarm the timer, not expire it at once.
+        let after = after.max(Duration::from_nanos(1));
+        self.0.get_ref().0.set(
+            Expiration::OneShot(TimeSpec::from_duration(after)),
+            TimerSetTimeFlags::empty(),
+        )?;
+        loop {
+            let mut ready = self.0.readable_mut().await?;
+            // Reading the expiration count resets it; EAGAIN: not yet.
+            if let Ok(read) = ready.try_io(|timer| Ok(timer.get_ref().0.wait()?)) {
+                return read;
+            }
+        }
+    }
+}
+
+/// Short waits of a poll: on a [`PreciseTimer`], or on tokio's timer where
+/// none could be made or one failed.
+pub(crate) struct Pacer(Option<PreciseTimer>);
+
+impl Pacer {
+    /// As [`PreciseTimer::new`].
+    pub(crate) fn new() -> Self {
+        Self(PreciseTimer::new().ok())
+    }
+
+    pub(crate) async fn sleep(&mut self, after: Duration) {
+        if let Some(timer) = &mut self.0 {
+            if timer.sleep(after).await.is_ok() {
+                return;
+            }
+            self.0 = None;
+        }
+        tokio::time::sleep(after).await;
+    }
+}
+
+/// A timerfd as tokio's [`AsyncFd`] takes it.
+struct OwnedTimer(TimerFd);
+
+impl AsRawFd for OwnedTimer {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_sleep_shorter_than_tokios_tick_ends_once_its_time_has_passed() {
+        let mut timer = PreciseTimer::new().unwrap();
+        for after in [Duration::from_micros(100), Duration::ZERO] {
+            let started = Instant::now();
+            tokio::time::timeout(Duration::from_secs(10), timer.sleep(after))
+                .await
+                .expect("the timerfd never expired")
+                .unwrap();
+            assert!(started.elapsed() >= after);
+        }
+    }
+}
