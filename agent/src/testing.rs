@@ -495,6 +495,10 @@ pub(crate) mod fakes {
         pub memory_hooks: Rc<RefCell<bool>>,
         /// Every change, in order: true for attached.
         pub memory_hook_changes: Rc<RefCell<Vec<bool>>>,
+        /// Kills started (a [`FakeKiller`]'s `killed`), and how many had
+        /// at each change.
+        pub kills: Rc<RefCell<Vec<String>>>,
+        pub kills_at_changes: Rc<RefCell<Vec<usize>>>,
     }
 
     impl FakeKernel {
@@ -503,6 +507,8 @@ pub(crate) mod fakes {
                 records,
                 memory_hooks: Rc::new(RefCell::new(true)),
                 memory_hook_changes: Rc::default(),
+                kills: Rc::default(),
+                kills_at_changes: Rc::default(),
             }
         }
     }
@@ -534,6 +540,9 @@ pub(crate) mod fakes {
             let changed = self.memory_hooks.replace(armed) != armed;
             if changed {
                 self.memory_hook_changes.borrow_mut().push(armed);
+                self.kills_at_changes
+                    .borrow_mut()
+                    .push(self.kills.borrow().len());
             }
             Ok(changed)
         }

@@ -12,6 +12,7 @@ use nix::sys::{
     timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags},
 };
 use tokio::io::{Interest, unix::AsyncFd};
+use tracing::warn;
 
 /// A one-shot CLOCK_MONOTONIC timerfd registered with the runtime.
 pub struct PreciseTimer(AsyncFd<OwnedTimer>);
@@ -49,24 +50,48 @@ impl PreciseTimer {
     }
 }
 
-/// Short waits of a poll: on a [`PreciseTimer`], or on tokio's timer where
-/// none could be made or one failed.
-pub(crate) struct Pacer(Option<PreciseTimer>);
+/// Waits on a [`PreciseTimer`], or on tokio's timer where none could be
+/// made or one failed: the kill's short polls, and the zone's backstop
+/// reads, where a tokio sleep longer than 64 ms wakes the runtime once
+/// early (its timer wheel's coarser slot) and again at the deadline, and
+/// one made while the runtime runs wakes it once more: three wake-ups per
+/// read instead of one, which was about a tenth of the idle agent's CPU
+/// (docs/design.md, agent footprint).
+pub struct Pacer(Option<PreciseTimer>);
 
 impl Pacer {
     /// As [`PreciseTimer::new`].
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self(PreciseTimer::new().ok())
     }
 
-    pub(crate) async fn sleep(&mut self, after: Duration) {
+    /// On tokio's clock alone, which tests pause and advance.
+    pub fn tokio() -> Self {
+        Self(None)
+    }
+
+    /// Whether it waits on a timerfd.
+    pub fn is_precise(&self) -> bool {
+        self.0.is_some()
+    }
+
+    pub async fn sleep(&mut self, after: Duration) {
         if let Some(timer) = &mut self.0 {
-            if timer.sleep(after).await.is_ok() {
-                return;
+            match timer.sleep(after).await {
+                Ok(()) => return,
+                Err(e) => {
+                    warn!(error = %e, "a timerfd failed: tokio's timer from now on");
+                    self.0 = None;
+                }
             }
-            self.0 = None;
         }
         tokio::time::sleep(after).await;
+    }
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -96,5 +121,27 @@ mod tests {
                 .unwrap();
             assert!(started.elapsed() >= after);
         }
+    }
+
+    #[tokio::test]
+    async fn a_pacer_waits_on_its_timerfd_until_its_time_has_passed() {
+        let mut pacer = Pacer::new();
+        assert!(pacer.is_precise(), "no timerfd");
+        for after in [
+            Duration::from_millis(20),
+            Duration::from_millis(5),
+            Duration::ZERO,
+        ] {
+            let started = Instant::now();
+            tokio::time::timeout(Duration::from_secs(10), pacer.sleep(after))
+                .await
+                .expect("the timerfd never expired");
+            assert!(
+                started.elapsed() >= after,
+                "woke after {:?}",
+                started.elapsed()
+            );
+        }
+        assert!(pacer.is_precise(), "fell back to tokio's timer");
     }
 }

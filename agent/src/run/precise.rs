@@ -10,7 +10,7 @@ use futures::future::select_all;
 use tracing::{info, warn};
 
 use crate::{
-    act::{io::KernelRecords, timer::PreciseTimer},
+    act::{io::KernelRecords, timer::Pacer},
     kernel::{
         bpf::monotonic_now_ns,
         notify::{MemcgThresholds, NotifyError},
@@ -36,7 +36,8 @@ pub struct PreciseHooks {
     /// the edges too ([`PreciseHooks::apply`]), so a backstop read due
     /// later than that is left to it.
     resync_interval: Duration,
-    clock: BackstopClock,
+    /// Paces the backstop's reads: on a timerfd, one wake-up per read.
+    clock: Pacer,
 }
 
 impl PreciseHooks {
@@ -46,7 +47,7 @@ impl PreciseHooks {
         cgroupfs: CgroupFs,
         metrics: Arc<Metrics>,
         resync_interval: Duration,
-        clock: BackstopClock,
+        clock: Pacer,
     ) -> Self {
         metrics.precise_hooks_armed.set(1);
         Self {
@@ -209,45 +210,6 @@ impl PreciseHooks {
     }
 }
 
-/// How the backstop waits between its reads of the usage.
-pub enum BackstopClock {
-    /// A timerfd: one wake-up at the deadline. A tokio sleep longer than
-    /// 64 ms wakes the runtime once early (its timer wheel's coarser slot)
-    /// and again at the deadline, and one made while the runtime runs
-    /// wakes it once more: three wake-ups per read instead of one, which
-    /// was about a tenth of the idle agent's CPU (docs/design.md, agent
-    /// footprint).
-    TimerFd(PreciseTimer),
-    /// tokio's clock, which tests pause and advance.
-    Tokio,
-}
-
-impl BackstopClock {
-    /// A timerfd on CLOCK_MONOTONIC; tokio's clock where none can be made.
-    pub fn timerfd() -> Self {
-        match PreciseTimer::new() {
-            Ok(timer) => Self::TimerFd(timer),
-            Err(e) => {
-                warn!(error = %e, "no timerfd for the zone's backstop reads: tokio's timer instead");
-                Self::Tokio
-            }
-        }
-    }
-
-    async fn sleep(&mut self, after: Duration) {
-        if let Self::TimerFd(timer) = self {
-            match timer.sleep(after).await {
-                Ok(()) => return,
-                Err(e) => {
-                    warn!(error = %e, "the zone's backstop timerfd failed: tokio's timer from now on");
-                    *self = Self::Tokio;
-                }
-            }
-        }
-        tokio::time::sleep(after).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::{fs, path::Path};
@@ -298,7 +260,7 @@ mod tests {
             cgroupfs,
             Metrics::new().unwrap(),
             Duration::from_secs(3600),
-            BackstopClock::Tokio,
+            Pacer::tokio(),
         );
         let (_records, receiver) = mpsc::unbounded_channel();
         let mut kernel = FakeKernel::new(receiver);
@@ -336,7 +298,7 @@ mod tests {
             deaf_cgroup(dir.path()),
             Metrics::new().unwrap(),
             Duration::from_secs(3600),
-            BackstopClock::Tokio,
+            Pacer::tokio(),
         );
         let (_records, receiver) = mpsc::unbounded_channel();
         let mut kernel = FakeKernel::new(receiver);
@@ -362,7 +324,7 @@ mod tests {
             deaf_cgroup(dir.path()),
             Metrics::new().unwrap(),
             Duration::from_millis(100),
-            BackstopClock::Tokio,
+            Pacer::tokio(),
         );
         let (_records, receiver) = mpsc::unbounded_channel();
         let mut kernel = FakeKernel::new(receiver);
@@ -381,27 +343,5 @@ mod tests {
         // What the resync's run does: the plan applied again reads the edge
         // passed and asks for another look at once.
         assert!(hooks.apply(Some(&mut kernel), &far_plan(edge)));
-    }
-
-    #[tokio::test]
-    async fn the_timerfd_clock_wakes_once_its_time_has_passed() {
-        let mut clock = BackstopClock::timerfd();
-        assert!(matches!(clock, BackstopClock::TimerFd(_)));
-        for after in [
-            Duration::from_millis(20),
-            Duration::from_millis(5),
-            Duration::ZERO,
-        ] {
-            let started = std::time::Instant::now();
-            tokio::time::timeout(Duration::from_secs(10), clock.sleep(after))
-                .await
-                .expect("the timerfd never expired");
-            assert!(
-                started.elapsed() >= after,
-                "woke after {:?}",
-                started.elapsed()
-            );
-        }
-        assert!(matches!(clock, BackstopClock::TimerFd(_)), "fell back");
     }
 }

@@ -157,7 +157,7 @@ async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Du
             cgroupfs,
             harness.metrics.clone(),
             Duration::from_secs(3600),
-            BackstopClock::Tokio,
+            Pacer::tokio(),
         )),
         check_interval: Duration::from_secs(3600),
         timer_cause: WakeCause::Resync,
@@ -186,6 +186,7 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
     });
     let (_records, receiver) = mpsc::unbounded_channel();
     let mut kernel = FakeKernel::new(receiver);
+    kernel.kills = harness.killer.killed.clone();
     let changes = kernel.memory_hook_changes.clone();
     serve_zoned(&mut harness, &mut kernel, Duration::from_secs(3)).await;
     assert_eq!(
@@ -206,8 +207,8 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
     assert_eq!(*changes.borrow(), [false, true]);
     assert_eq!(harness.metrics.precise_hooks_armed.get(), 1);
 
-    // Past the line (a kernel record): killed with the hooks off; its
-    // memory back far below the line, they stay off.
+    // Past the line (a kernel record): the kill starts, then the hooks
+    // go off; its memory back far below the line, they stay off.
     harness.node.0.borrow_mut().pods[0]
         .usage
         .memory_working_set_bytes = 550 * MIB;
@@ -220,6 +221,11 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
         ["/node/kubepods/besteffort/podhog"]
     );
     assert_eq!(*changes.borrow(), [false, true, false]);
+    assert_eq!(
+        *kernel.kills_at_changes.borrow(),
+        [0, 0, 1],
+        "the kill started before the hooks were detached for it"
+    );
     let transitions = |state: &str, reason: &str| {
         harness
             .metrics
