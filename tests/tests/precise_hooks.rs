@@ -54,6 +54,17 @@ fn position(log: &[Value], line: &Value) -> usize {
         .unwrap_or_else(|| panic!("{line} is not in the log"))
 }
 
+/// The kernel's record, or the engine's own look right after the hooks
+/// were attached (or, on cgroup v2, its read near the line): in the slow
+/// 6.1 guest that look found the node already past the line (two CI
+/// rehearsals of 2026-11-26). Never the resync (an hour away).
+fn assert_caught_near_the_line(decided: &Value) {
+    assert!(
+        decided["trigger"] == "kernel" || decided["trigger"] == "close-watch",
+        "{decided}"
+    );
+}
+
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caught_by_the_kernel() {
@@ -97,7 +108,7 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
     node.grow_until_stopped("hog", 16 * MIB, NODE_MEMORY)
         .unwrap();
     let decided = agent.log.expect_eviction("default/hog", "memory");
-    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    assert_caught_near_the_line(&decided);
     let near = agent.log.expect(
         "precise memory hooks",
         &[("state", "armed"), ("reason", "near a memory threshold")],
@@ -130,7 +141,7 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
     node.grow_until_stopped("web", 16 * MIB, NODE_MEMORY)
         .unwrap();
     let decided = agent.log.expect_eviction("default/web", "memory");
-    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    assert_caught_near_the_line(&decided);
     let log = agent.log.all("precise memory hooks");
     let armed_again = log
         .iter()
