@@ -104,8 +104,9 @@ struct Args {
     /// to the threshold never crosses it); 0: no overhead scenarios.
     #[arg(long, default_value = "192Mi", value_parser = parse_bytes)]
     overhead_bytes: u64,
-    /// Timed operations of each kind per overhead run.
-    #[arg(long, default_value_t = 3)]
+    /// Timed operations of each kind per overhead run (the run's median is
+    /// compared with the floor's in the same round).
+    #[arg(long, default_value_t = 9)]
     overhead_reps: u32,
     /// Agent modes of the overhead scenarios (default: every --modes).
     #[arg(long, value_delimiter = ',')]

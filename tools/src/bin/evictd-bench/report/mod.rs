@@ -9,7 +9,7 @@ mod goals;
 use crate::{
     MIB, NO_AGENT, ORACLE,
     runs::EXPECTED_VICTIM,
-    stats::{format_ms, median, percentile, rank},
+    stats::{Estimate, format_ms, median, median_with_ci, percentile, rank},
 };
 
 type Runs<'a> = Vec<&'a Value>;
@@ -447,20 +447,66 @@ fn durations(runs: &Runs, operation: &str) -> Vec<f64> {
         .collect()
 }
 
-/// A mode's median against the floor's, as a slowdown in %.
-fn slowdown(runs: &Runs, floor: &Runs, operation: &str) -> Option<f64> {
-    let mode = median(&durations(runs, operation))?;
-    let floor = median(&durations(floor, operation))?;
-    Some((mode / floor - 1.0) * 100.0)
+/// The runs of one scenario and mode that have a crossing to measure
+/// from, by round.
+fn runs_by_round<'a>(results: &'a Value, scenario: &Value, mode: &str) -> BTreeMap<u64, &'a Value> {
+    results["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == mode)
+        .filter(|r| r["run"]["decided_without_crossing"] != true)
+        .filter_map(|r| Some((r["round"].as_u64()?, &r["run"])))
+        .collect()
+}
+
+/// `compare` of a mode's run and another mode's run of the same round,
+/// over the rounds both have a value in. Pairing takes out what moves
+/// from round to round (the machine's load, where the sandbox landed),
+/// which the spread of either mode alone carries into their difference.
+fn paired(
+    results: &Value,
+    scenario: &Value,
+    (mode, other): (&str, &str),
+    compare: impl Fn(&Value, &Value) -> Option<f64>,
+) -> Vec<f64> {
+    let others = runs_by_round(results, scenario, other);
+    runs_by_round(results, scenario, mode)
+        .into_iter()
+        .filter_map(|(round, run)| compare(run, others.get(&round)?))
+        .collect()
+}
+
+/// A mode's slowdown against the floor in %: per round, the median of its
+/// operations over the floor's median in the same round; the median of
+/// those over the rounds, with its 95 % interval.
+fn slowdown(results: &Value, scenario: &Value, mode: &str, operation: &str) -> Option<Estimate> {
+    let per_round = paired(results, scenario, (mode, NO_AGENT), |run, floor| {
+        let run = median(&durations(&vec![run], operation))?;
+        let floor = median(&durations(&vec![floor], operation))?;
+        Some((run / floor - 1.0) * 100.0)
+    });
+    median_with_ci(&per_round)
+}
+
+/// "+3.1 % (−0.4 … +6.0)": a slowdown and its 95 % interval.
+fn format_slowdown(slowdown: Option<Estimate>) -> String {
+    slowdown.map_or("–".to_owned(), |s| match s.ci95 {
+        Some((low, high)) => format!("{:+.1} % ({low:+.1} … {high:+.1})", s.median),
+        None => format!("{:+.1} %", s.median),
+    })
 }
 
 fn overhead_table(results: &Value) -> String {
     let bytes = results["overhead_bytes"].as_u64().unwrap_or(0);
     let mut text = format!(
         "Each operation on {} MiB in 4 KiB pages; the `none` row (no agent: the floor, \
-         measured in the same rounds) gives the median time and throughput, every other \
-         row its median's slowdown against it. n: operations of each kind (runs × \
-         repetitions). *close to the threshold*: the node's available memory between \
+         measured in the same rounds) gives the median time and throughput. Every other \
+         row gives its slowdown paired by round: in each round, the median of the mode's \
+         operations over the median of the floor's, then the median of those ratios over \
+         the rounds, and in brackets its 95 % confidence interval (order statistics: the \
+         6th to 15th of 20 rounds), which shows how much of a difference is the machine's \
+         noise. n: operations of each kind (runs × repetitions). *close to the threshold*: the node's available memory between \
          threshold + 32 MiB and threshold + {} MiB throughout, never below the threshold. \
          `kernel.bpf_stats_enabled` is off, as on a node (on, it adds two clock reads to \
          every program run).\n\n\
@@ -470,7 +516,6 @@ fn overhead_table(results: &Value) -> String {
         (bytes + 32 * MIB) / MIB,
     );
     for scenario in scenarios(results, "overhead") {
-        let floor = runs(results, scenario, NO_AGENT);
         let condition = if scenario["near"] == true {
             "close to the threshold"
         } else {
@@ -493,8 +538,7 @@ fn overhead_table(results: &Value) -> String {
                             )
                         })
                     } else {
-                        slowdown(&these, &floor, operation)
-                            .map_or("–".to_owned(), |percent| format!("{percent:+.1} %"))
+                        format_slowdown(slowdown(results, scenario, mode, operation))
                     }
                 })
                 .collect();
