@@ -307,9 +307,9 @@ pub struct RunArgs {
 
     /// In event mode, when the precise memory hooks (which run on every page
     /// charged and freed on the node) are attached: `zone` only near a
-    /// memory threshold, with a rare trigger standing in farther away and
-    /// none while a victim's memory is returned; `always` from start to
-    /// stop.
+    /// memory threshold, with a rare trigger standing in farther away, and
+    /// none while a victim's memory is returned where they run on frees;
+    /// `always` from start to stop.
     #[arg(long, value_name = "WHEN", default_value = "zone")]
     pub precise_hooks: PreciseHooks,
 

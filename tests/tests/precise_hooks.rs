@@ -3,7 +3,9 @@
 //! loaded but not linked to any tracepoint, a rare trigger stands in, and
 //! when the node climbs back the hooks are attached before the line, so the
 //! crossing still comes from the kernel. While a victim's memory is being
-//! returned they are off again, and back for the next climb.
+//! returned they are off again where they run on frees (6.1's
+//! `page-alloc`); `lru-insertion` runs on charges only and stays until
+//! the memory is back. Either way they are back for the next climb.
 use aya::programs::loaded_links;
 use evictd::kernel::bpf::{Hook, Purpose};
 use evictd_integration::{AGENT_DEADLINE, SandboxNode, http_get, memory_pods, metric, wait_until};
@@ -86,6 +88,12 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
             "1h",
         ])
         .unwrap();
+    let trigger = agent.log.expect("trigger", &[("resource", "memory")]);
+    let hook = Hook::ALL
+        .into_iter()
+        .find(|hook| trigger["hook"] == hook.as_str())
+        .unwrap_or_else(|| panic!("no memory hook: {trigger}"));
+    let off_for_the_kill = hook.sees_memory_falls();
     let attached = agent.log.expect("eBPF programs attached", &[]);
     let programs = memory_program_ids(&attached);
     assert!(!programs.is_empty(), "{attached}");
@@ -113,13 +121,6 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
         "precise memory hooks",
         &[("state", "armed"), ("reason", "near a memory threshold")],
     );
-    let returning = agent.log.expect(
-        "precise memory hooks",
-        &[
-            ("state", "disarmed"),
-            ("reason", "a victim's memory is being returned"),
-        ],
-    );
     let killed = agent.log.expect("pod killed", &[("victim", "default/hog")]);
     let back = agent
         .log
@@ -127,14 +128,35 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
     let log = agent.log.seen.clone();
     assert!(position(&log, &far) < position(&log, &near));
     assert!(position(&log, &near) < position(&log, &decided));
-    assert!(
-        position(&log, &decided) < position(&log, &returning)
-            && position(&log, &returning) < position(&log, &killed),
-        "the hooks go before the kill"
-    );
+    let for_the_kill = &[
+        ("state", "disarmed"),
+        ("reason", "a victim's memory is being returned"),
+    ];
+    if off_for_the_kill {
+        let returning = agent.log.expect("precise memory hooks", for_the_kill);
+        let log = agent.log.seen.clone();
+        assert!(
+            position(&log, &decided) < position(&log, &returning)
+                && position(&log, &returning) < position(&log, &killed),
+            "{hook:?}: the hooks go before the kill"
+        );
+    } else {
+        assert_eq!(
+            agent
+                .log
+                .count("precise memory hooks", "reason", for_the_kill[1].1),
+            0,
+            "{hook:?} runs on no free: the hooks stay through the kill"
+        );
+    }
     assert!(!node.alive("hog"));
-    // Back far below the line: the hooks stay off.
-    assert!(!linked(&programs), "memory back, far from the line");
+    // Back far below the line: the hooks go, or stay off.
+    wait_until(
+        AGENT_DEADLINE,
+        "the memory programs unlinked, memory back",
+        || !linked(&programs),
+    )
+    .unwrap();
 
     // The next climb is caught the same way: web grows past its request
     // and is the next pod kubelet's ranking takes.
@@ -161,9 +183,12 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
         .filter(|line| line.starts_with("evictd_precise_hooks_transitions_total"))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>();
+    // Where the hooks stay through the kill, the second one's far comes
+    // only once its memory is back, which the test does not wait for.
+    let expected = if off_for_the_kill { 5.0 } else { 4.0 };
     assert!(
-        transitions >= 5.0,
-        "far, near, reclaim, near, reclaim: {metrics}"
+        transitions >= expected,
+        "far, near, reclaim or far, near, reclaim: {metrics}"
     );
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());

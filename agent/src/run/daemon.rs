@@ -418,14 +418,10 @@ fn zone_options(
     args: &RunArgs,
     check_interval: Duration,
 ) -> Option<ZoneOptions> {
-    if args.precise_hooks == PreciseHooksFlag::Always
-        || !matches!(
-            armed.triggers.get(Purpose::Memory).trigger,
-            triggers::Trigger::Kernel(_)
-        )
-    {
-        return None;
-    }
+    let hook = match armed.triggers.get(Purpose::Memory).trigger {
+        triggers::Trigger::Kernel(hook) if args.precise_hooks != PreciseHooksFlag::Always => hook,
+        _ => return None,
+    };
     if !args.watch_memory.is_empty() {
         info!("--watch-memory scopes keep the precise memory hooks attached");
         return None;
@@ -437,8 +433,10 @@ fn zone_options(
             max_period: check_interval,
         }
     };
-    info!(far_trigger = ?far, "precise memory hooks attached only near a memory threshold (--precise-hooks zone)");
-    Some(ZoneOptions::new(far))
+    // A hook that sees falls as they happen runs on every free.
+    let off_while_reclaiming = hook.sees_memory_falls();
+    info!(far_trigger = ?far, off_while_reclaiming, "precise memory hooks attached only near a memory threshold (--precise-hooks zone)");
+    Some(ZoneOptions::new(far, off_while_reclaiming))
 }
 
 /// What wakes the engine besides a close watch.

@@ -66,15 +66,23 @@ pub struct ZoneOptions {
     pub min_bytes: u64,
     pub lead: Duration,
     pub floor_rate: u64,
+    /// Whether the hooks go while a victim's memory comes back: a hook
+    /// that runs on every free (`memcg-stat`, `page-alloc`) would tax the
+    /// return the engine waits for. One that runs on charges only
+    /// (`lru-insertion`) costs that return nothing, and moving it would
+    /// patch every CPU's text while the pod freezes and its reapers wake,
+    /// so it stays where it is until the engine runs after the kill.
+    pub off_while_reclaiming: bool,
 }
 
 impl ZoneOptions {
-    pub fn new(far: FarTrigger) -> Self {
+    pub fn new(far: FarTrigger, off_while_reclaiming: bool) -> Self {
         Self {
             far,
             min_bytes: ZONE_MIN_BYTES,
             lead: ARM_LEAD,
             floor_rate: FLOOR_RATE_BYTES_PER_SEC,
+            off_while_reclaiming,
         }
     }
 }
@@ -196,7 +204,8 @@ pub fn plan(
         FarTrigger::AdaptiveRead { .. } => Vec::new(),
     };
     let (armed, reason) = match distance {
-        _ if reclaiming => (false, ArmReason::Reclaim),
+        _ if reclaiming && options.off_while_reclaiming => (false, ArmReason::Reclaim),
+        _ if reclaiming => (armed, ArmReason::Reclaim),
         None => (false, ArmReason::NoThreshold),
         Some(distance) if distance < zone => (true, ArmReason::Near),
         Some(distance) if armed && distance < zone.saturating_mul(2) => (true, ArmReason::Near),
@@ -259,13 +268,16 @@ mod tests {
     }
 
     fn v1() -> ZoneOptions {
-        ZoneOptions::new(FarTrigger::MemcgEventfd)
+        ZoneOptions::new(FarTrigger::MemcgEventfd, true)
     }
 
     fn v2() -> ZoneOptions {
-        ZoneOptions::new(FarTrigger::AdaptiveRead {
-            max_period: Duration::from_secs(1),
-        })
+        ZoneOptions::new(
+            FarTrigger::AdaptiveRead {
+                max_period: Duration::from_secs(1),
+            },
+            true,
+        )
     }
 
     #[test]
@@ -310,6 +322,33 @@ mod tests {
         let plan = plan(&v2(), true, &scopes, 0, true);
         assert_eq!((plan.armed, plan.reason), (false, ArmReason::Reclaim));
         assert_eq!(plan.read_after, None, "the reclaim's own poll reads");
+    }
+
+    #[test]
+    fn hooks_that_run_on_charges_only_stay_where_they_are_while_the_memory_comes_back() {
+        let charges_only = ZoneOptions {
+            off_while_reclaiming: false,
+            ..v1()
+        };
+        let past = [scope("/node", 950 * MIB, &[900 * MIB])];
+        let plan_past = plan(&charges_only, true, &past, 0, true);
+        assert_eq!(
+            (plan_past.armed, plan_past.reason),
+            (true, ArmReason::Reclaim)
+        );
+        // Already far and off when the memory came back: not attached for it.
+        let far = [scope("/node", 100 * MIB, &[900 * MIB])];
+        let plan_far = plan(&charges_only, false, &far, 0, true);
+        assert_eq!(
+            (plan_far.armed, plan_far.reason),
+            (false, ArmReason::Reclaim)
+        );
+        // Once it is back, the engine's next run places them as ever.
+        let plan_after = plan(&charges_only, true, &far, 0, false);
+        assert_eq!(
+            (plan_after.armed, plan_after.reason),
+            (false, ArmReason::Far)
+        );
     }
 
     #[test]

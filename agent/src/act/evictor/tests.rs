@@ -471,9 +471,12 @@ async fn near_ties_fall_back_to_reading_every_pod_at_once() {
 #[tokio::test(start_paused = true)]
 async fn the_precise_hooks_come_near_the_line_and_go_while_the_victims_memory_returns() {
     use crate::scopes::zone::{ArmReason, FarTrigger, ZoneOptions};
-    let zone = ZoneOptions::new(FarTrigger::AdaptiveRead {
-        max_period: Duration::from_secs(1),
-    });
+    let zone = ZoneOptions::new(
+        FarTrigger::AdaptiveRead {
+            max_period: Duration::from_secs(1),
+        },
+        true,
+    );
     // 500 MiB available: 400 MiB below the 100Mi line's 924 MiB of usage.
     let mut harness = Harness::new(HarnessOptions {
         pods: vec![pod("web", 100), pod("hog", 100)],

@@ -172,16 +172,24 @@ async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Du
     .unwrap();
 }
 
+#[rstest::rstest]
+#[case::hooks_that_run_on_frees(true)]
+#[case::hooks_that_run_on_charges_only(false)]
 #[tokio::test(start_paused = true)]
-async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not_for_the_kill() {
+async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not_for_the_kill(
+    #[case] off_while_reclaiming: bool,
+) {
     use crate::scopes::zone::{FarTrigger, ZoneOptions};
     let mut harness = Harness::new(HarnessOptions {
         pods: vec![pod("hog", 100)],
         // 500 MiB available, 400 MiB below the line.
         outside_pods: NODE_CAPACITY - 600 * MIB,
-        zone: Some(ZoneOptions::new(FarTrigger::AdaptiveRead {
-            max_period: Duration::from_secs(1),
-        })),
+        zone: Some(ZoneOptions::new(
+            FarTrigger::AdaptiveRead {
+                max_period: Duration::from_secs(1),
+            },
+            off_while_reclaiming,
+        )),
         ..HarnessOptions::default()
     });
     let (_records, receiver) = mpsc::unbounded_channel();
@@ -208,7 +216,8 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
     assert_eq!(harness.metrics.precise_hooks_armed.get(), 1);
 
     // Past the line (a kernel record): the kill starts, then the hooks
-    // go off; its memory back far below the line, they stay off.
+    // go off, for the kill where they run on frees, else once its memory
+    // is back far below the line; then they stay off.
     harness.node.0.borrow_mut().pods[0]
         .usage
         .memory_working_set_bytes = 550 * MIB;
@@ -224,7 +233,7 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
     assert_eq!(
         *kernel.kills_at_changes.borrow(),
         [0, 0, 1],
-        "the kill started before the hooks were detached for it"
+        "the kill started before the hooks were detached"
     );
     let transitions = |state: &str, reason: &str| {
         harness
@@ -233,9 +242,16 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
             .with_label_values(&[state, reason])
             .get()
     };
-    assert_eq!(
-        transitions("disarmed", "a victim's memory is being returned"),
-        1
-    );
+    let for_the_kill = transitions("disarmed", "a victim's memory is being returned");
+    let far_again = transitions("disarmed", "far from every memory threshold");
+    if off_while_reclaiming {
+        assert_eq!((for_the_kill, far_again), (1, 1));
+    } else {
+        assert_eq!(
+            (for_the_kill, far_again),
+            (0, 2),
+            "off once the memory was back"
+        );
+    }
     assert_eq!(transitions("armed", "near a memory threshold"), 1);
 }
