@@ -188,7 +188,7 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
     let expected = if off_for_the_kill { 5.0 } else { 4.0 };
     assert!(
         transitions >= expected,
-        "far, near, reclaim or far, near, reclaim: {metrics}"
+        "far, near, reclaim, near, reclaim (or far, near, far, near): {metrics}"
     );
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());

@@ -71,7 +71,7 @@ pub struct ZoneOptions {
     /// return the engine waits for. One that runs on charges only
     /// (`lru-insertion`) costs that return nothing, and moving it would
     /// patch every CPU's text while the pod freezes and its reapers wake,
-    /// so it stays where it is until the engine runs after the kill.
+    /// so it stays where it is until the run that finds the memory back.
     pub off_while_reclaiming: bool,
 }
 
