@@ -38,16 +38,25 @@ pub struct Estimate {
 }
 
 /// The median of `values` with a distribution-free 95 % confidence
-/// interval: from the k-th smallest to the k-th largest value, k the
-/// largest rank with P(Binomial(n, ½) < k) ≤ 2.5 % (the 6th and 15th of
-/// 20). It needs no assumption about the noise's shape, which on a shared
-/// machine has a long tail. Below 6 values even the extremes cover less
-/// than 95 %, so there is no interval.
+/// interval: from the k-th smallest to the k-th largest value
+/// ([`interval_rank`]). It needs no assumption about the noise's shape,
+/// which on a shared machine has a long tail.
 pub fn median_with_ci(values: &[f64]) -> Option<Estimate> {
     let median = median(values)?;
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
     let n = sorted.len();
+    Some(Estimate {
+        median,
+        ci95: interval_rank(n).map(|k| (sorted[k - 1], sorted[n - k])),
+    })
+}
+
+/// The rank k of a 95 % interval of the median of `n` values, the k-th
+/// smallest to the k-th largest: the largest k with P(Binomial(n, ½) < k)
+/// ≤ 2.5 % (the 6th and 15th of 20). Below 6 values even the extremes
+/// cover less than 95 %, so there is none.
+pub fn interval_rank(n: usize) -> Option<usize> {
     // P(X = i) in logarithms, so that no factor under- or overflows.
     let mut ln_probability = -(n as f64) * std::f64::consts::LN_2;
     let mut below = 0.0;
@@ -60,10 +69,7 @@ pub fn median_with_ci(values: &[f64]) -> Option<Estimate> {
         k = i + 1;
         ln_probability += ((n - i) as f64).ln() - ((i + 1) as f64).ln();
     }
-    Some(Estimate {
-        median,
-        ci95: (k > 0).then(|| (sorted[k - 1], sorted[n - k])),
-    })
+    (k > 0).then_some(k)
 }
 
 /// Milliseconds from µs; `never` for a missing value.
@@ -120,5 +126,7 @@ mod tests {
         // A hundred: P(X ≤ 39) = 1.8 %, P(X ≤ 40) = 2.8 %.
         let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
         assert_eq!(median_with_ci(&hundred).unwrap().ci95, Some((40.0, 61.0)));
+        // A hundred and one: P(X ≤ 40) = 2.3 %, P(X ≤ 41) = 3.6 %.
+        assert_eq!(interval_rank(101), Some(41));
     }
 }

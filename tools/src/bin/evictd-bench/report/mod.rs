@@ -9,7 +9,7 @@ mod goals;
 use crate::{
     MIB, NO_AGENT, ORACLE,
     runs::EXPECTED_VICTIM,
-    stats::{Estimate, format_ms, median, median_with_ci, percentile, rank},
+    stats::{Estimate, format_ms, interval_rank, median, median_with_ci, percentile, rank},
 };
 
 type Runs<'a> = Vec<&'a Value>;
@@ -141,23 +141,36 @@ fn modes(scenario: &Value) -> Vec<&str> {
         .collect()
 }
 
-/// Every `run` object of one scenario and mode.
-fn all_runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
+/// Every entry of bench.json's `runs` (its `round` and `run`) of one
+/// scenario and mode.
+fn entries<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Vec<&'a Value> {
     results["runs"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == mode)
+        .collect()
+}
+
+/// Every `run` object of one scenario and mode.
+fn all_runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
+    entries(results, scenario, mode)
+        .into_iter()
         .map(|r| &r["run"])
         .collect()
 }
 
-/// The runs of one scenario and mode that have a crossing to measure
-/// from: all but those where the agent decided before the node crossed.
+/// Whether `run` has a crossing to measure from: every run has but those
+/// in which the agent decided before the node crossed.
+fn has_crossing(run: &Value) -> bool {
+    run["decided_without_crossing"] != true
+}
+
+/// The runs of one scenario and mode that have a crossing to measure from.
 fn runs<'a>(results: &'a Value, scenario: &Value, mode: &str) -> Runs<'a> {
     all_runs(results, scenario, mode)
         .into_iter()
-        .filter(|r| r["decided_without_crossing"] != true)
+        .filter(|r| has_crossing(r))
         .collect()
 }
 
@@ -450,12 +463,9 @@ fn durations(runs: &Runs, operation: &str) -> Vec<f64> {
 /// The runs of one scenario and mode that have a crossing to measure
 /// from, by round.
 fn runs_by_round<'a>(results: &'a Value, scenario: &Value, mode: &str) -> BTreeMap<u64, &'a Value> {
-    results["runs"]
-        .as_array()
+    entries(results, scenario, mode)
         .into_iter()
-        .flatten()
-        .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == mode)
-        .filter(|r| r["run"]["decided_without_crossing"] != true)
+        .filter(|r| has_crossing(&r["run"]))
         .filter_map(|r| Some((r["round"].as_u64()?, &r["run"])))
         .collect()
 }
@@ -499,13 +509,21 @@ fn format_slowdown(slowdown: Option<Estimate>) -> String {
 
 fn overhead_table(results: &Value) -> String {
     let bytes = results["overhead_bytes"].as_u64().unwrap_or(0);
+    let rounds = results["rounds"].as_u64().unwrap_or(0) as usize;
+    let interval = match interval_rank(rounds) {
+        Some(k) => format!(
+            "order statistics: the {} to {} of {rounds} rounds",
+            ordinal(k),
+            ordinal(rounds + 1 - k)
+        ),
+        None => format!("none: {rounds} rounds are too few for one"),
+    };
     let mut text = format!(
         "Each operation on {} MiB in 4 KiB pages; the `none` row (no agent: the floor, \
          measured in the same rounds) gives the median time and throughput. Every other \
          row gives its slowdown paired by round: in each round, the median of the mode's \
          operations over the median of the floor's, then the median of those ratios over \
-         the rounds, and in brackets its 95 % confidence interval (order statistics: the \
-         6th to 15th of 20 rounds), which shows how much of a difference is the machine's \
+         the rounds, and in brackets its 95 % confidence interval ({interval}), which shows how much of a difference is the machine's \
          noise. n: operations of each kind (runs × repetitions). *close to the threshold*: the node's available memory between \
          threshold + 32 MiB and threshold + {} MiB throughout, never below the threshold. \
          `kernel.bpf_stats_enabled` is off, as on a node (on, it adds two clock reads to \
