@@ -36,7 +36,7 @@ use crate::{
     report::metrics::Metrics,
     scopes::{
         monitor::Monitor,
-        tripwires::tripwires,
+        tripwires::{MemcgLevels, tripwires},
         zone::{ZoneOptions, ZonePlan},
     },
 };
@@ -110,7 +110,7 @@ pub struct Evaluation {
     /// Where cgroup v1 eventfd thresholds on the node belong now (`--mode
     /// memcg-threshold`), from this run's observation; `None` when the node
     /// could not be read (the levels stay where they are).
-    pub memcg_levels: Option<Vec<u64>>,
+    pub memcg_levels: Option<MemcgLevels>,
     /// Where the precise memory hooks and their far trigger belong now;
     /// `None` when they are not managed or the node could not be read.
     pub precise: Option<ZonePlan>,

@@ -142,6 +142,8 @@ pub struct MemcgThresholds {
     /// The eventfd of the current levels; closing it unregisters them.
     armed: Option<AsyncFd<EventFd>>,
     levels: Vec<u64>,
+    /// The kernel signalled since the levels were registered.
+    signalled: bool,
 }
 
 impl MemcgThresholds {
@@ -153,6 +155,7 @@ impl MemcgThresholds {
             usage,
             armed: None,
             levels: Vec::new(),
+            signalled: false,
         })
     }
 
@@ -162,6 +165,26 @@ impl MemcgThresholds {
         if self.armed.is_some() && self.levels == levels {
             return Ok(());
         }
+        self.register(levels)
+    }
+
+    /// As [`arm`](Self::arm), but unchanged levels are registered again
+    /// after a signal: the kernel then holds a level as passed until one of
+    /// its checks sees usage below it, and the counter, which moves in
+    /// per-CPU charge batches, can fall back below the level before anyone
+    /// reads it with no check to see that; the node then climbs on with no
+    /// second signal. Registering again takes usage as it is now. It costs
+    /// an RCU grace period in the kernel (24 ms here, on the caller's
+    /// thread), so a caller asks for it only when a reading is below a
+    /// level it was signalled for.
+    pub fn rearm(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
+        if self.armed.is_some() && self.levels == levels && !self.signalled {
+            return Ok(());
+        }
+        self.register(levels)
+    }
+
+    fn register(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
         let error = |source| NotifyError::Threshold {
             path: self.control.clone(),
             source,
@@ -183,14 +206,28 @@ impl MemcgThresholds {
             .map_err(|e| error(e.into()))?;
         self.armed = Some(armed);
         self.levels = levels.to_vec();
+        self.signalled = false;
         Ok(())
     }
 
-    /// Whether usage is above `level` now. The kernel signals a crossing,
-    /// not a level: one armed after usage passed it stays silent, so a
-    /// caller arming from a reading that may be stale asks this after.
+    /// Whether usage is at or above `level` now. The kernel signals a
+    /// crossing, not a level: one armed where usage already reaches it
+    /// counts as crossed and stays silent, so a caller arming from a
+    /// reading that may be stale asks this after.
     pub fn passed(&self, level: u64) -> Result<bool, NotifyError> {
-        Ok(self.usage()? > level)
+        Ok(self.usage()? >= level)
+    }
+
+    /// Whether usage reached an armed level after it was `read_usage`, the
+    /// reading the levels were set from: such a level was passed before
+    /// the kernel had it and will not be signalled. One already reached at
+    /// the reading is not counted; whoever read it saw it passed.
+    pub fn reached_since(&self, read_usage: u64) -> Result<bool, NotifyError> {
+        let usage = self.usage()?;
+        Ok(self
+            .levels
+            .iter()
+            .any(|&level| read_usage < level && level <= usage))
     }
 
     /// Usage now, in bytes.
@@ -220,6 +257,7 @@ impl MemcgThresholds {
         // Reading resets the counter; EAGAIN means another wake-up took it.
         let _ = ready.get_inner().read();
         ready.clear_ready();
+        self.signalled = true;
         Ok(at_ns)
     }
 }
@@ -244,14 +282,47 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_level_usage_is_already_above_is_passed() {
+    fn a_level_usage_already_reaches_is_passed() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
         let thresholds = MemcgThresholds::open(dir.path()).unwrap();
-        assert!(thresholds.passed(999).unwrap());
-        assert!(!thresholds.passed(1000).unwrap());
+        assert!(thresholds.passed(1000).unwrap());
+        assert!(!thresholds.passed(1001).unwrap());
         fs::write(dir.path().join("memory.usage_in_bytes"), "not a number").unwrap();
         assert!(thresholds.passed(1).is_err());
+    }
+
+    /// What the kernel does at a crossing: a count on the eventfd.
+    async fn signal(thresholds: &mut MemcgThresholds) {
+        let armed = thresholds.armed.as_ref().unwrap();
+        armed.get_ref().write(1).unwrap();
+        thresholds.wait().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn rearming_registers_unchanged_levels_again_only_after_a_signal() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
+        let control = dir.path().join("cgroup.event_control");
+        let registered = || fs::read_to_string(&control).unwrap();
+        let mut thresholds = MemcgThresholds::open(dir.path()).unwrap();
+        thresholds.rearm(&[1500]).unwrap();
+        assert!(registered().ends_with(" 1500"), "{}", registered());
+        fs::write(&control, "").unwrap();
+        thresholds.rearm(&[1500]).unwrap();
+        assert_eq!(registered(), "", "unchanged, no signal: kept");
+        signal(&mut thresholds).await;
+        thresholds.rearm(&[1500]).unwrap();
+        assert!(
+            registered().ends_with(" 1500"),
+            "signalled: registered again"
+        );
+        fs::write(&control, "").unwrap();
+        thresholds.rearm(&[1500]).unwrap();
+        assert_eq!(registered(), "", "once");
+        signal(&mut thresholds).await;
+        thresholds.arm(&[1500]).unwrap();
+        assert_eq!(registered(), "", "arming leaves unchanged levels alone");
     }
 
     #[test]

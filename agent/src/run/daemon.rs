@@ -48,6 +48,7 @@ use crate::{
     run::precise::PreciseHooks,
     scopes::{
         monitor::{KernelCoverage, Monitor, MonitorOptions},
+        tripwires::MemcgLevels,
         zone::{FarTrigger, ZoneOptions},
     },
 };
@@ -476,12 +477,12 @@ pub async fn serve<I: Io>(
     // already under pressure acts at once.
     let startup = evictor.clock().wake(WakeCause::Startup);
     let (first, mut ended_at_start) = evaluate(evictor, startup);
-    rearm(notifier.as_mut(), first.memcg_levels.as_deref());
+    let reached = rearm(notifier.as_mut(), first.memcg_levels.as_ref());
     let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &first);
     // Ready (/readyz) once the node has been looked at and, under pressure,
     // relieved: a rolling update moves on only then.
     ready.store(true, Ordering::Release);
-    let mut close_watch = deadline(first.action, attached);
+    let mut close_watch = deadline(first.action, attached || reached);
     let mut timer =
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -540,9 +541,9 @@ pub async fn serve<I: Io>(
         };
         let (evaluation, ended) = evaluate(evictor, wake);
         ended_at_start = ended;
-        rearm(notifier.as_mut(), evaluation.memcg_levels.as_deref());
+        let reached = rearm(notifier.as_mut(), evaluation.memcg_levels.as_ref());
         let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &evaluation);
-        close_watch = deadline(evaluation.action, attached);
+        close_watch = deadline(evaluation.action, attached || reached);
     }
 }
 
@@ -650,13 +651,36 @@ fn resync<I: Io>(evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) {
     evictor.monitor().resync(lost);
 }
 
-/// Moves memory thresholds to where the thresholds could next be met, on
-/// the numbers of the engine run just done (kubelet re-arms on each sync).
-fn rearm(notifier: Option<&mut Notifier>, levels: Option<&[u64]>) {
-    if let (Some(Notifier::MemcgThresholds(thresholds)), Some(levels)) = (notifier, levels)
-        && let Err(e) = thresholds.arm(levels)
-    {
-        warn!(error = %e, "cannot re-arm the memory thresholds; the timer still polls");
+/// Moves `--mode memcg-threshold`'s eventfd to where the thresholds could
+/// next be met, from the engine run just done (kubelet re-arms on each
+/// sync). After a signal, a reading below a level registers the levels
+/// afresh ([`MemcgThresholds::rearm`]); a reading past them all keeps them,
+/// so the kill it starts does not wait out a registration. True when usage
+/// reached a level between the reading and a registration: the kernel
+/// takes that level as crossed and never signals it, so the caller looks
+/// again at once. Levels past at the reading do not count: the engine saw
+/// those, and during a kill usage stays there.
+fn rearm(notifier: Option<&mut Notifier>, levels: Option<&MemcgLevels>) -> bool {
+    let (Some(Notifier::MemcgThresholds(thresholds)), Some(levels)) = (notifier, levels) else {
+        return false;
+    };
+    let read_usage = levels.read_usage;
+    let registered = if levels.levels.iter().any(|&level| read_usage < level) {
+        thresholds.rearm(&levels.levels)
+    } else {
+        thresholds.arm(&levels.levels)
+    };
+    match registered.and_then(|()| thresholds.reached_since(read_usage)) {
+        Ok(reached) => {
+            if reached {
+                info!("memory threshold reached before its eventfd was armed: looking again");
+            }
+            reached
+        }
+        Err(e) => {
+            warn!(error = %e, "cannot re-arm the memory thresholds; the timer still polls");
+            false
+        }
     }
 }
 
@@ -673,11 +697,13 @@ fn place_hooks<K: KernelRecords>(
     }
 }
 
-/// When the engine runs next without a wake-up: at once after the precise
-/// hooks were attached (a line crossed between the engine's read and the
-/// attachment would wait for the next charge), else as `action` says.
-fn deadline(action: Action, attached: bool) -> Option<tokio::time::Instant> {
-    if attached {
+/// When the engine runs next without a wake-up: at once when `look_now`
+/// (the precise hooks were just attached, and a line crossed between the
+/// engine's read and the attachment would wait for the next charge; or a
+/// threshold was reached before its eventfd was armed), else as `action`
+/// says.
+fn deadline(action: Action, look_now: bool) -> Option<tokio::time::Instant> {
+    if look_now {
         return Some(tokio::time::Instant::now());
     }
     match action {

@@ -111,7 +111,7 @@ impl PreciseHooks {
     }
 
     /// Arms an eventfd at each level; with `check`, true when usage is
-    /// already above one (read only then: near a line the answer is moot).
+    /// already at one (read only then: near a line the answer is moot).
     fn arm_eventfds(&mut self, levels: &[(String, u64)], check: bool) -> bool {
         self.eventfds
             .retain(|path, _| levels.iter().any(|(armed, _)| armed == path));

@@ -42,8 +42,18 @@ pub struct EngineScope {
 pub struct Tripwires {
     /// Kernel bands: scopes whose crossing wakes the engine.
     pub scopes: Vec<EngineScope>,
-    /// Usage levels of the node cgroup for cgroup v1 eventfd thresholds.
-    pub memcg_levels: Vec<u64>,
+    /// Where the node cgroup's cgroup v1 eventfd thresholds belong.
+    pub memcg_levels: MemcgLevels,
+}
+
+/// Usage levels of the node cgroup for cgroup v1 eventfd thresholds, and
+/// the usage they were set from: one that usage passes before they are
+/// armed is never signalled, and only this reading tells that apart from
+/// one the engine already saw passed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemcgLevels {
+    pub levels: Vec<u64>,
+    pub read_usage: u64,
 }
 
 pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Tripwires {
@@ -70,10 +80,13 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
             _ => {}
         }
     }
-    let memcg_levels = node_memory
-        .iter()
-        .map(|usage| usage + observation.node_memory.inactive_file_bytes)
-        .collect();
+    let memcg_levels = MemcgLevels {
+        levels: node_memory
+            .iter()
+            .map(|usage| usage + observation.node_memory.inactive_file_bytes)
+            .collect(),
+        read_usage: observation.node_memory.usage_bytes,
+    };
     let node_is_root = observation.node_cgroup.trim_matches('/').is_empty();
     let mut scopes = Vec::new();
     if node_is_root {
@@ -258,8 +271,11 @@ mod tests {
         );
         assert_eq!(
             wires.memcg_levels,
-            [1024 * MIB + 1],
-            "capacity − T + 1 + inactive_file"
+            MemcgLevels {
+                levels: vec![1024 * MIB + 1],
+                read_usage: 700 * MIB,
+            },
+            "capacity − T + 1 + inactive_file, from the node's usage"
         );
     }
 
@@ -309,13 +325,13 @@ mod tests {
         let exactly_t_available = 1024 * MIB - 100 * MIB;
         assert!(exactly_t_available < line);
         assert!(exactly_t_available + 4096 >= line);
-        assert_eq!(wires.memcg_levels, [line]);
+        assert_eq!(wires.memcg_levels.levels, [line]);
     }
 
     #[test]
     fn a_scope_no_threshold_needs_is_named_empty() {
         let wires = tripwires(&config("nodefs.available<10%"), &observation("/node"));
         assert!(wires.scopes.iter().all(|scope| scope.thresholds.is_empty()));
-        assert!(wires.memcg_levels.is_empty());
+        assert!(wires.memcg_levels.levels.is_empty());
     }
 }

@@ -11,6 +11,7 @@
 //!    when it fires for a pod growing towards its limit.
 //! 3. `memory.high` as a tripwire (cgroup v2): what it does to the pod that
 //!    crosses it.
+//! 4. What registering a memory threshold on an eventfd takes (cgroup v1).
 //!
 //! Everything runs in a private cgroup tree with a 512 MiB ceiling; the
 //! tmpfs is a private mount, removed at the end.
@@ -29,6 +30,7 @@ use evictd::{
     },
     kernel::btf::KernelBtf,
     kernel::capabilities::{Capabilities, Support},
+    kernel::notify::MemcgThresholds,
     node::cgroupfs::CgroupFs,
     scopes::levels::Levels,
 };
@@ -68,7 +70,45 @@ fn main() -> Result<()> {
         memory_high(&workload)?;
     } else {
         println!("## PSI and memory.high: per-cgroup files of cgroup v2 only, not measured here");
+        threshold_registration()?;
     }
+    Ok(())
+}
+
+/// What registering a cgroup v1 memory threshold costs its caller: the
+/// kernel waits out an RCU grace period in each. `--mode memcg-threshold`
+/// pays it when its levels move and after a signal whose reading is below
+/// a level, event mode's far trigger when its edge moves (docs/design.md,
+/// pay per pressure).
+fn threshold_registration() -> Result<()> {
+    const REGISTRATIONS: usize = 50;
+    let tree = PrivateCgroupTree::new()?;
+    tree.create("pod")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let _guard = runtime.enter();
+    let mut thresholds = MemcgThresholds::open(&tree.dir(Controller::Memory, "pod"))?;
+    let mut took: Vec<Duration> = (0..REGISTRATIONS as u64)
+        .map(|registration| -> Result<Duration> {
+            let started = Instant::now();
+            // Another level each time: each is a registration, and each
+            // closes the previous eventfd, as the agent does.
+            thresholds.arm(&[POD_LIMIT + registration % 2])?;
+            Ok(started.elapsed())
+        })
+        .collect::<Result<_>>()?;
+    took.sort();
+    let ms = |at: usize| took[at].as_secs_f64() * 1e3;
+    println!(
+        "## cgroup v1 memory threshold registration (cgroup.event_control), {REGISTRATIONS} in a row\n"
+    );
+    println!(
+        "p50 {:.1} ms, p90 {:.1} ms, max {:.1} ms\n",
+        ms(REGISTRATIONS / 2),
+        ms(REGISTRATIONS * 9 / 10),
+        ms(REGISTRATIONS - 1)
+    );
     Ok(())
 }
 

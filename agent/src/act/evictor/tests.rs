@@ -301,7 +301,7 @@ async fn usage_past_the_band_with_the_threshold_unmet_asks_for_a_close_watch() {
     let evaluation = harness.evictor.evaluate(wake(&harness));
     assert_eq!(evaluation.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
     assert_eq!(
-        evaluation.memcg_levels,
+        evaluation.memcg_levels.map(|memcg| memcg.levels),
         Some(vec![NODE_CAPACITY + 1]),
         "capacity − 100Mi + 1 + inactive file"
     );

@@ -1,5 +1,7 @@
 //! The serve loop on fakes, with tokio's clock paused: what wakes the
 //! engine, and how often it reads the node.
+use std::fs;
+
 use evictd_common::{CrossingEvent, EVENT_CROSSING, RESOURCE_MEMORY};
 use tokio::sync::mpsc;
 
@@ -254,4 +256,81 @@ async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not
         );
     }
     assert_eq!(transitions("armed", "near a memory threshold"), 1);
+}
+
+#[tokio::test]
+async fn a_memory_threshold_reached_before_its_eventfd_was_armed_asks_for_a_look_at_once() {
+    // A v1 memory cgroup's files, as far as arming reads and writes them.
+    let dir = tempfile::tempdir().unwrap();
+    let usage_file = dir.path().join("memory.usage_in_bytes");
+    fs::write(&usage_file, "2000\n").unwrap();
+    let mut notifier = Some(Notifier::MemcgThresholds(
+        MemcgThresholds::open(dir.path()).unwrap(),
+    ));
+    let mut rearm_at = |levels: Vec<u64>, read_usage| {
+        rearm(notifier.as_mut(), Some(&MemcgLevels { levels, read_usage }))
+    };
+    assert!(
+        rearm_at(vec![1500], 1000),
+        "usage climbed past the level between the reading and the arming"
+    );
+    assert!(
+        rearm_at(vec![2000], 1000),
+        "reaching the level is crossing it"
+    );
+    assert!(
+        !rearm_at(vec![1500], 1600),
+        "past at the reading: the engine saw it (a kill runs there)"
+    );
+    assert!(
+        !rearm_at(vec![3000], 1000),
+        "still below: the kernel signals it"
+    );
+    fs::write(&usage_file, "not a number").unwrap();
+    assert!(
+        !rearm_at(vec![1500], 1000),
+        "an unreadable usage leaves the timer"
+    );
+    assert!(!rearm(None, Some(&MemcgLevels::default())));
+}
+
+/// What the kernel does at a crossing: a count on the eventfd that the
+/// registered `line` names.
+async fn signal(notifier: &mut Notifier, line: &str) {
+    let eventfd: i32 = line.split(' ').next().unwrap().parse().unwrap();
+    // SAFETY: the notifier keeps the eventfd open past this write.
+    let eventfd = unsafe { std::os::fd::BorrowedFd::borrow_raw(eventfd) };
+    nix::unistd::write(eventfd, &1u64.to_ne_bytes()).unwrap();
+    notifier.wait().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_a_signal_only_a_reading_below_a_level_registers_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("memory.usage_in_bytes"), "1000\n").unwrap();
+    let control = dir.path().join("cgroup.event_control");
+    let mut notifier = Some(Notifier::MemcgThresholds(
+        MemcgThresholds::open(dir.path()).unwrap(),
+    ));
+    let levels = |read_usage| MemcgLevels {
+        levels: vec![1500],
+        read_usage,
+    };
+    rearm(notifier.as_mut(), Some(&levels(900)));
+    let registered = fs::read_to_string(&control).unwrap();
+    signal(notifier.as_mut().unwrap(), &registered).await;
+    fs::write(&control, "").unwrap();
+    rearm(notifier.as_mut(), Some(&levels(1600)));
+    assert_eq!(
+        fs::read_to_string(&control).unwrap(),
+        "",
+        "past every level (a kill starts): the kernel's passed level is right"
+    );
+    signal(notifier.as_mut().unwrap(), &registered).await;
+    fs::write(&control, "").unwrap();
+    rearm(notifier.as_mut(), Some(&levels(1000)));
+    assert!(
+        fs::read_to_string(&control).unwrap().ends_with(" 1500"),
+        "below a level after a signal: registered again"
+    );
 }
