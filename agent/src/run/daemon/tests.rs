@@ -178,7 +178,7 @@ async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Du
 #[case::hooks_that_run_on_frees(true)]
 #[case::hooks_that_run_on_charges_only(false)]
 #[tokio::test(start_paused = true)]
-async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_not_for_the_kill(
+async fn the_loop_detaches_the_hooks_far_away_attaches_them_on_the_climb_and_detaches_them_only_once_the_kill_started(
     #[case] off_while_reclaiming: bool,
 ) {
     use crate::scopes::zone::{FarTrigger, ZoneOptions};

@@ -33,7 +33,13 @@ mod runs;
 mod stats;
 mod watch;
 
-use std::{fmt, fs, path::PathBuf, time::Duration, time::Instant};
+use std::{
+    fmt, fs,
+    path::PathBuf,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+    time::Instant,
+};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
@@ -42,6 +48,7 @@ use evictd::{
     node::cgroupfs::{CgroupFs, CgroupVersion},
 };
 use evictd_integration::BpfStats;
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -197,11 +204,73 @@ fn parse_rate(rate: &str) -> Result<u64> {
     }
 }
 
+/// Set by SIGINT, SIGTERM or SIGHUP. The bench then stops after the run
+/// under way, which removes what that run made (its cgroups, agent,
+/// workloads and bomb log); ended by the signal itself it would leave them
+/// behind.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn request_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn stop_on_signals() -> Result<()> {
+    // SA_RESTART: the run under way goes on as if nothing had come;
+    // SA_RESETHAND: a second signal ends the bench at once.
+    let action = SigAction::new(
+        SigHandler::Handler(request_stop),
+        SaFlags::SA_RESTART | SaFlags::SA_RESETHAND,
+        SigSet::empty(),
+    );
+    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe { sigaction(signal, &action) }.with_context(|| format!("handling {signal}"))?;
+    }
+    Ok(())
+}
+
+/// The error of a bench stopped between runs.
+#[derive(Debug)]
+struct Stopped;
+
+impl fmt::Display for Stopped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("stopped by a signal")
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// [`Stopped`] once a stop was asked for.
+fn check_stop() -> Result<()> {
+    if STOP.load(Ordering::Relaxed) {
+        return Err(Stopped.into());
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
+    if let Err(e) = stop_on_signals() {
+        eprintln!("evictd-bench: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
     match bench(&Args::parse()) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("evictd-bench: {e:#}");
+            if STOP.load(Ordering::Relaxed) {
+                eprintln!(
+                    "evictd-bench: stopped by a signal; what the runs made is removed, \
+                     no results written"
+                );
+                // Ctrl-C reaches the agent and the pods too, and the run
+                // under way fails.
+                if e.downcast_ref::<Stopped>().is_none() {
+                    eprintln!("evictd-bench: the run under way ended in: {e:#}");
+                }
+            } else {
+                eprintln!("evictd-bench: {e:#}");
+            }
             std::process::ExitCode::FAILURE
         }
     }
@@ -288,6 +357,7 @@ fn bench(args: &Args) -> Result<()> {
     );
     let mut idle = serde_json::Map::new();
     for mode in &modes {
+        check_stop()?;
         let measured = runs::idle_overhead(args, mode)?;
         println!(
             "  {mode:<16} CPU {:.3}% of a core, RSS {:.1} MiB (peak {:.1} MiB)",
@@ -315,6 +385,7 @@ fn bench(args: &Args) -> Result<()> {
     let mut results_runs = Vec::new();
     let started = Instant::now();
     for (done, (round, scenario, mode)) in plan.iter().enumerate() {
+        check_stop()?;
         let (run, summary) = match scenario {
             Scenario::Memory { rate } => {
                 let run = runs::memory_run(args, runs::sandbox(args, 0)?, mode, *rate)?;
@@ -394,6 +465,16 @@ fn bench(args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_signal_stops_the_bench_between_runs_instead_of_ending_it() {
+        stop_on_signals().unwrap();
+        check_stop().unwrap();
+        // Without the handler this would end the test process.
+        nix::sys::signal::raise(Signal::SIGTERM).unwrap();
+        let stopped = check_stop().unwrap_err();
+        assert!(stopped.downcast_ref::<Stopped>().is_some(), "{stopped}");
+    }
 
     #[test]
     fn each_mode_is_the_agent_with_its_own_flags() {

@@ -261,7 +261,6 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
         run.oracle = oracle.outcome()?;
     }
     let records = read_log(&log, 3)?;
-    fs::remove_file(&log)?;
     // Ground truth: the node's page counter, read by the bomb right after
     // each 64 KiB it touched.
     let logged = records
@@ -349,7 +348,6 @@ pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
     let mut agent_log = finish(&mut node, agent, &mut run, Controller::Pids)?;
     drop(reaper);
     let records = read_log(&log, 2)?;
-    fs::remove_file(&log)?;
     run.crossed_ns = records
         .iter()
         .find(|record| record[1] & !REFUSED_FORK >= needed)
@@ -377,7 +375,7 @@ pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
 /// reaches it in the last pages of a burst would be timed from a crossing
 /// the node only makes at the next burst. On tmpfs the log is shared
 /// memory, in the working set like the bomb's own pages.
-fn bomb_log(node: &SandboxNode) -> PathBuf {
+fn bomb_log(node: &SandboxNode) -> BombLog {
     let shm = Path::new("/dev/shm");
     let dir = if nix::sys::statfs::statfs(shm)
         .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
@@ -386,7 +384,30 @@ fn bomb_log(node: &SandboxNode) -> PathBuf {
     } else {
         std::env::temp_dir()
     };
-    dir.join(format!("evictd-bench-{}.log", node.tree.name()))
+    BombLog(dir.join(format!("evictd-bench-{}.log", node.tree.name())))
+}
+
+/// The bomb's log, removed however the run ends.
+struct BombLog(PathBuf);
+
+impl std::ops::Deref for BombLog {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for BombLog {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for BombLog {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
 }
 
 /// `(trigger, runs)` from the agent's `evictd_engine_runs_total` series.
