@@ -1,7 +1,7 @@
 //! Helpers for unit tests: what the code under test logged.
 use std::{
     io,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{Arc, Mutex, Once, PoisonError},
 };
 
 use tracing::subscriber::DefaultGuard;
@@ -17,6 +17,17 @@ pub(crate) struct LogCapture {
 impl LogCapture {
     /// Starts capturing; the returned guard ends it.
     pub(crate) fn start() -> (Self, DefaultGuard) {
+        // tracing caches each callsite's interest for the whole process,
+        // asking the subscriber of the thread that reaches it first: a test
+        // running beside this one with no subscriber would cache "never",
+        // and this capture would miss that line (a CI run missed `eviction
+        // decided` so). A global subscriber that records nothing and wants
+        // everything keeps every callsite open; lines still go to the
+        // thread's own subscriber.
+        static KEEP_CALLSITES_OPEN: Once = Once::new();
+        KEEP_CALLSITES_OPEN.call_once(|| {
+            let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+        });
         let capture = Self::default();
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
