@@ -141,6 +141,18 @@ pub struct CgroupEvent {
 }
 const _: () = assert!(size_of::<CgroupEvent>() == 32 + CGROUP_PATH_LEN);
 
+/// What the cgroup iterator writes for each memory cgroup it walks.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupCharge {
+    /// Cgroup id (the directory's inode number).
+    pub cgroup_id: u64,
+    /// `page_counter.usage` of the cgroup's memory: what v1
+    /// `memory.usage_in_bytes` and v2 `memory.current` show, in pages.
+    pub pages: u64,
+}
+const _: () = assert!(size_of::<CgroupCharge>() == 16);
+
 /// Kernel struct layout the programs need, resolved by the agent from
 /// `/sys/kernel/btf/vmlinux` at load time and handed over as a read-only
 /// global. Rust eBPF cannot emit CO-RE relocations, so no offset is ever
@@ -170,6 +182,11 @@ pub struct KernelLayout {
     pub task_cgroups: u32,
     /// `css_set.subsys`.
     pub css_set_subsys: u32,
+    /// `cgroup.subsys` + the memory controller's slot in it: a cgroup's
+    /// memory css.
+    pub cgroup_memory_css: u32,
+    /// Keeps the `u64` fields below aligned with no hidden padding.
+    pub _pad: u32,
     /// `enum cgroup_subsys_id` value of the memory controller.
     pub memory_subsys_id: u32,
     /// `enum cgroup_subsys_id` value of the pids controller.
@@ -223,7 +240,7 @@ pub struct KernelLayout {
     /// CPUs that may run the programs (`/sys/devices/system/cpu/possible`).
     pub possible_cpus: u64,
 }
-const _: () = assert!(size_of::<KernelLayout>() == 32 * 4 + 32);
+const _: () = assert!(size_of::<KernelLayout>() == 34 * 4 + 32);
 
 /// Names of the maps and programs in the eBPF object, for the agent.
 pub mod names {
@@ -234,6 +251,9 @@ pub mod names {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const LAYOUT: &str = "LAYOUT";
+    /// The cgroup iterator program, and the deepest level it reports.
+    pub const CGROUP_CHARGES: &str = "cgroup_charges";
+    pub const CHARGES_MAX_LEVEL: &str = "CHARGES_MAX_LEVEL";
 }
 
 #[cfg(feature = "user")]

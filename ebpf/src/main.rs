@@ -9,10 +9,12 @@
 #![no_std]
 #![no_main]
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     helpers::{
         bpf_probe_read_kernel, bpf_probe_read_kernel_buf, bpf_probe_read_kernel_str_bytes,
-        generated::{bpf_get_current_task, bpf_ktime_get_ns},
+        generated::{bpf_get_current_task, bpf_ktime_get_ns, bpf_seq_write},
     },
     macros::{map, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
@@ -21,7 +23,7 @@ use aya_ebpf::{
 use aya_log_ebpf::info;
 use evictd_common::{
     Band, CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
-    COUNTERS_LEN, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
+    COUNTERS_LEN, CgroupCharge, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
     EVENT_CROSSING, EVENT_OOM_VICTIM, EVENTS_RING_BYTES, KernelLayout, NODE_PIDS_SCOPE_ID,
     OomVictimEvent, PIDS_WATCHED_CGROUPS, PIDS_WATCHED_LEN, PIDS_WATCHED_NODE, RESOURCE_MEMORY,
     RESOURCE_PIDS,
@@ -56,6 +58,8 @@ static LAYOUT: KernelLayout = KernelLayout {
     cgroup_root_hierarchy_id: 0,
     task_cgroups: 0,
     css_set_subsys: 0,
+    cgroup_memory_css: 0,
+    _pad: 0,
     memory_subsys_id: u32::MAX,
     pids_subsys_id: u32::MAX,
     pids_css_to_counter: 0,
@@ -123,6 +127,12 @@ static CHECK_BUDGET: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// watched scope finds it farther (see `memory_switch_out`).
 #[map]
 static NEAR_A_LINE: PerCpuArray<u32> = PerCpuArray::with_max_entries(1, 0);
+
+/// The deepest cgroup level (root = 0) the cgroup iterator reports: a
+/// Burstable or BestEffort pod's, which leaves out all containers but a
+/// Guaranteed pod's, so that one read holds every pod.
+#[map]
+static CHARGES_MAX_LEVEL: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTERS_LEN, 0);
@@ -645,6 +655,96 @@ fn report_cgroup(ctx: &RawTracePointContext, kind: u32) -> Result<(), i32> {
     unsafe { (*event).path_len = copied.min(CGROUP_PATH_LEN as u32) };
     entry.submit(0);
     Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Charges of every memory cgroup, in one read
+
+/// `struct bpf_iter_meta`: the verifier types `seq` as the `seq_file` that
+/// `bpf_seq_write` wants, so it is loaded as a field, not probe-read.
+#[repr(C)]
+struct IterMeta {
+    seq: *mut c_void,
+}
+
+/// `struct bpf_iter__cgroup`.
+#[repr(C)]
+struct CgroupIterContext {
+    meta: *const IterMeta,
+    cgroup: u64,
+}
+
+/// A cgroup iterator (`iter/cgroup`, Linux 6.1; on a v1 hierarchy 6.7):
+/// one read of the iterator walks the memory cgroups under the one it was
+/// attached to and writes a [`CgroupCharge`] for each, where reading each
+/// pod's usage file costs a system call per pod.
+#[unsafe(no_mangle)]
+#[unsafe(link_section = "iter/cgroup")]
+pub extern "C" fn cgroup_charges(ctx: *mut c_void) -> i32 {
+    let ctx = ctx as *const CgroupIterContext;
+    // SAFETY: the kernel passes a `bpf_iter__cgroup`; `meta` is never null.
+    let seq = unsafe {
+        core::ptr::read_volatile(&raw const (*core::ptr::read_volatile(&raw const (*ctx).meta)).seq)
+    };
+    // Read as a plain number: the verifier allows no variable offset from
+    // the typed pointer the context holds.
+    let Ok(cgroup) = read::<u64>(
+        ctx as u64,
+        core::mem::offset_of!(CgroupIterContext, cgroup) as u64,
+    ) else {
+        bump(COUNTER_READ_ERRORS);
+        return 0;
+    };
+    // The walk's end calls once more with no cgroup.
+    if cgroup == 0 {
+        return 0;
+    }
+    let max_level = CHARGES_MAX_LEVEL.get(0).copied().unwrap_or(0);
+    match read::<i32>(cgroup, layout!(cgroup_level) as u64) {
+        Ok(level) if level as u32 > max_level => return 0,
+        Ok(_) => {}
+        Err(_) => {
+            bump(COUNTER_READ_ERRORS);
+            return 0;
+        }
+    }
+    let charge = match cgroup_charge(cgroup) {
+        Ok(Some(charge)) => charge,
+        Ok(None) => return 0,
+        Err(_) => {
+            bump(COUNTER_READ_ERRORS);
+            return 0;
+        }
+    };
+    // A record past the kernel's buffer fails the whole read in userspace
+    // (EOPNOTSUPP when it goes on), so the result here tells nothing more.
+    // SAFETY: `seq` is the iterator's seq_file; `charge` lives on the stack.
+    unsafe {
+        bpf_seq_write(
+            seq as *mut _,
+            (&raw const charge).cast(),
+            size_of::<CgroupCharge>() as u32,
+        )
+    };
+    0
+}
+
+#[inline(always)]
+fn cgroup_charge(cgroup: u64) -> Result<Option<CgroupCharge>, i32> {
+    let css: u64 = read(cgroup, layout!(cgroup_memory_css) as u64)?;
+    // A v2 cgroup whose parent does not enable the memory controller.
+    if css == 0 {
+        return Ok(None);
+    }
+    let kn: u64 = read(cgroup, layout!(cgroup_kn) as u64)?;
+    let pages: i64 = read(
+        css - layout!(mem_cgroup_css) as u64,
+        layout!(mem_cgroup_memory_usage) as u64,
+    )?;
+    Ok(Some(CgroupCharge {
+        cgroup_id: read(kn, layout!(kernfs_node_id) as u64)?,
+        pages: pages.max(0) as u64,
+    }))
 }
 
 #[cfg(not(test))]

@@ -2,11 +2,16 @@
 //! them and the maps they use — found from the program ids it logged, and
 //! whether they are gone. Other agents run on the same kernel at the same
 //! time, so only ever ids an agent reported are looked at.
-use std::{collections::BTreeSet, time::Duration};
+use std::{collections::BTreeSet, io, time::Duration};
 
 use aya::{
     maps::loaded_maps,
     programs::{loaded_links, loaded_programs},
+};
+use evictd::{
+    kernel::bpf::{ProbeOptions, Probes},
+    kernel::capabilities::Capabilities,
+    node::cgroupfs::CgroupFs,
 };
 use serde_json::Value;
 
@@ -108,4 +113,18 @@ pub fn program_ids(attached: &Value) -> Vec<u32> {
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|n| n.parse().ok())
         .collect()
+}
+
+/// What this kernel offers, and the agent's programs loaded for it (none
+/// attached yet), with memory checked every `check_step_bytes` of churn.
+pub fn load_probes(check_step_bytes: u64) -> io::Result<(Capabilities, Probes)> {
+    let (capabilities, btf) =
+        Capabilities::detect(&CgroupFs::discover().map_err(io::Error::other)?);
+    let btf = btf.ok_or_else(|| io::Error::other(format!("no kernel BTF: {capabilities}")))?;
+    let options = ProbeOptions {
+        check_step_bytes,
+        kernel_log: false,
+    };
+    let probes = Probes::load(&btf, options).map_err(io::Error::other)?;
+    Ok((capabilities, probes))
 }

@@ -38,7 +38,7 @@ pub use agent::{
 pub use apiserver::{
     ApiServer, Faults, Recorded, api_pod, closed_port, status_failure, write_kubeconfig,
 };
-pub use bpf_objects::{BpfObjects, program_ids};
+pub use bpf_objects::{BpfObjects, load_probes, program_ids};
 pub use bpf_stats::BpfStats;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use containerd::{Containerd, IMAGE};

@@ -12,13 +12,10 @@ use std::{
 
 use evictd::{
     config::Mode,
-    kernel::bpf::{ProbeOptions, Probes},
-    kernel::capabilities::Capabilities,
     kernel::triggers::{self, MemoryFalls},
-    node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
-    AGENT_DEADLINE, Agent, AgentLog, BpfObjects, agent_binary, program_ids, wait_until,
+    AGENT_DEADLINE, Agent, AgentLog, BpfObjects, agent_binary, load_probes, program_ids, wait_until,
 };
 use nix::sys::signal::Signal;
 use rstest::rstest;
@@ -132,15 +129,7 @@ fn a_panic_unwinding_past_the_loaded_programs_frees_them() {
     let loaded = Mutex::new(BpfObjects::default());
     let result = std::panic::catch_unwind(|| {
         // The programs the agent would attach on this kernel.
-        let (capabilities, btf) = Capabilities::detect(&CgroupFs::discover().unwrap());
-        let mut probes = Probes::load(
-            &btf.unwrap(),
-            ProbeOptions {
-                check_step_bytes: 256 * 1024,
-                kernel_log: false,
-            },
-        )
-        .unwrap();
+        let (capabilities, mut probes) = load_probes(256 * 1024).unwrap();
         for hook in
             triggers::choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge).hooks()
         {

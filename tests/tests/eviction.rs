@@ -45,6 +45,13 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
             "always",
         ])
         .unwrap();
+    // The pods are ranked from one read of the kernel's cgroup iterator
+    // (both kernels the tests run on have it; poll mode, below, reads
+    // each pod's file).
+    agent.log.expect(
+        "pods' memory read at once by the kernel's cgroup iterator",
+        &[],
+    );
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
         "watching scope",

@@ -11,16 +11,16 @@ use std::time::Duration;
 
 use evictd::{
     config::Mode,
-    kernel::bpf::{
-        Hook, KernelEvent, ProbeOptions, Probes, Purpose, Received, ScopeKind, ScopeMaps,
-    },
+    kernel::bpf::{Hook, KernelEvent, Probes, Purpose, Received, ScopeKind, ScopeMaps},
     kernel::capabilities::Capabilities,
     kernel::triggers::{self, MemoryFalls, Trigger},
     node::cgroupfs::CgroupFs,
     scopes::levels::Levels,
 };
 use evictd_common::NODE_PIDS_SCOPE_ID;
-use evictd_integration::{Controller, PrivateCgroupTree, Workload, scaled, wait_until};
+use evictd_integration::{
+    Controller, PrivateCgroupTree, Workload, load_probes, scaled, wait_until,
+};
 use nix::{
     sched::{CpuSet, sched_getaffinity, sched_setaffinity},
     unistd::Pid,
@@ -80,7 +80,7 @@ impl Kernel {
             .enable_all()
             .build()
             .unwrap();
-        let (capabilities, btf) = Capabilities::detect(&CgroupFs::discover().unwrap());
+        let (capabilities, mut probes) = load_probes(CHECK_STEP).unwrap();
         let chosen = triggers::choose(&capabilities, Mode::Event, MemoryFalls::AtTheNextCharge);
         for purpose in Purpose::ALL {
             assert!(
@@ -89,14 +89,6 @@ impl Kernel {
                 chosen.get(purpose)
             );
         }
-        let mut probes = Probes::load(
-            &btf.unwrap(),
-            ProbeOptions {
-                check_step_bytes: CHECK_STEP,
-                kernel_log: false,
-            },
-        )
-        .unwrap();
         for hook in chosen.hooks() {
             let hook = match memory {
                 Some(memory) if hook.purpose() == Purpose::Memory => memory,

@@ -311,6 +311,11 @@ impl Lookup<'_> {
             cgroup_root_hierarchy_id: self.offset("cgroup_root", "hierarchy_id")?,
             task_cgroups: self.offset("task_struct", "cgroups")?,
             css_set_subsys: self.offset("css_set", "subsys")?,
+            cgroup_memory_css: match subsys("memory_cgrp_id") {
+                u32::MAX => 0,
+                id => self.offset("cgroup", "subsys")? + id * 8,
+            },
+            _pad: 0,
             memory_subsys_id: subsys("memory_cgrp_id"),
             pids_subsys_id,
             pids_css_to_counter: i32::try_from(pids_css_to_counter)

@@ -14,6 +14,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fs, io,
+    os::unix::fs::DirEntryExt,
     path::{Path, PathBuf},
     sync::Arc,
     time::Instant,
@@ -102,6 +103,13 @@ pub trait PodMetadataSource: Send {
     fn set_metrics(&mut self, _metrics: Arc<Metrics>) {}
 }
 
+/// The bytes charged to every memory cgroup under one, read at once: the
+/// kernel's cgroup iterator (`kernel::bpf::CgroupCharges`).
+pub trait ChargesSource: Send {
+    /// Bytes charged by cgroup id into `charges`, cleared first.
+    fn read(&mut self, charges: &mut HashMap<u64, u64>) -> io::Result<()>;
+}
+
 /// The pods as last listed, and what was built of each from its metadata.
 struct Listing {
     cgroups: Vec<PodCgroup>,
@@ -121,6 +129,8 @@ pub struct PodCgroup {
     pub qos: QosClass,
     /// Relative to the hierarchy root.
     pub path: String,
+    /// The kernel's cgroup id (the directory's inode number) when listed.
+    pub id: u64,
 }
 
 pub struct Inventory {
@@ -133,6 +143,11 @@ pub struct Inventory {
     /// listing reads each pod's bytes charged with one system call, and an
     /// exact read its working set with two.
     memory_files: HashMap<String, OpenMemory>,
+    /// Where a memory listing reads every pod's bytes charged at once, if
+    /// the kernel can; a pod it does not cover is read through its file.
+    charges_source: Option<Box<dyn ChargesSource>>,
+    /// The last such reading, by cgroup id (kept for its allocation).
+    charges: HashMap<u64, u64>,
     /// The memory controller's hierarchy id (0 on v2): only its cgroups
     /// can change the listing.
     memory_hierarchy: Option<u32>,
@@ -165,6 +180,8 @@ impl Inventory {
         Ok(Self {
             listed: None,
             memory_files: HashMap::new(),
+            charges_source: None,
+            charges: HashMap::new(),
             memory_hierarchy: hierarchy_ids(&cgroupfs).memory,
             own_cgroup: own_memory_cgroup(),
             own_pod_uid: args.pod_uid.clone(),
@@ -197,6 +214,11 @@ impl Inventory {
         self.listed = None;
     }
 
+    /// Reads the pods' bytes charged for memory decisions from `source`.
+    pub fn set_charges_source(&mut self, source: Box<dyn ChargesSource>) {
+        self.charges_source = Some(source);
+    }
+
     /// Takes disk usage and the runtime's filesystems from `link`.
     pub fn set_runtime(&mut self, link: RuntimeLink) {
         self.runtime = Some(link);
@@ -214,6 +236,14 @@ impl Inventory {
     /// The node cgroup, relative to the hierarchy root.
     pub fn node_cgroup(&self) -> &str {
         &self.signals.node
+    }
+
+    /// The pods' cgroup if it exists now, and the deepest level below the
+    /// hierarchy root a pod's cgroup sits at (`<pods>/<QoS class>/<pod>`).
+    pub fn pods_cgroup_and_depth(&self) -> Option<(String, u32)> {
+        let kubepods = self.kubepods_cgroup()?;
+        let level = kubepods.split('/').filter(|part| !part.is_empty()).count() as u32;
+        Some((kubepods, level + 2))
     }
 
     /// The pods' cgroup, if it exists now.
@@ -425,10 +455,17 @@ impl Inventory {
                 }
             }
         };
+        let charges = match reads {
+            Reads::MemoryBound => self.read_charges(),
+            Reads::Exact => None,
+        };
         let mut pods = Vec::with_capacity(listing.cgroups.len());
         let mut gone = false;
         for (cgroup, built) in listing.cgroups.iter().zip(&mut listing.built) {
-            let usage = match self.usage(&cgroup.path, reads) {
+            let charged = charges
+                .as_ref()
+                .and_then(|charges| charges.get(&cgroup.id).copied());
+            let usage = match self.usage(&cgroup.path, reads, charged) {
                 Ok(usage) => usage,
                 Err(CgroupError::Gone(_)) => {
                     debug!(pod = cgroup.path, "pod cgroup vanished while being read");
@@ -451,10 +488,29 @@ impl Inventory {
             }
             pods.push(pod);
         }
+        if let Some(charges) = charges {
+            self.charges = charges;
+        }
         if !gone {
             self.listed = Some(listing);
         }
         Ok(pods)
+    }
+
+    /// Every memory cgroup's bytes charged from the charges source, if
+    /// there is one. One that fails is not asked again: each pod's file
+    /// still answers.
+    fn read_charges(&mut self) -> Option<HashMap<u64, u64>> {
+        let source = self.charges_source.as_mut()?;
+        let mut charges = std::mem::take(&mut self.charges);
+        match source.read(&mut charges) {
+            Ok(()) => Some(charges),
+            Err(e) => {
+                warn!(error = %e, "reading every pod's memory at once failed: each pod's file is read from now on");
+                self.charges_source = None;
+                None
+            }
+        }
     }
 
     pub fn snapshot(&mut self, time: f64) -> Result<Snapshot, InventoryError> {
@@ -543,11 +599,24 @@ impl Inventory {
         })
     }
 
-    fn usage(&mut self, path: &str, reads: Reads) -> Result<PodUsage, CgroupError> {
+    /// Pod cgroup `path`'s usage; for `Reads::MemoryBound`, `charged` when
+    /// the charges source had it.
+    fn usage(
+        &mut self,
+        path: &str,
+        reads: Reads,
+        charged: Option<u64>,
+    ) -> Result<PodUsage, CgroupError> {
         if reads == Reads::MemoryBound {
+            let charged = match charged {
+                Some(bytes) => bytes,
+                // Not walked: made since the source was attached, or gone
+                // (which its file says).
+                None => self.bytes_charged(path)?,
+            };
             // The process count, and so whether it runs, is read by `refine`.
             return Ok(PodUsage {
-                memory_working_set_bytes: self.bytes_charged(path)?,
+                memory_working_set_bytes: charged,
                 ..PodUsage::default()
             });
         }
@@ -666,12 +735,13 @@ fn is_static_pod_uid(uid: &str) -> bool {
 /// Pod cgroups under the pods' cgroup `dir` (whose path is `kubepods`).
 fn find_pods(dir: &Path, kubepods: &str) -> Result<Vec<PodCgroup>, InventoryError> {
     let mut pods = Vec::new();
-    for name in subdirectories(dir)? {
+    for (name, id) in subdirectories(dir)? {
         if let Some(uid) = pod_uid(&name) {
             pods.push(PodCgroup {
                 uid,
                 qos: QosClass::Guaranteed,
                 path: child_path(kubepods, &name),
+                id,
             });
             continue;
         }
@@ -679,12 +749,13 @@ fn find_pods(dir: &Path, kubepods: &str) -> Result<Vec<PodCgroup>, InventoryErro
             continue;
         };
         let qos_path = child_path(kubepods, &name);
-        for pod_name in subdirectories(&dir.join(&name))? {
+        for (pod_name, id) in subdirectories(&dir.join(&name))? {
             if let Some(uid) = pod_uid(&pod_name) {
                 pods.push(PodCgroup {
                     uid,
                     qos,
                     path: child_path(&qos_path, &pod_name),
+                    id,
                 });
             }
         }
@@ -693,7 +764,9 @@ fn find_pods(dir: &Path, kubepods: &str) -> Result<Vec<PodCgroup>, InventoryErro
     Ok(pods)
 }
 
-fn subdirectories(dir: &Path) -> Result<Vec<String>, InventoryError> {
+/// The names of `dir`'s subdirectories, with their inode numbers (a
+/// cgroup's id).
+fn subdirectories(dir: &Path) -> Result<Vec<(String, u64)>, InventoryError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if is_gone(&e) => return Ok(Vec::new()),
@@ -707,7 +780,7 @@ fn subdirectories(dir: &Path) -> Result<Vec<String>, InventoryError> {
     Ok(entries
         .filter_map(Result::ok)
         .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter_map(|entry| Some((entry.file_name().into_string().ok()?, entry.ino())))
         .collect())
 }
 

@@ -28,7 +28,7 @@ use crate::{
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
     decide::thresholds::EvictionConfig,
     kernel::{
-        bpf::{BpfError, KernelEvent, ProbeOptions, Purpose},
+        bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Purpose},
         capabilities::Capabilities,
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
         triggers::{self, MemoryFalls},
@@ -190,6 +190,34 @@ pub async fn run(
     let mut bands = None;
     let mut coverage = KernelCoverage::default();
     if let Some(mut probes) = armed.probes {
+        // Walked from the pods' cgroup: the node's may be the hierarchy's
+        // root, whose usage file counts otherwise (so the first reading
+        // cannot be checked) and which holds every system cgroup.
+        match inventory.pods_cgroup_and_depth() {
+            Some((kubepods, depth)) => {
+                let charges = probes.cgroup_charges(&cgroupfs.memory_dir(&kubepods), depth, || {
+                    cgroupfs.read_memory_usage(&kubepods)
+                });
+                match charges {
+                    Ok(charges) => {
+                        info!(
+                            cgroup = kubepods,
+                            "pods' memory read at once by the kernel's cgroup iterator"
+                        );
+                        inventory.set_charges_source(Box::new(charges));
+                    }
+                    Err(ChargesError::Setup(e)) => {
+                        info!(error = %e, "no cgroup iterator: a memory decision reads each pod's file");
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "the cgroup iterator is not used: a memory decision reads each pod's file");
+                    }
+                }
+            }
+            None => {
+                info!("no pods' cgroup at start: a memory decision reads each pod's file");
+            }
+        }
         info!(programs = ?probes.program_ids(), "eBPF programs attached");
         if args.bpf_log {
             kernel_log = Some(tokio::spawn(

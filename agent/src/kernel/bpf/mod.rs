@@ -1,26 +1,32 @@
 //! evictd's eBPF programs: [`hooks`] names them and what each serves,
 //! [`Probes`] loads and attaches them, [`maps`] holds the scope bands and
 //! the programs' counters, [`events`] turns ring-buffer records into
-//! events.
+//! events, [`charges`] reads every memory cgroup's charge at once.
 //!
 //! Everything loaded here belongs to [`Probes`] (and the [`ScopeMaps`] and
 //! [`EventStream`] taken from it): dropping them detaches every program and
 //! frees every map. Nothing is pinned, so an agent that dies leaves nothing
 //! behind in the kernel.
+mod charges;
 mod events;
 mod hooks;
 mod maps;
 
-use std::{collections::BTreeMap, os::fd::AsRawFd};
+use std::{
+    collections::BTreeMap,
+    os::fd::{AsFd, AsRawFd},
+    path::Path,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, MapError, PerCpuArray, RingBuf},
-    programs::{ProgramError, RawTracePoint, raw_trace_point::RawTracePointLinkId},
+    maps::{Array, MapData, MapError, PerCpuArray, RingBuf},
+    programs::{Iter, ProgramError, RawTracePoint, raw_trace_point::RawTracePointLinkId},
 };
 use evictd_common::names;
 use tokio::io::{Interest, unix::AsyncFd};
 
+pub use charges::{CgroupCharges, ChargesError};
 pub use events::{
     CgroupChange, Crossing, DecodeError, EventStream, KernelEvent, Received, decode,
     monotonic_now_ns,
@@ -60,6 +66,10 @@ pub enum BpfError {
         #[source]
         source: MapError,
     },
+    #[error("reading the kernel's BTF for the cgroup iterator: {0}")]
+    Btf(#[source] aya::BtfError),
+    #[error("attaching the cgroup iterator: {0}")]
+    Iterator(#[source] std::io::Error),
     #[error("ring buffer: {0}")]
     Poll(#[source] std::io::Error),
     #[error("reading the CPUs the programs may run on ({path}): {source}")]
@@ -101,6 +111,13 @@ pub struct Probes {
     /// when it is detached ([`Probes::set_active`]), so attaching it again
     /// costs one syscall per program and no verification.
     links: BTreeMap<&'static str, RawTracePointLinkId>,
+    page_shift: u32,
+    cpus: u64,
+    /// Why the cgroup iterator did not load, if it did not.
+    iterator_error: Option<BpfError>,
+    /// Whether the cgroup iterator was attached (its link is the
+    /// [`CgroupCharges`] handed out).
+    iterator_linked: bool,
 }
 
 impl Probes {
@@ -125,6 +142,10 @@ impl Probes {
             pids_cgroups: Default::default(),
             node_pids_watched: false,
         };
+        // Loaded now, while the loader's copy of the kernel's BTF is freed
+        // and nothing else is held: a second copy later would raise the
+        // agent's peak memory.
+        let iterator_error = load_iterator(&mut ebpf).err();
         let counters = take_map(&mut ebpf, names::COUNTERS)?;
         let events = Some(take_map(&mut ebpf, names::EVENTS)?);
         Ok(Self {
@@ -134,6 +155,10 @@ impl Probes {
             events,
             hooks: Vec::new(),
             links: BTreeMap::new(),
+            page_shift: layout.page_shift,
+            cpus: layout.possible_cpus,
+            iterator_error,
+            iterator_linked: false,
         })
     }
 
@@ -223,6 +248,49 @@ impl Probes {
             })
     }
 
+    /// Attaches the cgroup iterator to walk the memory cgroups under `root`
+    /// (a directory of the memory hierarchy), reporting those at most
+    /// `max_level` below the hierarchy's root, and checks a first reading
+    /// against `root`'s usage file, read by `usage`
+    /// ([`CgroupCharges::check`]). It needs Linux 6.1, and 6.7 on a cgroup
+    /// v1 hierarchy.
+    pub fn cgroup_charges<E>(
+        &mut self,
+        root: &Path,
+        max_level: u32,
+        usage: impl Fn() -> Result<u64, E>,
+    ) -> Result<CgroupCharges, ChargesError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut charges = self.attach_iterator(root, max_level)?;
+        charges.check(usage)?;
+        self.iterator_linked = true;
+        Ok(charges)
+    }
+
+    fn attach_iterator(&mut self, root: &Path, max_level: u32) -> Result<CgroupCharges, BpfError> {
+        if let Some(e) = self.iterator_error.take() {
+            return Err(e);
+        }
+        let mut level: Array<_, u32> = self
+            .ebpf
+            .map_mut(names::CHARGES_MAX_LEVEL)
+            .ok_or(BpfError::Missing(names::CHARGES_MAX_LEVEL))?
+            .try_into()
+            .map_err(|source| BpfError::Map {
+                map: names::CHARGES_MAX_LEVEL,
+                source,
+            })?;
+        level.set(0, max_level, 0).map_err(|source| BpfError::Map {
+            map: names::CHARGES_MAX_LEVEL,
+            source,
+        })?;
+        let program = iterator(&mut self.ebpf)?.fd().map_err(iterator_error)?;
+        CgroupCharges::attach(program.as_fd(), root, self.page_shift, self.cpus)
+            .map_err(BpfError::Iterator)
+    }
+
     /// The hooks attached, in the order they were.
     pub fn hooks(&self) -> &[Hook] {
         &self.hooks
@@ -260,15 +328,39 @@ impl Probes {
         })
     }
 
-    /// Ids of the loaded programs, as `bpftool prog list` shows them.
+    /// Ids of the attached programs, the cgroup iterator included, as
+    /// `bpftool prog list` shows them.
     pub fn program_ids(&self) -> BTreeMap<&'static str, u32> {
+        let iterator = self.iterator_linked.then_some(names::CGROUP_CHARGES);
         self.attached_programs()
-            .filter_map(|program| {
-                let id = self.ebpf.program(program.name)?.info().ok()?.id();
-                Some((program.name, id))
-            })
+            .map(|program| program.name)
+            .chain(iterator)
+            .filter_map(|name| Some((name, self.ebpf.program(name)?.info().ok()?.id())))
             .collect()
     }
+}
+
+fn iterator_error(source: ProgramError) -> BpfError {
+    BpfError::Program {
+        program: names::CGROUP_CHARGES,
+        tracepoint: "iter/cgroup",
+        source,
+    }
+}
+
+fn iterator(ebpf: &mut Ebpf) -> Result<&mut Iter, BpfError> {
+    ebpf.program_mut(names::CGROUP_CHARGES)
+        .ok_or(BpfError::Missing(names::CGROUP_CHARGES))?
+        .try_into()
+        .map_err(iterator_error)
+}
+
+/// Verifies the cgroup iterator; it is attached only once the cgroup to
+/// walk is known.
+fn load_iterator(ebpf: &mut Ebpf) -> Result<(), BpfError> {
+    // aya finds the iterator's attach point by name in the whole BTF.
+    let btf = aya::Btf::from_sys_fs().map_err(BpfError::Btf)?;
+    iterator(ebpf)?.load("cgroup", &btf).map_err(iterator_error)
 }
 
 /// Registers a map-backed reader with tokio for readability.

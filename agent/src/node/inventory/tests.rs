@@ -715,3 +715,89 @@ fn only_running_pods_that_set_a_limit_are_held_to_their_local_storage_limits() {
         "{found:?}"
     );
 }
+
+/// A charges source that answers `charges` (or fails), counting the calls.
+struct FakeCharges {
+    charges: Option<HashMap<u64, u64>>,
+    reads: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ChargesSource for FakeCharges {
+    fn read(&mut self, charges: &mut HashMap<u64, u64>) -> io::Result<()> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        charges.clear();
+        charges.extend(self.charges.as_ref().ok_or(io::ErrorKind::Unsupported)?);
+        Ok(())
+    }
+}
+
+fn memory_usage(inventory: &mut Inventory) -> Vec<(String, u64)> {
+    let pods = inventory.pods_for(Resource::Memory).unwrap();
+    pods.iter()
+        .map(|pod| (pod.uid.clone(), pod.usage.memory_working_set_bytes))
+        .collect()
+}
+
+#[test]
+fn a_memory_listing_takes_bytes_charged_from_the_charges_source_and_reads_the_file_of_a_pod_it_lacks()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 100, 1);
+    v1_pod(root, "sandbox/kubepods/besteffort/podb", 200, 1);
+    let mut inventory = inventory(root, "/sandbox", None);
+    let id = |pod: &str| {
+        CgroupFs::cgroup_id(&root.join("memory/sandbox/kubepods/besteffort").join(pod)).unwrap()
+    };
+    let reads = Arc::default();
+    inventory.set_charges_source(Box::new(FakeCharges {
+        // Not b: made after the source was attached, say.
+        charges: Some(HashMap::from([(id("poda"), 4096)])),
+        reads: Arc::clone(&reads),
+    }));
+    assert_eq!(
+        memory_usage(&mut inventory),
+        [("a".to_owned(), 4096), ("b".to_owned(), 200)]
+    );
+    assert_eq!(reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+    // An exact read is the files', and does not ask the source.
+    let exact: Vec<_> = inventory
+        .pods()
+        .unwrap()
+        .into_iter()
+        .map(|pod| pod.usage.memory_working_set_bytes)
+        .collect();
+    assert_eq!(exact, [100, 200]);
+    assert_eq!(reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_charges_source_that_fails_leaves_every_pod_to_its_file_and_is_not_asked_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 100, 1);
+    let mut inventory = inventory(root, "/sandbox", None);
+    let reads = Arc::default();
+    inventory.set_charges_source(Box::new(FakeCharges {
+        charges: None,
+        reads: Arc::clone(&reads),
+    }));
+    for _ in 0..2 {
+        assert_eq!(memory_usage(&mut inventory), [("a".to_owned(), 100)]);
+    }
+    assert_eq!(reads.load(std::sync::atomic::Ordering::Relaxed), 1);
+}
+
+#[test]
+fn pods_sit_two_levels_below_the_pods_cgroup_once_it_exists() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let inventory = inventory(root, "/sandbox", None);
+    assert_eq!(inventory.pods_cgroup_and_depth(), None);
+    v1_pod(root, "sandbox/kubepods/besteffort/poda", 100, 1);
+    assert_eq!(
+        inventory.pods_cgroup_and_depth(),
+        Some(("/sandbox/kubepods".to_owned(), 4))
+    );
+}

@@ -53,7 +53,8 @@ pub fn markdown(results: &Value) -> String {
              line, p50 / p90 / p99 over the runs: *to the run*: from the trigger to the engine \
              run (the wake-up, the kernel's records read); *node read*: the node's signals; \
              *pods listed*: every pod with the usage it ranks by (for memory, its bytes \
-             charged: one read per pod); *rankings*: every ranking the decision made; *exact \
+             charged: one read of the kernel's cgroup iterator in event mode, one read per \
+             pod in the other modes or without the iterator); *rankings*: every ranking the decision made; *exact \
              reads*: the working set of the pods the decision turned on (*read*: how many, \
              p50); *rest*: woken → decided less these (the engine, metrics, tripwires).\n\n";
     text += &decision_phases_table(results);
