@@ -44,6 +44,11 @@ pub const COUNTERS_LEN: u32 = 3;
 /// cgroupfs when it finds records were dropped (see `COUNTER_RINGBUF_DROPS`).
 pub const EVENTS_RING_BYTES: u32 = 256 * 1024;
 
+/// `MEMCG_CHARGE_BATCH`: pages a CPU charges to a page counter at once and
+/// hands out from its stock, so a counter read runs ahead of the pages in
+/// use by up to this much per CPU.
+pub const CHARGE_BATCH_PAGES: u64 = 64;
+
 /// Longest cgroup path a lifecycle event carries, NUL included.
 pub const CGROUP_PATH_LEN: usize = 256;
 

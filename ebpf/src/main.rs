@@ -22,20 +22,16 @@ use aya_ebpf::{
 };
 use aya_log_ebpf::info;
 use evictd_common::{
-    Band, CGROUP_PATH_LEN, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS, COUNTER_RINGBUF_DROPS,
-    COUNTERS_LEN, CgroupCharge, CgroupEvent, CrossingEvent, EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR,
-    EVENT_CROSSING, EVENT_OOM_VICTIM, EVENTS_RING_BYTES, KernelLayout, NODE_PIDS_SCOPE_ID,
-    OomVictimEvent, PIDS_WATCHED_CGROUPS, PIDS_WATCHED_LEN, PIDS_WATCHED_NODE, RESOURCE_MEMORY,
-    RESOURCE_PIDS,
+    Band, CGROUP_PATH_LEN, CHARGE_BATCH_PAGES, COUNTER_MEMORY_CHECKS, COUNTER_READ_ERRORS,
+    COUNTER_RINGBUF_DROPS, COUNTERS_LEN, CgroupCharge, CgroupEvent, CrossingEvent,
+    EVENT_CGROUP_MKDIR, EVENT_CGROUP_RMDIR, EVENT_CROSSING, EVENT_OOM_VICTIM, EVENTS_RING_BYTES,
+    KernelLayout, NODE_PIDS_SCOPE_ID, OomVictimEvent, PIDS_WATCHED_CGROUPS, PIDS_WATCHED_LEN,
+    PIDS_WATCHED_NODE, RESOURCE_MEMORY, RESOURCE_PIDS,
 };
 
 /// Deepest cgroup nesting walked from a leaf towards the root. kubelet's
 /// trees are about six levels deep (slice/qos/pod/container under a node).
 const MAX_DEPTH: u32 = 16;
-
-/// `MEMCG_CHARGE_BATCH`: pages a CPU charges to the page counter at once and
-/// hands out from its stock.
-const CHARGE_BATCH_PAGES: u64 = 64;
 
 /// Folios a CPU's LRU batch holds before they are put on a list
 /// (`PAGEVEC_SIZE`).

@@ -142,7 +142,10 @@ fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
         &[("scope", &node_cgroup), ("trigger", "bpf")],
     );
     node.grow_until_stopped("hog", 16 * MIB, 512 * MIB).unwrap();
-    agent.log.expect_eviction("default/hog", "memory");
+    let decided = agent.log.expect_eviction("default/hog", "memory");
+    // The profile lets the decision read its thread's usage (getrusage).
+    assert!(decided["run_on_cpu_us"].is_u64(), "{decided}");
+    assert!(decided["run_blocked"].is_u64(), "{decided}");
     assert!(node.alive("db"));
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     let (status, mut log) = agent.stop().unwrap();

@@ -25,7 +25,7 @@ pub use safeguards::EvictionBudget;
 use crate::{
     act::{
         io::{Io, NodeSource, PodKiller},
-        wake::{Clock, Wake},
+        wake::{Clock, ThreadUsage, Wake},
     },
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
@@ -91,6 +91,10 @@ pub(super) struct DecisionTimes {
     /// many pods were read so.
     exact_read: Duration,
     exact_reads: usize,
+    /// When the engine run began, and its thread's usage then: a slow
+    /// decision says how much of its run was spent off the CPU, and why.
+    run_started_ns: u64,
+    run_usage: Option<ThreadUsage>,
 }
 
 /// What the loop does after an engine run.
@@ -237,6 +241,7 @@ impl<I: Io> Evictor<I> {
             .engine_runs
             .with_label_values(&[wake.cause.as_str()])
             .inc();
+        let run_usage = ThreadUsage::now();
         let run_ns = self.clock.now_ns();
         let observation = match self.node.observe() {
             Ok(observation) => observation,
@@ -252,6 +257,8 @@ impl<I: Io> Evictor<I> {
         self.run_times = DecisionTimes {
             woken_to_run: Duration::from_nanos(run_ns.saturating_sub(wake.at_ns)),
             observe: self.clock.since(run_ns),
+            run_started_ns: run_ns,
+            run_usage,
             ..DecisionTimes::default()
         };
         let assessment = self.engine.observe(self.clock.now(), &observation.stats);

@@ -1,6 +1,11 @@
 //! Why the engine woke, and the clock the loop keeps time with.
 use std::time::Duration;
 
+use nix::{
+    sys::resource::{UsageWho, getrusage},
+    time::{ClockId, clock_gettime},
+};
+
 use crate::kernel::bpf::monotonic_now_ns;
 
 /// What woke the engine: the `trigger` label of logs and metrics.
@@ -98,5 +103,78 @@ impl Clock {
 impl Default for Clock {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The calling thread's CPU time and context switches. Over a slow
+/// decision they say where its thread was: working (CPU time), waiting for
+/// a CPU (involuntary switches), blocked (voluntary ones), or off the CPU
+/// with neither, which is time the hypervisor took (steal: a guest's task
+/// clock leaves it out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadUsage {
+    pub cpu: Duration,
+    pub voluntary_switches: u64,
+    pub involuntary_switches: u64,
+}
+
+impl ThreadUsage {
+    /// `None` where the kernel refuses a read (a seccomp profile without
+    /// `getrusage`): the decision is logged without it.
+    pub fn now() -> Option<Self> {
+        let cpu = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
+        let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
+        Some(Self {
+            cpu: Duration::from(cpu),
+            voluntary_switches: usage.voluntary_context_switches().max(0) as u64,
+            involuntary_switches: usage.involuntary_context_switches().max(0) as u64,
+        })
+    }
+
+    /// What the thread spent since `earlier`.
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            cpu: self.cpu.saturating_sub(earlier.cpu),
+            voluntary_switches: self
+                .voluntary_switches
+                .saturating_sub(earlier.voluntary_switches),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(earlier.involuntary_switches),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_works_is_charged_cpu_time_up_to_the_time_passed() {
+        // The clock first, so that its span holds the whole CPU time read.
+        let began = std::time::Instant::now();
+        let start = ThreadUsage::now().unwrap();
+        let mut x = 0u64;
+        loop {
+            let spent = ThreadUsage::now().unwrap().since(&start);
+            if spent.cpu >= Duration::from_millis(2) {
+                assert!(spent.cpu <= began.elapsed(), "{spent:?}");
+                break;
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(10),
+                "no CPU time charged: {spent:?}"
+            );
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+    }
+
+    #[test]
+    fn a_thread_that_sleeps_switches_voluntarily_without_cpu_time() {
+        let start = ThreadUsage::now().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let spent = ThreadUsage::now().unwrap().since(&start);
+        assert!(spent.voluntary_switches >= 1, "{spent:?}");
+        assert!(spent.cpu < Duration::from_millis(20), "{spent:?}");
     }
 }

@@ -48,6 +48,8 @@ mod tests {
             // A reaper moving off its victim's CPU.
             "sched_getaffinity",
             "sched_setaffinity",
+            // A decision's time on and off the CPU.
+            "getrusage",
         ] {
             assert!(allowed.contains(&needed), "{needed} is not allowed");
         }

@@ -16,7 +16,7 @@ use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
         kill::{KillError, KillReport},
-        wake::Wake,
+        wake::{ThreadUsage, Wake},
     },
     config::EvictionAction,
     decide::{
@@ -329,6 +329,11 @@ impl<I: Io> Evictor<I> {
     ) {
         let signal = starvation.threshold.signal;
         let us = |phase: Duration| phase.as_micros() as u64;
+        let run = self.clock.since(times.run_started_ns);
+        let run_spent = times
+            .run_usage
+            .zip(ThreadUsage::now())
+            .map(|(start, end)| end.since(&start));
         let qos = pod.qos_class();
         info!(
             %signal,
@@ -352,6 +357,10 @@ impl<I: Io> Evictor<I> {
             rank_us = us(times.rank),
             exact_read_us = us(times.exact_read),
             exact_reads = times.exact_reads,
+            run_on_cpu_us = run_spent.map(|spent| us(spent.cpu)),
+            run_off_cpu_us = run_spent.map(|spent| us(run.saturating_sub(spent.cpu))),
+            run_preempted = run_spent.map(|spent| spent.involuntary_switches),
+            run_blocked = run_spent.map(|spent| spent.voluntary_switches),
             at_ns = self.clock.now_ns(),
             dry_run = self.options.dry_run,
             "eviction decided"

@@ -430,6 +430,10 @@ async fn a_memory_decision_reads_exactly_only_the_pods_it_turns_on() {
         "list_us=",
         "rank_us=",
         "exact_read_us=",
+        "run_on_cpu_us=",
+        "run_off_cpu_us=",
+        "run_preempted=",
+        "run_blocked=",
     ] {
         assert!(decided.contains(phase), "{phase} in {decided}");
     }

@@ -13,18 +13,19 @@ use std::{
     path::Path,
 };
 
-use evictd_common::CgroupCharge;
+use evictd_common::{CHARGE_BATCH_PAGES, CgroupCharge};
 
 /// `BPF_LINK_CREATE` and `BPF_ITER_CREATE` (`enum bpf_cmd`), which aya's
 /// `Iter` does not expose with a cgroup to start from.
 const BPF_LINK_CREATE: libc::c_long = 28;
 const BPF_ITER_CREATE: libc::c_long = 33;
-/// More than the kernel writes in one read of an iterator (`PAGE_SIZE << 3`).
-const READ_BYTES: usize = 64 << 10;
 /// `BPF_TRACE_ITER` (`enum bpf_attach_type`).
 const BPF_TRACE_ITER: u32 = 28;
 /// `BPF_CGROUP_ITER_DESCENDANTS_PRE`: the cgroup and every descendant.
 const DESCENDANTS_PRE: u32 = 2;
+
+/// More than the kernel writes in one read of an iterator (`PAGE_SIZE << 3`).
+const READ_BYTES: usize = 64 << 10;
 
 /// The `link_create` member of `union bpf_attr`, as far as an iterator uses
 /// it; the kernel takes a shorter attr as zero-filled.
@@ -87,9 +88,6 @@ pub enum ChargesError {
     )]
     Disagrees { read: u64, before: u64, after: u64 },
 }
-
-/// `MEMCG_CHARGE_BATCH`: pages a CPU charges at once and holds for later.
-const CHARGE_BATCH_PAGES: u64 = 64;
 
 impl CgroupCharges {
     /// Attaches the loaded iterator `program` to walk `root` (a cgroup

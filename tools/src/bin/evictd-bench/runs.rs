@@ -91,6 +91,13 @@ pub struct Run {
     pub rank_us: Option<f64>,
     pub exact_read_us: Option<f64>,
     pub exact_reads: Option<u64>,
+    /// The deciding thread over its engine run (from the node read to the
+    /// decision): CPU time, the rest of the run off the CPU, and its
+    /// involuntary and voluntary context switches.
+    pub run_on_cpu_us: Option<f64>,
+    pub run_off_cpu_us: Option<f64>,
+    pub run_preempted: Option<u64>,
+    pub run_blocked: Option<u64>,
     /// The kill complete: the agent's `pod killed` (victim's cgroup empty);
     /// the oracle: the bomb's pidfd says it exited.
     pub killed_us: Option<f64>,
@@ -512,6 +519,10 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
     run.rank_us = took("rank_us");
     run.exact_read_us = took("exact_read_us");
     run.exact_reads = first.and_then(|l| l["exact_reads"].as_u64());
+    run.run_on_cpu_us = took("run_on_cpu_us");
+    run.run_off_cpu_us = took("run_off_cpu_us");
+    run.run_preempted = first.and_then(|l| l["run_preempted"].as_u64());
+    run.run_blocked = first.and_then(|l| l["run_blocked"].as_u64());
     run.killed_us = at(killed.first(), "at_ns");
     let back = log.all("memory back");
     run.agent_back_us = at(back.first(), "at_ns");

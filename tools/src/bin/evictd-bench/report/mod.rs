@@ -58,6 +58,15 @@ pub fn markdown(results: &Value) -> String {
              reads*: the working set of the pods the decision turned on (*read*: how many, \
              p50); *rest*: woken → decided less these (the engine, metrics, tripwires).\n\n";
     text += &decision_phases_table(results);
+    text += &format!(
+        "\nThe {SLOWEST_SHOWN} slowest decisions of each pod count, with their longest phase and \
+         where the deciding thread was over its engine run (from the node read to the \
+         decision): *on CPU* working; *off CPU* the rest of that time, in which *preempted* \
+         counts its involuntary context switches (waiting for a CPU) and *blocked* its \
+         voluntary ones (a lock, I/O). Time off the CPU with neither is time the hypervisor \
+         took from the guest (steal), which a guest's task clock does not count.\n\n"
+    );
+    text += &slowest_decisions_table(results);
     text += "\n## Workload overhead\n\n";
     text += &overhead_table(results);
     text += "\n## Idle agent, no pressure\n\n";
@@ -396,17 +405,23 @@ fn pods_table(results: &Value) -> String {
     text
 }
 
+/// The phases of a decision the agent's `eviction decided` line times, and
+/// what bench.md calls them.
+const PHASES: [(&str, &str); 5] = [
+    ("woken_to_run_us", "to the run"),
+    ("observe_us", "node read"),
+    ("list_us", "pods listed"),
+    ("rank_us", "rankings"),
+    ("exact_read_us", "exact reads"),
+];
+
+/// Decisions per pod count in the table of the slowest.
+const SLOWEST_SHOWN: usize = 3;
+
 fn decision_phases_table(results: &Value) -> String {
     let mut text = "| pods | mode | n | to the run | node read | pods listed | rankings | exact reads | read | rest | woken → decided |\n\
                     |---:|---|---:|---|---|---|---|---|---:|---|---|\n"
         .to_owned();
-    const PHASES: [&str; 5] = [
-        "woken_to_run_us",
-        "observe_us",
-        "list_us",
-        "rank_us",
-        "exact_read_us",
-    ];
     for scenario in scenarios(results, "pods") {
         for mode in modes(scenario) {
             let these: Runs = runs(results, scenario, mode)
@@ -419,13 +434,13 @@ fn decision_phases_table(results: &Value) -> String {
             let rest: Vec<Option<f64>> = these
                 .iter()
                 .map(|r| {
-                    let phases: Option<f64> = PHASES.iter().map(|p| r[*p].as_f64()).sum();
+                    let phases: Option<f64> = PHASES.iter().map(|(p, _)| r[*p].as_f64()).sum();
                     Some(r["decision_us"].as_f64()? - phases?)
                 })
                 .collect();
             let phases: Vec<String> = PHASES
                 .iter()
-                .map(|phase| triple(&field(&these, phase)))
+                .map(|(phase, _)| triple(&field(&these, phase)))
                 .collect();
             text += &format!(
                 "| {} | {mode} | {} | {} | {} | {} | {} |\n",
@@ -439,6 +454,48 @@ fn decision_phases_table(results: &Value) -> String {
         }
     }
     text
+}
+
+fn slowest_decisions_table(results: &Value) -> String {
+    let mut text = "| pods | mode | woken → decided | longest phase | on CPU | off CPU | preempted | blocked |\n\
+                    |---:|---|---:|---|---:|---:|---:|---:|\n"
+        .to_owned();
+    let count =
+        |run: &Value, name: &str| run[name].as_u64().map_or("-".to_owned(), |n| n.to_string());
+    for scenario in scenarios(results, "pods") {
+        for mode in modes(scenario) {
+            let mut these: Vec<(f64, &Value)> = runs(results, scenario, mode)
+                .into_iter()
+                .filter(|r| r["list_us"].is_number())
+                .filter_map(|r| Some((r["decision_us"].as_f64()?, r)))
+                .collect();
+            these.sort_by(|a, b| b.0.total_cmp(&a.0));
+            for (decision_us, run) in these.into_iter().take(SLOWEST_SHOWN) {
+                let longest = PHASES
+                    .iter()
+                    .filter_map(|(phase, name)| Some((run[*phase].as_f64()?, name)))
+                    .max_by(|a, b| a.0.total_cmp(&b.0))
+                    .map_or("-".to_owned(), |(us, name)| {
+                        format!("{name} {}", format_ms(Some(us)))
+                    });
+                text += &format!(
+                    "| {} | {mode} | {} | {longest} | {} | {} | {} | {} |\n",
+                    scenario["pods"],
+                    format_ms(Some(decision_us)),
+                    format_optional_ms(run["run_on_cpu_us"].as_f64()),
+                    format_optional_ms(run["run_off_cpu_us"].as_f64()),
+                    count(run, "run_preempted"),
+                    count(run, "run_blocked"),
+                );
+            }
+        }
+    }
+    text
+}
+
+/// A time an older agent's line did not carry is `-`, not `never`.
+fn format_optional_ms(us: Option<f64>) -> String {
+    us.map_or("-".to_owned(), |us| format_ms(Some(us)))
 }
 
 fn format_count(count: Option<f64>) -> String {
@@ -689,6 +746,53 @@ mod tests {
         assert_eq!(cells[..3], ["| 250", "event", "1"]);
         assert_eq!(cells[8], "1", "exact reads");
         assert!(cells[9].starts_with("0.15 / "), "rest: {}", cells[9]);
+    }
+
+    #[test]
+    fn the_slowest_decisions_come_first_with_their_longest_phase_and_time_off_the_cpu() {
+        let run = |decision: f64, list: f64, off: Option<f64>| {
+            json!({
+                "decision_us": decision, "woken_to_run_us": 100.0, "observe_us": 200.0,
+                "list_us": list, "rank_us": 50.0, "exact_read_us": 100.0,
+                "run_on_cpu_us": 400.0, "run_off_cpu_us": off,
+                "run_preempted": off.map(|_| 0), "run_blocked": off.map(|_| 1),
+            })
+        };
+        let results = json!({
+            "scenarios": [{"name": "100 pods", "kind": "pods", "pods": 100, "modes": ["event"]}],
+            "runs": [
+                {"scenario": "100 pods", "mode": "event", "run": run(900.0, 300.0, Some(0.0))},
+                {"scenario": "100 pods", "mode": "event", "run": run(2_400.0, 1_500.0, Some(1_100.0))},
+                {"scenario": "100 pods", "mode": "event", "run": run(700.0, 250.0, Some(0.0))},
+                // An older agent's line: no thread usage.
+                {"scenario": "100 pods", "mode": "event", "run": run(1_000.0, 400.0, None)},
+            ],
+        });
+        let table = slowest_decisions_table(&results);
+        let rows: Vec<Vec<&str>> = table
+            .lines()
+            .skip(2)
+            .map(|row| row.split(" | ").collect())
+            .collect();
+        assert_eq!(rows.len(), SLOWEST_SHOWN, "{table}");
+        assert_eq!(
+            rows[0],
+            [
+                "| 100",
+                "event",
+                "2.40",
+                "pods listed 1.50",
+                "0.40",
+                "1.10",
+                "0",
+                "1 |"
+            ]
+        );
+        assert_eq!(
+            rows[1][2..],
+            ["1.00", "pods listed 0.40", "0.40", "-", "-", "- |"]
+        );
+        assert_eq!(rows[2][2], "0.90");
     }
 
     #[test]
