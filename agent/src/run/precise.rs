@@ -71,6 +71,16 @@ impl PreciseHooks {
     /// would never signal a crossing already made, and the hooks would stay
     /// off while the node climbs on. The next reading is within the zone
     /// (a Far plan means usage was at most the edge), so this asks once.
+    ///
+    /// The edges are registered only when the plan makes them the trigger
+    /// (far, hooks off), and before the hooks go: a registration waits out
+    /// an RCU grace period (4–32 ms here) on this thread, and the zone's
+    /// edge moves down each time the node shows a faster rate, which it
+    /// does while climbing into the zone. Registered there, that wait came
+    /// between the engine's reading and the attach in every run of the
+    /// full-speed bomb, out of a lead of 13–35 ms. Elsewhere the edges are
+    /// only dropped for scopes gone; one left at a level since moved wakes
+    /// the engine at worst once too often.
     pub fn apply<K: KernelRecords>(&mut self, kernel: Option<&mut K>, plan: &ZonePlan) -> bool {
         if !self.managed {
             return false;
@@ -78,12 +88,16 @@ impl PreciseHooks {
         let far = plan.reason == ArmReason::Far;
         self.far = far;
         self.approach_rate = plan.approach_rate;
-        let edge_passed = self.arm_eventfds(&plan.eventfd_levels, far);
+        if !far {
+            self.drop_eventfds_not_in(&plan.eventfd_levels);
+            return self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
+        }
+        let edge_passed = self.arm_eventfds(&plan.eventfd_levels);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
         }
-        let attached = self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
-        attached || edge_passed
+        self.set(kernel, plan.armed, plan.reason.as_str());
+        edge_passed
     }
 
     /// Attaches or detaches the hooks; true when that changed them.
@@ -100,7 +114,15 @@ impl PreciseHooks {
                     .precise_hooks_transitions
                     .with_label_values(&[state, reason])
                     .inc();
-                info!(state, reason, took_us, "precise memory hooks");
+                // at_ns: when the move was done, on the clock of the
+                // kernel's records (the bench measures the zone's lead).
+                info!(
+                    state,
+                    reason,
+                    took_us,
+                    at_ns = monotonic_now_ns(),
+                    "precise memory hooks"
+                );
                 true
             }
             Err(e) => {
@@ -110,11 +132,14 @@ impl PreciseHooks {
         }
     }
 
-    /// Arms an eventfd at each level; with `check`, true when usage is
-    /// already at one (read only then: near a line the answer is moot).
-    fn arm_eventfds(&mut self, levels: &[(String, u64)], check: bool) -> bool {
+    fn drop_eventfds_not_in(&mut self, levels: &[(String, u64)]) {
         self.eventfds
             .retain(|path, _| levels.iter().any(|(armed, _)| armed == path));
+    }
+
+    /// Arms an eventfd at each level; true when usage is already at one.
+    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> bool {
+        self.drop_eventfds_not_in(levels);
         let mut passed = false;
         for (path, level) in levels {
             let armed = match self.eventfds.get_mut(path) {
@@ -126,14 +151,7 @@ impl PreciseHooks {
                     },
                 ),
             };
-            let above = armed.and_then(|thresholds| {
-                if check {
-                    thresholds.passed(*level)
-                } else {
-                    Ok(false)
-                }
-            });
-            match above {
+            match armed.and_then(|thresholds| thresholds.passed(*level)) {
                 Ok(above) => passed |= above,
                 Err(e) => {
                     self.fail(&e);
@@ -240,6 +258,19 @@ mod tests {
         }
     }
 
+    /// Hooks on [`deaf_cgroup`], attached as at startup, and the kernel
+    /// they move; the engine resyncs every `resync_interval`.
+    fn deaf_hooks(root: &Path, resync_interval: Duration) -> (PreciseHooks, FakeKernel) {
+        let hooks = PreciseHooks::new(
+            deaf_cgroup(root),
+            Metrics::new().unwrap(),
+            resync_interval,
+            Pacer::tokio(),
+        );
+        let (_records, receiver) = mpsc::unbounded_channel();
+        (hooks, FakeKernel::new(receiver))
+    }
+
     fn far_plan(edge: u64) -> ZonePlan {
         ZonePlan {
             armed: false,
@@ -255,15 +286,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn far_away_a_climb_past_the_edge_wakes_the_engine_without_the_kernels_notification() {
         let dir = tempfile::tempdir().unwrap();
-        let cgroupfs = deaf_cgroup(dir.path());
-        let mut hooks = PreciseHooks::new(
-            cgroupfs,
-            Metrics::new().unwrap(),
-            Duration::from_secs(3600),
-            Pacer::tokio(),
-        );
-        let (_records, receiver) = mpsc::unbounded_channel();
-        let mut kernel = FakeKernel::new(receiver);
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
         let edge = 1024 * MIB;
         assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
         assert!(!*kernel.memory_hooks.borrow(), "detached far away");
@@ -294,24 +317,62 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn near_a_line_only_the_eventfd_wakes_the_engine() {
         let dir = tempfile::tempdir().unwrap();
-        let mut hooks = PreciseHooks::new(
-            deaf_cgroup(dir.path()),
-            Metrics::new().unwrap(),
-            Duration::from_secs(3600),
-            Pacer::tokio(),
-        );
-        let (_records, receiver) = mpsc::unbounded_channel();
-        let mut kernel = FakeKernel::new(receiver);
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
+        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
         let near = ZonePlan {
             armed: true,
             reason: ArmReason::Near,
             ..far_plan(50 * MIB)
         };
         hooks.apply(Some(&mut kernel), &near);
-        // Usage (100 MiB) is past the edge, and the hooks are on: nothing
-        // for the backstop to do.
+        // Usage (100 MiB) is past the near plan's edge, and the hooks are
+        // on: nothing for the backstop to do.
         let woke = tokio::time::timeout(Duration::from_secs(10), hooks.wait()).await;
         assert!(woke.is_err(), "woke near a line: {woke:?}");
+    }
+
+    /// The level the deaf cgroup's last registration wrote.
+    fn registered_level(root: &Path) -> u64 {
+        let line = fs::read_to_string(root.join("node/cgroup.event_control")).unwrap();
+        line.split_whitespace().last().unwrap().parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn an_edge_moved_while_the_hooks_are_attached_is_registered_once_the_plan_is_far() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
+        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
+        assert_eq!(registered_level(dir.path()), 1024 * MIB);
+
+        // A faster rate widened the zone as the node came near: the hooks
+        // go on, and the edge waits where it was.
+        let near = ZonePlan {
+            armed: true,
+            reason: ArmReason::Near,
+            ..far_plan(896 * MIB)
+        };
+        assert!(hooks.apply(Some(&mut kernel), &near), "just attached");
+        assert!(*kernel.memory_hooks.borrow());
+        assert_eq!(registered_level(dir.path()), 1024 * MIB);
+
+        assert!(!hooks.apply(Some(&mut kernel), &far_plan(896 * MIB)));
+        assert!(!*kernel.memory_hooks.borrow(), "detached far away");
+        assert_eq!(registered_level(dir.path()), 896 * MIB);
+    }
+
+    #[tokio::test]
+    async fn a_line_gone_takes_its_edge_with_it_on_any_plan() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
+        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
+        let no_line = ZonePlan {
+            armed: false,
+            reason: ArmReason::NoThreshold,
+            eventfd_levels: Vec::new(),
+            ..far_plan(1024 * MIB)
+        };
+        hooks.apply(Some(&mut kernel), &no_line);
+        assert!(hooks.eventfds.is_empty(), "an edge outlived its line");
     }
 
     #[tokio::test(start_paused = true)]
@@ -320,14 +381,7 @@ mod tests {
         // The backstop would read after (1 GiB - 64 MiB - 100 MiB) / 4 GiB/s,
         // about 0.2 s; the resync, which reads the usage against the edge
         // itself, comes every 0.1 s.
-        let mut hooks = PreciseHooks::new(
-            deaf_cgroup(dir.path()),
-            Metrics::new().unwrap(),
-            Duration::from_millis(100),
-            Pacer::tokio(),
-        );
-        let (_records, receiver) = mpsc::unbounded_channel();
-        let mut kernel = FakeKernel::new(receiver);
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_millis(100));
         let edge = 1024 * MIB;
         assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
         let usage = dir.path().join("node/memory.usage_in_bytes");

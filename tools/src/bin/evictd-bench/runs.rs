@@ -98,6 +98,10 @@ pub struct Run {
     pub run_off_cpu_us: Option<f64>,
     pub run_preempted: Option<u64>,
     pub run_blocked: Option<u64>,
+    /// Event mode's zone: the precise memory hooks' last attach before the
+    /// first decision, negative when they were on before the node crossed
+    /// (the lead the zone left); none when they never moved.
+    pub hooks_attached_us: Option<f64>,
     /// The kill complete: the agent's `pod killed` (victim's cgroup empty);
     /// the oracle: the bomb's pidfd says it exited.
     pub killed_us: Option<f64>,
@@ -523,6 +527,15 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
     run.run_off_cpu_us = took("run_off_cpu_us");
     run.run_preempted = first.and_then(|l| l["run_preempted"].as_u64());
     run.run_blocked = first.and_then(|l| l["run_blocked"].as_u64());
+    let decided_ns = first.and_then(|l| l["at_ns"].as_u64());
+    run.hooks_attached_us = log
+        .all("precise memory hooks")
+        .iter()
+        .rev()
+        .filter(|l| l["state"] == "armed")
+        .filter_map(|l| l["at_ns"].as_u64())
+        .find(|&ns| decided_ns.is_none_or(|decided| ns <= decided))
+        .map(|ns| relative_us(ns, crossed));
     run.killed_us = at(killed.first(), "at_ns");
     let back = log.all("memory back");
     run.agent_back_us = at(back.first(), "at_ns");

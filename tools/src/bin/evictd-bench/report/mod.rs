@@ -41,6 +41,14 @@ pub fn markdown(results: &Value) -> String {
              unmapping (at most 3 ms). A phase a run did not have (no freezer, v2's \
              `cgroup.kill`) is left out.\n\n";
     text += &kill_phases_table(results);
+    text += "\n### The zone's lead\n\nHow long before the crossing event mode's precise \
+             memory hooks went on (their last attach before the decision, from the agent's \
+             `precise memory hooks` line): the zone's width over the rate, less the far \
+             trigger's wake-up and the engine run that attached them. The smallest leads \
+             matter: a crossing before the attach is seen only by the engine's look right \
+             after it. Runs whose hooks did not move (attached for good, or another mode) \
+             are left out.\n\n";
+    text += &zone_lead_table(results);
     text += "\n## Fork bomb\n\nTimes from the crossing of `pid.available` in the bomb's log (a record per \
              fork); *bomb's cgroup empty*: the agent's `pod killed`.\n\n";
     text += &fork_bomb_table(results);
@@ -325,6 +333,37 @@ fn kill_phases_table(results: &Value) -> String {
                 triple(&between(&these, "released_us", "empty_us")),
                 triple(&between(&these, "sigkill_us", "back_us")),
                 triple(&between(&these, "sigkill_us", "thawed_us")),
+            );
+        }
+    }
+    text
+}
+
+fn zone_lead_table(results: &Value) -> String {
+    let mut text = "| scenario | mode | n | attached before the crossing min / p10 / p50 (ms) | attached after the crossing |\n\
+                    |---|---|---:|---|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "memory")
+        .into_iter()
+        .chain(scenarios(results, "pods"))
+    {
+        for mode in modes(scenario) {
+            let leads: Vec<Option<f64>> = runs(results, scenario, mode)
+                .iter()
+                .filter_map(|r| r["hooks_attached_us"].as_f64())
+                .map(|attached| Some(-attached))
+                .collect();
+            if leads.is_empty() {
+                continue;
+            }
+            let late = leads.iter().flatten().filter(|&&lead| lead < 0.0).count();
+            text += &format!(
+                "| {} | {mode} | {} | {} / {} / {} | {late} |\n",
+                scenario["name"].as_str().unwrap_or_default(),
+                leads.len(),
+                format_ms(percentile(&leads, 0.0)),
+                format_ms(percentile(&leads, 0.1)),
+                format_ms(percentile(&leads, 0.5)),
             );
         }
     }
@@ -793,6 +832,28 @@ mod tests {
             ["1.00", "pods listed 0.40", "0.40", "-", "-", "- |"]
         );
         assert_eq!(rows[2][2], "0.90");
+    }
+
+    #[test]
+    fn the_zones_lead_counts_an_attach_after_the_crossing_and_skips_runs_without_one() {
+        let run = |attached: Option<f64>| json!({ "hooks_attached_us": attached });
+        let results = json!({
+            "scenarios": [{"name": "memory, max rate", "kind": "memory", "modes": ["event", "oracle"]}],
+            "runs": [
+                {"scenario": "memory, max rate", "mode": "event", "run": run(Some(-30_000.0))},
+                {"scenario": "memory, max rate", "mode": "event", "run": run(Some(-12_000.0))},
+                {"scenario": "memory, max rate", "mode": "event", "run": run(Some(2_000.0))},
+                {"scenario": "memory, max rate", "mode": "event", "run": run(None)},
+                {"scenario": "memory, max rate", "mode": "oracle", "run": run(None)},
+            ],
+        });
+        let table = zone_lead_table(&results);
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            ["| memory, max rate | event | 3 | -2.00 / -2.00 / 12 | 1 |"],
+            "{table}"
+        );
     }
 
     #[test]
