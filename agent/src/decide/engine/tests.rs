@@ -530,7 +530,10 @@ proptest! {
     }
 
     /// With --evict-set, the victims cover the deficit and no proper subset
-    /// of them does, whenever the evictable pods can cover it at all.
+    /// of them does, whenever the evictable pods can cover it at all; when
+    /// they cannot, every evictable pod is a victim. (Evictable pods are
+    /// rare among these, so skipping the uncoverable cases made proptest
+    /// give up on too many rejects with some seeds.)
     #[test]
     fn the_covering_set_covers_and_no_proper_subset_does(
         pods in prop::collection::vec(arbitrary_pod(), 0..10),
@@ -541,13 +544,18 @@ proptest! {
         let choice = engine.choose(&assessment, &pods, VictimPolicy::CoveringSet);
         let deficit = choice.deficit.unwrap();
         let coverable: i64 = pods.iter().filter(|p| p.is_evictable()).map(|p| p.usage.memory_working_set_bytes as i64).sum();
-        prop_assume!(coverable >= deficit);
         let usages: Vec<i64> = choice.victims.iter().map(|v| v.usage).collect();
         let total: i64 = usages.iter().sum();
-        prop_assert!(total >= deficit);
-        // The smallest victim is the cheapest to drop: if the rest without
-        // it fall short, every proper subset does.
-        let smallest = usages.iter().copied().min().unwrap_or(0);
-        prop_assert!(total - smallest < deficit);
+        if coverable >= deficit {
+            prop_assert!(total >= deficit);
+            // The smallest victim is the cheapest to drop: if the rest
+            // without it fall short, every proper subset does.
+            let smallest = usages.iter().copied().min().unwrap_or(0);
+            prop_assert!(total - smallest < deficit);
+        } else {
+            let evictable = pods.iter().filter(|p| p.is_evictable()).count();
+            prop_assert_eq!(choice.victims.len(), evictable);
+            prop_assert_eq!(total, coverable);
+        }
     }
 }
