@@ -399,6 +399,7 @@ pub(crate) mod fakes {
                 mrelease_failed: 0,
                 frozen: false,
                 frozen_after: None,
+                freeze_holdouts: Vec::new(),
                 thawed_after: None,
                 first_sigkill_after: Some(Duration::ZERO),
                 released_after: Some(Duration::ZERO),

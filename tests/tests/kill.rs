@@ -11,7 +11,7 @@
 use std::{fs, os::unix::process::ExitStatusExt as _, path::PathBuf, sync::mpsc, time::Duration};
 
 use evictd::{
-    act::kill::{KillError, KillMethod, KillReport, Killer},
+    act::kill::{KillError, KillMethod, KillReport, Killer, freeze_holdouts},
     node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
@@ -439,6 +439,44 @@ fn a_soft_eviction_spares_the_sandbox_its_sigterm_and_ends_it_once_the_container
     assert_eq!(death_signal(&mut sandbox), Some(libc::SIGKILL));
     assert_empty(&tree, "kubepods/pod-web");
     fs::remove_dir_all(dir).unwrap();
+}
+
+/// What a slow freeze names: a task the v1 freezer has stopped is no
+/// holdout, the same task unfrozen is.
+#[test]
+#[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
+fn a_task_the_freezer_stopped_is_no_holdout_and_a_thawed_one_is() {
+    let tree = PrivateCgroupTree::new().unwrap();
+    if !has_freezer(&tree) {
+        eprintln!("no v1 freezer: nothing to stop tasks with");
+        return;
+    }
+    tree.create("kubepods/pod-f/c1").unwrap();
+    let mut task = Workload::spawn_in(&tree, "kubepods/pod-f/c1", WORKLOAD).unwrap();
+    // It has answered, so it waits for the next command.
+    task.alloc(MIB).unwrap();
+    let pid = task.pid();
+    let state = tree
+        .dir(Controller::Freezer, "kubepods/pod-f")
+        .join("freezer.state");
+    fs::write(&state, "FROZEN").unwrap();
+    wait_until(GONE_DEADLINE, "the pod frozen", || {
+        tree.freezer_state("kubepods/pod-f").unwrap() == "FROZEN"
+    })
+    .unwrap();
+    let frozen = freeze_holdouts([pid]);
+    fs::write(&state, "THAWED").unwrap();
+    assert_eq!(frozen, [], "stopped, yet named");
+    let mut thawed = Vec::new();
+    wait_until(GONE_DEADLINE, "the task named, asleep", || {
+        thawed = freeze_holdouts([pid]);
+        thawed
+            .first()
+            .is_some_and(|t| t.state == 'S' && t.waits_in.is_some())
+    })
+    .unwrap();
+    assert!(thawed.iter().all(|t| t.pid == pid), "{thawed:?}");
+    task.alloc(MIB).unwrap();
 }
 
 /// A fresh directory under the system's temporary directory.

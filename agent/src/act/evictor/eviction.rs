@@ -15,7 +15,7 @@ use super::{Action, CANDIDATES_LOGGED, DecisionTimes, Evictor, Ranking};
 use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
-        kill::{KillError, KillReport},
+        kill::{KillError, KillReport, describe_holdouts},
         wake::{ThreadUsage, Wake},
     },
     config::EvictionAction,
@@ -232,6 +232,8 @@ impl<I: Io> Evictor<I> {
                     released = report.mrelease_ok,
                     rounds = report.rounds,
                     frozen_after_us = report.frozen_after.map(|d| d.as_micros() as u64),
+                    freeze_holdouts = (!report.freeze_holdouts.is_empty())
+                        .then(|| describe_holdouts(&report.freeze_holdouts)),
                     sigkill_after_us = report.first_sigkill_after.map(|d| d.as_micros() as u64),
                     thawed_after_us = report.thawed_after.map(|d| d.as_micros() as u64),
                     released_after_us = report.released_after.map(|d| d.as_micros() as u64),

@@ -40,6 +40,7 @@
 //! It never kills the hierarchy root, pid 1, or the agent itself: a pod
 //! that holds the agent is refused whole.
 mod cpu;
+mod holdout;
 mod pidfd;
 mod tree;
 
@@ -60,6 +61,7 @@ use crate::{
     node::cgroupfs::{CgroupFs, CgroupVersion, is_gone},
 };
 use cpu::OffVictimCpu;
+pub use holdout::{Holdout, describe_holdouts, freeze_holdouts};
 use pidfd::PidFd;
 use tree::Freezer;
 
@@ -81,6 +83,10 @@ const POLL_INTERVAL: Duration = Duration::from_millis(5);
 /// a millisecond later. On a timerfd: tokio's timer ticks every
 /// millisecond, so its next look would come one to two milliseconds on.
 const FREEZE_POLL: Duration = Duration::from_micros(100);
+/// How long after the freezer's write the tasks it still waits on are
+/// named: a pod freezes in well under this unless a task is blocked in the
+/// kernel.
+const SLOW_FREEZE: Duration = Duration::from_millis(1);
 /// How long a frozen pod waits for its reapers to be seen unmapping before
 /// it is thawed anyway, how often that is looked at, and how far their
 /// first victims' resident memory must fall to count as seen. Looked at on
@@ -179,6 +185,9 @@ pub struct KillReport {
     pub frozen: bool,
     /// From the call to the v1 freezer's first `FROZEN`.
     pub frozen_after: Option<Duration>,
+    /// The tasks the first freeze still waited on [`SLOW_FREEZE`] after
+    /// it was asked for; none when it was quicker.
+    pub freeze_holdouts: Vec<Holdout>,
     /// From the call to the first SIGKILL (or `cgroup.kill` write).
     pub first_sigkill_after: Option<Duration>,
     /// From the call to the first thaw of the frozen pod (its reapers seen
@@ -203,6 +212,7 @@ impl KillReport {
             mrelease_failed: 0,
             frozen: false,
             frozen_after: None,
+            freeze_holdouts: Vec::new(),
             first_sigkill_after: None,
             thawed_after: None,
             released_after: None,
@@ -539,7 +549,10 @@ impl Pod<'_> {
                 Some(freezer) => {
                     let guard = ThawOnDrop(freezer);
                     if freezer.freeze()? {
-                        if self.wait_frozen(freezer, deadline).await? {
+                        if self
+                            .wait_frozen(freezer, deadline, &mut report.freeze_holdouts)
+                            .await?
+                        {
                             report.frozen = true;
                             report.frozen_after.get_or_insert(started.elapsed());
                         }
@@ -593,9 +606,18 @@ impl Pod<'_> {
     }
 
     /// Whether the freezer reported `FROZEN` in time (not if the cgroup went
-    /// away meanwhile).
-    async fn wait_frozen(&self, freezer: &Freezer, deadline: Instant) -> Result<bool, KillError> {
-        let until = deadline.min(Instant::now() + FREEZE_DEADLINE);
+    /// away meanwhile). Still freezing [`SLOW_FREEZE`] on, the tasks it
+    /// waits on are named once in `holdouts`, unless they already name an
+    /// earlier round's.
+    async fn wait_frozen(
+        &self,
+        freezer: &Freezer,
+        deadline: Instant,
+        holdouts: &mut Vec<Holdout>,
+    ) -> Result<bool, KillError> {
+        let started = Instant::now();
+        let until = deadline.min(started + FREEZE_DEADLINE);
+        let mut looked = !holdouts.is_empty();
         let mut pacer = Pacer::new();
         loop {
             match freezer.is_frozen()? {
@@ -609,8 +631,17 @@ impl Pod<'_> {
                     return Ok(false);
                 }
             }
+            if !looked && started.elapsed() >= SLOW_FREEZE {
+                looked = true;
+                // Only to explain the wait: a listing that fails here fails
+                // again below, where it counts.
+                if let Ok(pids) = self.pids() {
+                    *holdouts = freeze_holdouts(pids);
+                }
+            }
             if Instant::now() >= until {
                 warn!(cgroup = self.cgroup, freezer = %freezer.dir().display(),
+                    holdouts = describe_holdouts(holdouts),
                     "not frozen within {FREEZE_DEADLINE:?}; killing it unfrozen");
                 return Ok(false);
             }

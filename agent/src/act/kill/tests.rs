@@ -270,14 +270,48 @@ async fn a_pod_removed_while_freezing_ends_the_wait_quietly() {
     };
     let (log, _guard) = LogCapture::start();
     let started = Instant::now();
+    let mut holdouts = Vec::new();
     let frozen = pod
-        .wait_frozen(&freezer, started + DEFAULT_KILL_DEADLINE)
+        .wait_frozen(&freezer, started + DEFAULT_KILL_DEADLINE, &mut holdouts)
         .await
         .unwrap();
     assert!(!frozen);
     assert!(started.elapsed() < FREEZE_DEADLINE);
+    assert_eq!(holdouts, []);
     assert_eq!(log.problems(), Vec::<String>::new());
     assert!(log.contains("removed while freezing"), "{:?}", log.lines());
+}
+
+/// A pod still freezing [`SLOW_FREEZE`] after the write names the tasks
+/// the freezer waits on, kept for the report and given in the warning of
+/// a freeze that never completes.
+#[tokio::test]
+async fn a_freeze_that_does_not_complete_names_the_tasks_it_waits_on() {
+    let fixture = Fixture::new("holdouts");
+    // pid 1 is in no freezer this test made: nothing ever stops it.
+    let dir = fixture.cgroup("freezer/pod1", "1\n");
+    fs::write(dir.join("freezer.state"), "FREEZING\n").unwrap();
+    let freezer = Freezer::at(dir.clone()).unwrap();
+    let pod = Pod {
+        cgroup: "/pod1",
+        dirs: vec![dir],
+        reapers: 1,
+    };
+    let (log, _guard) = LogCapture::start();
+    let mut holdouts = Vec::new();
+    let frozen = pod
+        .wait_frozen(&freezer, Instant::now() + 20 * SLOW_FREEZE, &mut holdouts)
+        .await
+        .unwrap();
+    assert!(!frozen);
+    assert!(!holdouts.is_empty());
+    assert!(holdouts.iter().all(|task| task.pid == 1), "{holdouts:?}");
+    assert!(log.contains("not frozen within"), "{:?}", log.lines());
+    assert!(
+        log.contains(&describe_holdouts(&holdouts)),
+        "{:?}",
+        log.lines()
+    );
 }
 
 /// A pod a killed agent left frozen is thawed at the pod's level only: a

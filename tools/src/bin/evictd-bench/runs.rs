@@ -123,6 +123,10 @@ pub struct Run {
     pub thawed_us: Option<f64>,
     pub released_us: Option<f64>,
     pub empty_us: Option<f64>,
+    /// The tasks the agent's freeze still waited on a millisecond after
+    /// it asked (`pid state kernel-function`, from its `pod killed` line);
+    /// none when the pod froze sooner.
+    pub freeze_holdouts: Option<String>,
     pub trigger: Option<String>,
     /// Pods the agent (or the oracle) killed.
     pub victims: Vec<String>,
@@ -550,6 +554,10 @@ fn fill_times(run: &mut Run, log: &mut AgentLog, crossed: u64) {
     run.thawed_us = phase("thawed_after_us");
     run.released_us = phase("released_after_us");
     run.empty_us = phase("empty_after_us");
+    run.freeze_holdouts = killed
+        .first()
+        .and_then(|l| l["freeze_holdouts"].as_str())
+        .map(str::to_owned);
 }
 
 pub fn relative_us(ns: u64, origin: u64) -> f64 {

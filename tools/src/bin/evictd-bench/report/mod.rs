@@ -41,6 +41,12 @@ pub fn markdown(results: &Value) -> String {
              unmapping (at most 3 ms). A phase a run did not have (no freezer, v2's \
              `cgroup.kill`) is left out.\n\n";
     text += &kill_phases_table(results);
+    text += "\n### Slow freezes\n\nThe kills whose pod was still freezing a millisecond after \
+             the agent asked, with the tasks the freezer waited on then (the agent's `pod \
+             killed` line: pid, state, the kernel function it waited in). A task stops on its \
+             way back to user mode, so one blocked in the kernel holds the freeze, and the \
+             kill, as long.\n\n";
+    text += &slow_freezes_table(results);
     text += "\n### The zone's lead\n\nHow long before the crossing event mode's precise \
              memory hooks went on (their last attach before the decision, from the agent's \
              `precise memory hooks` line): the zone's width over the rate, less the far \
@@ -337,6 +343,37 @@ fn kill_phases_table(results: &Value) -> String {
         }
     }
     text
+}
+
+fn slow_freezes_table(results: &Value) -> String {
+    let mut rows = String::new();
+    for scenario in scenarios(results, "memory") {
+        for mode in modes(scenario) {
+            for entry in entries(results, scenario, mode) {
+                let run = &entry["run"];
+                let Some(holdouts) = run["freeze_holdouts"].as_str() else {
+                    continue;
+                };
+                let frozen = run["frozen_us"]
+                    .as_f64()
+                    .zip(run["kill_started_us"].as_f64())
+                    .map(|(frozen, started)| frozen - started);
+                rows += &format!(
+                    "| {} | {mode} | {} | {} | {holdouts} |\n",
+                    scenario["name"].as_str().unwrap_or_default(),
+                    entry["round"],
+                    format_optional_ms(frozen),
+                );
+            }
+        }
+    }
+    if rows.is_empty() {
+        return "None.\n".to_owned();
+    }
+    "| scenario | mode | round | kill starts → frozen | tasks the freezer waited on |\n\
+     |---|---|---:|---:|---|\n"
+        .to_owned()
+        + &rows
 }
 
 fn zone_lead_table(results: &Value) -> String {
@@ -752,6 +789,31 @@ mod tests {
         assert_eq!(triple(&five), "3.00 / 5.00 / 5.00 (max)");
         let hundred: Vec<Option<f64>> = (1..=100).map(|ms| Some(f64::from(ms) * 1e3)).collect();
         assert_eq!(triple(&hundred), "50 / 90 / 99");
+    }
+
+    #[test]
+    fn only_kills_that_waited_on_a_task_are_listed_as_slow_freezes() {
+        let slow = json!({"kill_started_us": 800.0, "frozen_us": 15_800.0,
+            "freeze_holdouts": "4242 D vma_prepare"});
+        let quick = json!({"kill_started_us": 800.0, "frozen_us": 1_300.0});
+        let results = json!({
+            "scenarios": [{"name": "memory, max rate", "kind": "memory", "modes": ["event"]}],
+            "runs": [
+                {"scenario": "memory, max rate", "mode": "event", "round": 3, "run": quick},
+                {"scenario": "memory, max rate", "mode": "event", "round": 7, "run": slow},
+            ],
+        });
+        let table = slow_freezes_table(&results);
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            ["| memory, max rate | event | 7 | 15 | 4242 D vma_prepare |"],
+            "{table}"
+        );
+        let none = json!({"scenarios": results["scenarios"], "runs": [
+            {"scenario": "memory, max rate", "mode": "event", "round": 3, "run": quick},
+        ]});
+        assert_eq!(slow_freezes_table(&none), "None.\n");
     }
 
     #[test]
