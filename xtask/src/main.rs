@@ -42,6 +42,11 @@ enum Task {
     /// detached (the default far away), attached, and attached but
     /// returning early (needs root).
     HookTax(tools::HookTaxArgs),
+    /// What running any eBPF program costs a hook on this machine, and
+    /// what kernel.bpf_stats_enabled adds to each run (and so to every
+    /// figure bpf-cost and the bench report): empty programs on sys_enter,
+    /// timed from outside (needs root).
+    StatsTax(tools::StatsTaxArgs),
     /// A sandbox node with pods of every QoS class, a memory hog, evictd in
     /// event mode, and a timeline of what happened (needs root).
     Demo,
@@ -102,6 +107,7 @@ fn run(task: Task) -> Result<ExitCode> {
         Task::MeasureTriggers(args) => tools::measure_triggers(&args)?,
         Task::BpfCost(args) => tools::bpf_cost(&args)?,
         Task::HookTax(args) => tools::hook_tax(&args)?,
+        Task::StatsTax(args) => tools::stats_tax(&args)?,
     }
     Ok(ExitCode::SUCCESS)
 }

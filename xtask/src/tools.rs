@@ -1,7 +1,8 @@
 //! The measurement and demonstration tools of the `tools/` crate:
-//! `cargo xtask demo`, `bpf-cost`, `hook-tax` and `measure-triggers` (and the builds
-//! `cargo xtask bench` shares). Each runs a tool as root against real
-//! cgroups and the real agent.
+//! `cargo xtask demo`, `bpf-cost`, `hook-tax`, `stats-tax` and
+//! `measure-triggers` (and the builds `cargo xtask bench` shares). Each runs
+//! a tool as root, against real cgroups and the real agent but for
+//! `stats-tax`, which times empty programs alone.
 use std::{path::PathBuf, process::Command};
 
 use anyhow::{Result, bail};
@@ -28,6 +29,13 @@ pub struct BpfCostArgs {
 pub struct HookTaxArgs {
     /// Rounds; each runs every configuration once.
     #[arg(long, default_value_t = 7)]
+    rounds: u32,
+}
+
+#[derive(Args)]
+pub struct StatsTaxArgs {
+    /// Rounds; each times every configuration once.
+    #[arg(long, default_value_t = 21)]
     rounds: u32,
 }
 
@@ -78,6 +86,15 @@ pub fn hook_tax(args: &HookTaxArgs) -> Result<()> {
             .arg(release.join("evictd"))
             .arg(release.join("evictd-workload"))
             .arg(args.rounds.to_string()),
+    )
+}
+
+/// `cargo xtask stats-tax`.
+pub fn stats_tax(args: &StatsTaxArgs) -> Result<()> {
+    let release = build(true, "measuring what a BPF program and its statistics cost")?;
+    setup::step(
+        "measure",
+        Command::new(release.join("evictd-stats-tax")).arg(args.rounds.to_string()),
     )
 }
 

@@ -7,7 +7,7 @@ use std::{
     fs::File,
     io::{self, Read},
     os::{
-        fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+        fd::{AsRawFd, BorrowedFd, OwnedFd},
         unix::fs::MetadataExt,
     },
     path::Path,
@@ -115,7 +115,7 @@ impl CgroupCharges {
             _pad: 0,
         };
         Ok(Self {
-            link: bpf(BPF_LINK_CREATE, &attr)?,
+            link: super::bpf_syscall(BPF_LINK_CREATE, &attr)?,
             page_shift,
             root_id,
             slack_bytes: (CHARGE_BATCH_PAGES * cpus) << page_shift,
@@ -156,7 +156,7 @@ impl CgroupCharges {
             link_fd: self.link.as_raw_fd() as u32,
             flags: 0,
         };
-        let mut iterator = File::from(bpf(BPF_ITER_CREATE, &attr)?);
+        let mut iterator = File::from(super::bpf_syscall(BPF_ITER_CREATE, &attr)?);
         self.buf.clear();
         // A cgroup iterator cannot resume in a second read (EOPNOTSUPP), so
         // the first must take every record: the kernel writes at most its
@@ -192,25 +192,6 @@ fn decode(bytes: &[u8]) -> impl Iterator<Item = CgroupCharge> + '_ {
                 pages: u64::from_ne_bytes(*record.last_chunk()?),
             })
         })
-}
-
-/// The `bpf` system call for a command that returns a new descriptor.
-fn bpf<T>(command: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
-    // SAFETY: `attr` is a repr(C) prefix of `union bpf_attr` for `command`,
-    // valid for `size_of::<T>()` bytes; what it points to outlives the call.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            command,
-            (attr as *const T).cast::<libc::c_void>(),
-            size_of::<T>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the call succeeded, so `fd` is a new descriptor owned by no one.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 impl crate::node::inventory::ChargesSource for CgroupCharges {

@@ -14,7 +14,8 @@ mod maps;
 
 use std::{
     collections::BTreeMap,
-    os::fd::{AsFd, AsRawFd},
+    io,
+    os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd},
     path::Path,
 };
 
@@ -394,4 +395,24 @@ impl KernelLogger {
             guard.clear_ready();
         }
     }
+}
+
+/// The `bpf` system call for a command that returns a new descriptor, for
+/// what aya does not expose (and the measurement tools).
+pub fn bpf_syscall<T>(command: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
+    // SAFETY: `attr` is a repr(C) prefix of `union bpf_attr` for `command`,
+    // valid for `size_of::<T>()` bytes; what it points to outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            (attr as *const T).cast::<libc::c_void>(),
+            size_of::<T>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so `fd` is a new descriptor owned by no one.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
