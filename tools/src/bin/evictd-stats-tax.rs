@@ -114,11 +114,8 @@ fn main() -> Result<()> {
     if rounds == 0 {
         bail!("ROUNDS must be at least 1; {usage}");
     }
-    let programs = [load_empty_program(), load_empty_program()];
-    let [Ok(first), Ok(second)] = programs else {
-        bail!("loading the empty programs: {programs:?}");
-    };
-    let programs = [first, second];
+    let load = || load_empty_program().context("loading an empty program");
+    let programs = [load()?, load()?];
     let mut timings = CONFIGS.map(|_| Vec::with_capacity(rounds));
     let (mut kernel_runs, mut kernel_ns) = (0u64, 0u64);
     println!(
