@@ -254,6 +254,7 @@ pub(crate) mod fakes {
                     usage_bytes: working_set + model.page_cache,
                     inactive_file_bytes: model.page_cache,
                 },
+                node_band_value: Some(working_set + model.page_cache),
                 kubepods: None,
                 scope_tasks: Some(tasks),
             })

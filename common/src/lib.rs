@@ -234,6 +234,25 @@ pub struct KernelLayout {
     pub page_shift: u32,
     /// 1 when aya-log output from the programs is wanted.
     pub log_enabled: u32,
+    /// `mem_cgroup.nodeinfo`: a `mem_cgroup_per_node *` per NUMA node.
+    pub mem_cgroup_nodeinfo: u32,
+    /// `mem_cgroup_per_node.lruvec` + `lruvec.pgdat`: the NUMA node's
+    /// `pglist_data`, set once the lruvec has served on that node.
+    pub memcg_node_pgdat: u32,
+    /// `pglist_data.vm_stat`: the node's counters, `atomic_long_t` each.
+    pub pgdat_vm_stat: u32,
+    /// `NR_ANON_MAPPED`, `NR_FILE_PAGES`, `NR_INACTIVE_FILE` (`enum
+    /// node_stat_item`): kubelet's working set is anon + file − inactive
+    /// file.
+    pub node_stat_anon: u32,
+    pub node_stat_file: u32,
+    pub node_stat_inactive_file: u32,
+    /// NUMA node ids (`nr_node_ids`) the root memory cgroup's value, the
+    /// machine's working set, is added up over; 0 where the kernel's BTF
+    /// lacks a field above, and then the root is never watched.
+    pub numa_nodes: u32,
+    /// Keeps the `u64` fields below aligned with no hidden padding.
+    pub _pad2: u32,
     /// Bit `i` set when stat item `i` (`enum node_stat_item`, then `enum
     /// memcg_stat_item`) counts bytes (the kernel's `_B` items), not pages.
     pub byte_items_mask: [u64; 2],
@@ -245,7 +264,7 @@ pub struct KernelLayout {
     /// CPUs that may run the programs (`/sys/devices/system/cpu/possible`).
     pub possible_cpus: u64,
 }
-const _: () = assert!(size_of::<KernelLayout>() == 34 * 4 + 32);
+const _: () = assert!(size_of::<KernelLayout>() == 42 * 4 + 32);
 
 /// Names of the maps and programs in the eBPF object, for the agent.
 pub mod names {

@@ -33,6 +33,9 @@ use evictd_common::{
 /// trees are about six levels deep (slice/qos/pod/container under a node).
 const MAX_DEPTH: u32 = 16;
 
+/// NUMA node ids the machine's working set is added up over, at most.
+const MAX_NUMA_NODES: u32 = 64;
+
 /// Folios a CPU's LRU batch holds before they are put on a list
 /// (`PAGEVEC_SIZE`).
 const LRU_BATCH_FOLIOS: u64 = 31;
@@ -77,6 +80,14 @@ static LAYOUT: KernelLayout = KernelLayout {
     pg_head: 0,
     page_shift: 12,
     log_enabled: 0,
+    mem_cgroup_nodeinfo: 0,
+    memcg_node_pgdat: 0,
+    pgdat_vm_stat: 0,
+    node_stat_anon: 0,
+    node_stat_file: 0,
+    node_stat_inactive_file: 0,
+    numa_nodes: 0,
+    _pad2: 0,
     byte_items_mask: [0; 2],
     check_step_pages: 0,
     possible_cpus: 1,
@@ -384,9 +395,11 @@ fn read_sooner_near_a_line(pages_to_line: u64) {
     }
 }
 
-/// Re-reads the page counter of every watched scope from the memory css
-/// `css` up to the root. The page counter is what the kernel charges and
-/// limits against, so the value compared is exact at this instant.
+/// Re-reads every watched scope from the memory css `css` up to the root:
+/// a cgroup's page counter, what the kernel charges and limits against,
+/// exact at this instant; the root's, which leaves out tasks in the root
+/// cgroup and holds kernel memory and page cache kubelet does not count,
+/// gives way to the machine's working set ([`machine_working_set`]).
 #[inline(always)]
 fn check_memory(mut css: u64) -> Result<(), i32> {
     let css_offset = layout!(mem_cgroup_css) as u64;
@@ -400,16 +413,21 @@ fn check_memory(mut css: u64) -> Result<(), i32> {
         if depth == 0 {
             trigger = id;
         }
+        let parent: u64 = read(css, layout!(css_parent) as u64)?;
         if let Some(scope) = MEMORY_SCOPES.get_ptr_mut(id) {
-            let pages: i64 = read(css - css_offset, usage_offset)?;
-            let bytes = (pages.max(0) as u64) << page_shift;
+            let pages = if parent == 0 {
+                machine_working_set(css - css_offset)?
+            } else {
+                read::<i64>(css - css_offset, usage_offset)?.max(0) as u64
+            };
+            let bytes = pages << page_shift;
             update_scope(scope, RESOURCE_MEMORY, id, trigger, bytes);
             // SAFETY: a live map value; a band just left is disarmed (no
             // line above) until the agent arms it again.
             let rise_at = unsafe { (*scope).rise_at };
             pages_to_line = pages_to_line.min(rise_at.saturating_sub(bytes) >> page_shift);
         }
-        css = read(css, layout!(css_parent) as u64)?;
+        css = parent;
         depth += 1;
     }
     // Only a watched scope says how near a line this CPU is: a charge or a
@@ -418,6 +436,41 @@ fn check_memory(mut css: u64) -> Result<(), i32> {
         read_sooner_near_a_line(pages_to_line);
     }
     Ok(())
+}
+
+/// kubelet's working set of the whole machine, in pages: anon + file −
+/// inactive file, each NUMA node's running counters (`pglist_data.vm_stat`,
+/// which /proc/vmstat adds up; each CPU folds its changes in past a small
+/// threshold, lower under memory pressure), reached through the root
+/// memory cgroup `memcg`'s per-node lruvecs.
+#[inline(always)]
+fn machine_working_set(memcg: u64) -> Result<u64, i32> {
+    let nodes = layout!(numa_nodes);
+    if nodes == 0 {
+        // The agent never watches the root then.
+        return Err(0);
+    }
+    let stat = |pgdat: u64, item: u32| -> Result<i64, i32> {
+        read(pgdat + layout!(pgdat_vm_stat) as u64, item as u64 * 8)
+    };
+    let mut pages = 0i64;
+    let mut nid = 0u32;
+    while nid < MAX_NUMA_NODES && nid < nodes {
+        let per_node: u64 = read(memcg, layout!(mem_cgroup_nodeinfo) as u64 + nid as u64 * 8)?;
+        if per_node != 0 {
+            let pgdat: u64 = read(per_node, layout!(memcg_node_pgdat) as u64)?;
+            // A lruvec that has not served on its node yet: nothing there
+            // for the root (a possible node with no memory), or a count
+            // this misses, which the agent's reading and resync make good.
+            if pgdat != 0 {
+                pages += stat(pgdat, layout!(node_stat_anon))?
+                    + stat(pgdat, layout!(node_stat_file))?
+                    - stat(pgdat, layout!(node_stat_inactive_file))?;
+            }
+        }
+        nid += 1;
+    }
+    Ok(pages.max(0) as u64)
 }
 
 // ---------------------------------------------------------------------------

@@ -72,6 +72,8 @@ pub struct KernelBtf {
     /// The programs' layout with the defaults of the fields
     /// [`KernelBtf::layout`] fills in, or why there is none.
     layout: Result<KernelLayout, LayoutError>,
+    /// Why the programs cannot add up the machine's working set, if not.
+    machine_working_set: Option<LayoutError>,
 }
 
 impl KernelBtf {
@@ -88,7 +90,14 @@ impl KernelBtf {
         Ok(Self {
             tracepoints: lookup.tracepoints(),
             layout: lookup.layout(),
+            machine_working_set: lookup.machine_working_set().err(),
         })
+    }
+
+    /// Why the programs cannot add up the machine's working set on the
+    /// root memory cgroup (the layout's `numa_nodes` is 0 then), if not.
+    pub fn machine_working_set_error(&self) -> Option<&LayoutError> {
+        self.machine_working_set.as_ref()
     }
 
     /// Number of arguments of raw tracepoint `name`, without the leading
@@ -272,6 +281,23 @@ impl Lookup<'_> {
         to_u32(flags.saturating_sub(1))
     }
 
+    /// Where the machine's working set is, from the root memory cgroup:
+    /// its per-NUMA-node lruvecs point at each node's `pglist_data`, whose
+    /// `vm_stat` counters /proc/vmstat adds up. In the layout's order:
+    /// `mem_cgroup.nodeinfo`, `mem_cgroup_per_node.lruvec` +
+    /// `lruvec.pgdat`, `pglist_data.vm_stat`, then the indices of
+    /// `NR_ANON_MAPPED`, `NR_FILE_PAGES`, `NR_INACTIVE_FILE`.
+    fn machine_working_set(&self) -> Result<[u32; 6], LayoutError> {
+        Ok([
+            self.offset("mem_cgroup", "nodeinfo")?,
+            self.offset("mem_cgroup_per_node", "lruvec")? + self.offset("lruvec", "pgdat")?,
+            self.offset("pglist_data", "vm_stat")?,
+            to_u32(self.enumerator("NR_ANON_MAPPED")?)?,
+            to_u32(self.enumerator("NR_FILE_PAGES")?)?,
+            to_u32(self.enumerator("NR_INACTIVE_FILE")?)?,
+        ])
+    }
+
     /// The layout, but for what [`KernelBtf::layout`] fills in.
     fn layout(&self) -> Result<KernelLayout, LayoutError> {
         let subsys = |name: &str| {
@@ -298,6 +324,15 @@ impl Lookup<'_> {
             _ => 4096,
         };
         let (rss_stat_stride, rss_stat_count) = self.rss_counters()?;
+        let machine_working_set = self.machine_working_set();
+        let [
+            mem_cgroup_nodeinfo,
+            memcg_node_pgdat,
+            pgdat_vm_stat,
+            node_stat_anon,
+            node_stat_file,
+            node_stat_inactive_file,
+        ] = machine_working_set.clone().unwrap_or_default();
         Ok(KernelLayout {
             mem_cgroup_css: self.offset("mem_cgroup", "css")?,
             mem_cgroup_memory_usage: self.offset("mem_cgroup", "memory")?
@@ -338,6 +373,14 @@ impl Lookup<'_> {
             pg_head: to_u32(self.enumerator("PG_head")?)?,
             page_shift: page_size.trailing_zeros(),
             log_enabled: 0,
+            mem_cgroup_nodeinfo,
+            memcg_node_pgdat,
+            pgdat_vm_stat,
+            node_stat_anon,
+            node_stat_file,
+            node_stat_inactive_file,
+            numa_nodes: u32::from(machine_working_set.is_ok()),
+            _pad2: 0,
             byte_items_mask: self.byte_items_mask()?,
             check_step_pages: 1,
             possible_cpus: 1,
@@ -387,6 +430,14 @@ mod tests {
             layout.memcg_data_flags
         );
         assert!(layout.folio_memcg_data > layout.folio_flags);
+        assert_eq!(
+            layout.numa_nodes,
+            1,
+            "{:?}",
+            btf.machine_working_set_error()
+        );
+        assert!(layout.mem_cgroup_nodeinfo > layout.mem_cgroup_memory_usage);
+        assert!(layout.node_stat_inactive_file < 64 && layout.node_stat_file < 64);
         assert_eq!(btf.tracepoint_arity("no_such_tracepoint"), None);
         assert_eq!(btf.tracepoint_arity("sched_process_fork"), Some(2));
     }

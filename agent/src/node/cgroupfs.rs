@@ -341,7 +341,7 @@ impl CgroupFs {
         path: &str,
     ) -> Result<MemoryReading, CgroupError> {
         if self.version == CgroupVersion::V2 && is_root(path) {
-            return read_meminfo(files);
+            return read_root_stat(files, &self.memory_root);
         }
         let dir = self.memory_dir(path);
         Ok(MemoryReading {
@@ -376,7 +376,7 @@ impl CgroupFs {
     pub fn read_memory_usage(&self, path: &str) -> Result<u64, CgroupError> {
         match self.memory_usage_file(path) {
             Some(file) => read_u64(None, &file),
-            None => read_meminfo(None).map(|m| m.usage_bytes),
+            None => read_root_stat(None, &self.memory_root).map(|m| m.usage_bytes),
         }
     }
 
@@ -397,7 +397,7 @@ impl CgroupFs {
     }
 
     /// Where a cgroup's bytes charged are; `None` for the v2 root, whose
-    /// usage comes from /proc/meminfo.
+    /// usage comes from its memory.stat.
     fn memory_usage_file(&self, path: &str) -> Option<PathBuf> {
         match self.version {
             CgroupVersion::V2 if is_root(path) => None,
@@ -597,21 +597,19 @@ fn parse_keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// The v2 root has no memory.current; use the machine's own accounting.
-fn read_meminfo(files: Option<&KeptOpen>) -> Result<MemoryReading, CgroupError> {
-    let path = Path::new("/proc/meminfo");
-    let text = read_text(files, path)?;
-    let field = |key: &str| {
-        parse_keyed(&text, key)
-            .map(|kib| kib * 1024)
-            .ok_or_else(|| CgroupError::Parse {
-                path: path.to_owned(),
-                text: format!("no {key} line"),
-            })
-    };
+/// The v2 root has no memory.current: its usage is kubelet's, `anon +
+/// file` of the root's memory.stat (cAdvisor's root stats come from
+/// opencontainers/cgroups `fs2.statMemory`, which falls back to
+/// `rootStatsFromMeminfo` there; cAdvisor's `setMemoryStats` then takes
+/// `inactive_file` off for the working set). Slab, kernel stacks, page
+/// tables and buffers are not in it, as they are not in kubelet's.
+fn read_root_stat(files: Option<&KeptOpen>, root: &Path) -> Result<MemoryReading, CgroupError> {
+    let path = root.join("memory.stat");
+    let text = read_text(files, &path)?;
+    let field = |key: &str| keyed_field(&text, &path, key);
     Ok(MemoryReading {
-        usage_bytes: field("MemTotal")?.saturating_sub(field("MemFree")?),
-        inactive_file_bytes: field("Inactive(file)")?,
+        usage_bytes: field("anon")?.saturating_add(field("file")?),
+        inactive_file_bytes: field("inactive_file")?,
     })
 }
 
@@ -758,8 +756,35 @@ mod tests {
         // /proc files, as the node's signals read them.
         let loadavg = node_tasks(Some(&files)).unwrap();
         assert!(loadavg > 0);
-        let meminfo = read_meminfo(Some(&files)).unwrap();
-        assert!(meminfo.usage_bytes > 0);
+    }
+
+    #[test]
+    fn the_v2_root_is_read_as_kubelet_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CgroupFs {
+            version: CgroupVersion::V2,
+            memory_root: dir.path().to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        };
+        // Slab and kernel stacks are in the root's memory.stat too; kubelet
+        // counts only anon and file.
+        fs::write(
+            dir.path().join("memory.stat"),
+            "anon 1000\nfile 300\nkernel 5000\nslab 4000\nactive_file 100\ninactive_file 200\n",
+        )
+        .unwrap();
+        let root = fs.read_memory("/").unwrap();
+        assert_eq!(
+            root,
+            MemoryReading {
+                usage_bytes: 1300,
+                inactive_file_bytes: 200
+            }
+        );
+        assert_eq!(root.working_set_bytes(), 1100);
+        assert_eq!(fs.read_memory_usage("/").unwrap(), 1300);
+        assert!(fs.open_memory("/").unwrap().is_none());
     }
 
     #[test]

@@ -192,6 +192,7 @@ impl Inventory {
                 imagefs: args.imagefs_path.clone(),
                 containerfs: None,
                 files: KeptOpen::default(),
+                root_band: false,
             },
             runtime: None,
             runtime_filesystems: 0,
@@ -217,6 +218,13 @@ impl Inventory {
     /// Reads the pods' bytes charged for memory decisions from `source`.
     pub fn set_charges_source(&mut self, source: Box<dyn ChargesSource>) {
         self.charges_source = Some(source);
+    }
+
+    /// Has the node's observation read the machine's working set as the
+    /// kernel programs compare it on the memory hierarchy's root, for a
+    /// node that is the root (see [`NodeObservation::node_band_value`]).
+    pub fn set_root_band(&mut self, compared: bool) {
+        self.signals.root_band = compared;
     }
 
     /// Takes disk usage and the runtime's filesystems from `link`.

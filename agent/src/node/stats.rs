@@ -46,6 +46,10 @@ pub struct NodeSignals {
     pub containerfs: Option<PathBuf>,
     /// The node's files, read on every engine run.
     pub files: KeptOpen,
+    /// Whether the kernel programs compare the machine's working set on
+    /// the memory hierarchy's root, so that a node that is the root has a
+    /// band ([`NodeObservation::node_band_value`]).
+    pub root_band: bool,
 }
 
 /// One fresh look at the node: every signal's input, and the readings the
@@ -56,9 +60,17 @@ pub struct NodeObservation {
     pub stats: NodeStats,
     /// The node cgroup, relative to the hierarchy root.
     pub node_cgroup: String,
-    /// The node cgroup's memory: its usage is what a kernel band compares,
-    /// its inactive file pages what usage has above the working set.
+    /// The node cgroup's memory as kubelet reads it: its usage and its
+    /// inactive file pages, which make the working set.
     pub node_memory: MemoryReading,
+    /// What a kernel band on the node cgroup compares, read now: a
+    /// cgroup's page counter (its usage file), and on the hierarchy's root,
+    /// which has none worth comparing (it leaves out tasks in the root and
+    /// holds kernel memory kubelet does not count), the machine's working
+    /// set as the programs add it up from the kernel's per-NUMA-node
+    /// counters ([`machine_working_set`]). `None` on a root where they do
+    /// not ([`NodeSignals::root_band`]).
+    pub node_band_value: Option<u64>,
     /// The pods' cgroup and its memory, where it exists.
     pub kubepods: Option<(String, MemoryReading)>,
     /// What the node's PID scope counts: the node cgroup's `pids.current`,
@@ -101,6 +113,11 @@ impl NodeSignals {
                 containerfs,
             },
             node_cgroup: self.node.clone(),
+            node_band_value: match (is_root(&self.node), self.root_band) {
+                (false, _) => Some(node_memory.usage_bytes),
+                (true, true) => Some(machine_working_set(&self.files)?),
+                (true, false) => None,
+            },
             node_memory,
             kubepods,
             scope_tasks,
@@ -306,6 +323,41 @@ fn read(files: Option<&KeptOpen>, path: &Path) -> Result<String, SignalsError> {
     Ok(cgroupfs::read_text(files, path)?)
 }
 
+/// kubelet's working set of the whole machine as the kernel programs
+/// compute it on the root (`anon + file − inactive file`, the kernel's
+/// per-NUMA-node counters that /proc/vmstat adds up): the same pages the
+/// root's memory.stat counts (where kubelet reads it), without waiting for
+/// the memory cgroups' statistics to be flushed.
+fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
+    let path = Path::new("/proc/vmstat");
+    let text = read(Some(files), path)?;
+    let pages = |key: &str| {
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix(key)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<i64>()
+                    .ok()
+            })
+            .ok_or_else(|| SignalsError::Parse {
+                path: path.to_owned(),
+                text: format!("no {key} line"),
+            })
+    };
+    let working_set =
+        pages("nr_anon_pages")? + pages("nr_file_pages")? - pages("nr_inactive_file")?;
+    Ok(u64::try_from(working_set.max(0)).unwrap_or(0) * page_size())
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        size if size > 0 => size as u64,
+        _ => 4096,
+    }
+}
+
 fn mem_total(files: &KeptOpen) -> Result<u64, SignalsError> {
     let path = Path::new("/proc/meminfo");
     let text = read(Some(files), path)?;
@@ -403,6 +455,7 @@ mod tests {
             containerfs: None,
             imagefs: dir.path().to_owned(),
             files: KeptOpen::default(),
+            root_band: false,
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 536870912);
@@ -454,6 +507,7 @@ mod tests {
             containerfs: None,
             imagefs: dir.path().join("missing"),
             files: KeptOpen::default(),
+            root_band: false,
         };
         let stats = signals.observe().unwrap().stats;
         assert_eq!(
@@ -515,6 +569,7 @@ mod tests {
             containerfs: None,
             imagefs: dir.path().join("missing"),
             files: KeptOpen::default(),
+            root_band: false,
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 1048576);

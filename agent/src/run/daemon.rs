@@ -28,7 +28,7 @@ use crate::{
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
     decide::thresholds::EvictionConfig,
     kernel::{
-        bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Purpose},
+        bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Probes, Purpose},
         capabilities::Capabilities,
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
         triggers::{self, MemoryFalls},
@@ -217,6 +217,9 @@ pub async fn run(
             None => {
                 info!("no pods' cgroup at start: a memory decision reads each pod's file");
             }
+        }
+        if probes.covers(Purpose::Memory) {
+            watch_the_root(&probes, &mut inventory);
         }
         info!(programs = ?probes.program_ids(), "eBPF programs attached");
         if args.bpf_log {
@@ -442,6 +445,28 @@ fn notifier(
 /// its memory thresholds: event mode with a kernel memory hook, unless
 /// `--precise-hooks always`, or a `--watch` memory scope (whose flags the
 /// hooks report at any distance) needs them all the time.
+/// On a node that is the memory hierarchy's root (`--node-cgroup /`, a
+/// real node), has the kernel watch the node's memory lines on the root,
+/// comparing the machine's working set as kubelet computes it; says which
+/// line the kernel watches, or why none.
+fn watch_the_root(probes: &Probes, inventory: &mut Inventory) {
+    if !inventory.node_cgroup().trim_matches('/').is_empty() {
+        return;
+    }
+    match probes.machine_working_set() {
+        Ok(()) => {
+            inventory.set_root_band(true);
+            info!(
+                compares = "the machine's working set (kubelet's anon + file - inactive file, from the kernel's per-NUMA-node counters), at charges anywhere on the node",
+                "node memory watched on the root"
+            );
+        }
+        Err(e) => {
+            warn!(error = %e, "node memory not watched by the kernel: no memory.available line on the root (its working set cannot be added up there); the engine compares it at every reading, at least every --resync-interval");
+        }
+    }
+}
+
 fn zone_options(
     armed: &triggers::Armed,
     args: &RunArgs,

@@ -12,6 +12,14 @@
 //!   line, `capacity − T + 1 + inactive_file`, where the working set crosses
 //!   if the page cache stays as it was at the last reading: that crossing
 //!   is then pushed by the kernel, not found by the close watch.
+//! - On the hierarchy's root (a real node: `--node-cgroup /`) the kernel
+//!   compares the machine's working set itself (kubelet's `anon + file −
+//!   inactive_file`, from the kernel's per-NUMA-node counters), not a page
+//!   counter: the root's leaves out tasks in the root cgroup and holds
+//!   kernel memory and page cache, so on a node whose cache fills its
+//!   memory it would sit past every line. The lines are the working sets
+//!   themselves, shifted by what those counters and the root's memory.stat
+//!   (kubelet's reading, flushed from per-CPU counts) differ by.
 //! - `allocatableMemory.available < T` likewise on the pods' cgroup, with
 //!   the pods' cgroup's inactive file pages.
 //! - `pid.available < T` is met at exactly `max − T + 1` tasks.
@@ -36,6 +44,21 @@ pub struct EngineScope {
     /// empty when no threshold needs the scope.
     pub thresholds: Vec<u64>,
     pub reading: Reading,
+    /// What the scope's usage file read at the same time, which a cgroup
+    /// v1 eventfd threshold compares: the reading's value, except on the
+    /// hierarchy's root, whose file is kubelet's usage and not the page
+    /// counter.
+    pub file_value: u64,
+}
+
+impl EngineScope {
+    /// A value of this scope's page counter as its usage file would
+    /// show it, as of the reading.
+    pub fn as_file_value(&self, value: u64) -> u64 {
+        let shifted =
+            i128::from(value) - i128::from(self.reading.value) + i128::from(self.file_value);
+        u64::try_from(shifted.max(0)).unwrap_or(u64::MAX)
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -89,23 +112,14 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
     };
     let node_is_root = observation.node_cgroup.trim_matches('/').is_empty();
     let mut scopes = Vec::new();
-    if node_is_root {
-        // The root memory cgroup has no page counter to watch: the pods'
-        // cgroup stands in, offset by what the rest of the node holds.
-        if let (Some(_), Some(allocatable)) = (&observation.kubepods, stats.allocatable) {
-            let rest = stats
-                .memory
-                .working_set_bytes
-                .saturating_sub(allocatable.working_set_bytes);
-            kubepods_memory.extend(node_memory.iter().map(|usage| usage.saturating_sub(rest)));
-        }
-    } else {
-        scopes.push(EngineScope {
-            kind: ScopeKind::Memory,
-            path: Some(observation.node_cgroup.clone()),
-            thresholds: with_cache_lines(node_memory, observation.node_memory.inactive_file_bytes),
-            reading: memory_reading(&observation.node_memory),
-        });
+    // A root whose working set the programs cannot add up has no line.
+    if let Some(band_value) = observation.node_band_value {
+        scopes.push(memory_scope(
+            observation.node_cgroup.clone(),
+            node_memory,
+            &observation.node_memory,
+            band_value,
+        ));
     }
     if let Some(tasks) = observation.scope_tasks {
         scopes.push(EngineScope {
@@ -116,15 +130,16 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
                 value: tasks,
                 working_set: None,
             },
+            file_value: tasks,
         });
     }
     if let Some((path, memory)) = &observation.kubepods {
-        scopes.push(EngineScope {
-            kind: ScopeKind::Memory,
-            path: Some(path.clone()),
-            thresholds: with_cache_lines(kubepods_memory, memory.inactive_file_bytes),
-            reading: memory_reading(memory),
-        });
+        scopes.push(memory_scope(
+            path.clone(),
+            kubepods_memory,
+            memory,
+            memory.usage_bytes,
+        ));
     }
     Tripwires {
         scopes,
@@ -132,27 +147,48 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
     }
 }
 
-fn memory_reading(memory: &crate::node::cgroupfs::MemoryReading) -> Reading {
-    Reading {
-        value: memory.usage_bytes,
-        working_set: Some(memory.working_set_bytes()),
+/// The memory scope at `path`, whose kernel band compares a value that
+/// reads `band_value` now, with a line pair for each of `lines` (working
+/// sets at which a threshold is met).
+fn memory_scope(
+    path: String,
+    lines: Vec<u64>,
+    memory: &crate::node::cgroupfs::MemoryReading,
+    band_value: u64,
+) -> EngineScope {
+    let working_set = memory.working_set_bytes();
+    EngineScope {
+        kind: ScopeKind::Memory,
+        path: Some(path),
+        thresholds: band_lines(lines, i128::from(band_value) - i128::from(working_set)),
+        reading: Reading {
+            value: band_value,
+            working_set: Some(working_set),
+        },
+        file_value: memory.usage_bytes,
     }
 }
 
-/// A memory scope's `lines` (usage where the working set could reach each
-/// threshold), each joined by the usage where it does reach it if the
-/// scope's `inactive_file` pages stay: kubelet's memcg threshold level. The
-/// second line makes the kernel push the crossing of an allocation that
-/// does not turn cache into working set (the OOM case); cache that does,
-/// at constant usage, is the close watch's. Both lines of a scope with no
-/// inactive file are one.
-fn with_cache_lines(lines: Vec<u64>, inactive_file: u64) -> Vec<u64> {
-    let with_cache: Vec<u64> = lines
+/// The band's lines for `lines`, working sets at which thresholds are
+/// met, where the value the band compares was `beyond` bytes above the
+/// working set at the reading: a cgroup's inactive file pages (its page
+/// counter is its usage), or on the root what the kernel's running
+/// counters and the root's flushed memory.stat differ by (a few pages
+/// per CPU, either way). Each line becomes the value where the working
+/// set reaches it if `beyond` stays (kubelet's memcg threshold level, for
+/// a cgroup) and, where `beyond` is positive, also the line itself: where
+/// the working set could reach it had all of `beyond` turned into working
+/// set. The upper line makes the kernel push the crossing of an
+/// allocation that leaves the cache alone (the OOM case); cache turning
+/// into working set at a constant counter is the close watch's, past the
+/// lower line. Both are one where nothing is beyond the working set.
+fn band_lines(lines: Vec<u64>, beyond: i128) -> Vec<u64> {
+    let shift =
+        |line: u64, by: i128| u64::try_from((i128::from(line) + by).max(1)).unwrap_or(u64::MAX);
+    let mut all: Vec<u64> = lines
         .iter()
-        .map(|line| line.saturating_add(inactive_file))
+        .flat_map(|&line| [shift(line, beyond.min(0)), shift(line, beyond)])
         .collect();
-    let mut all = lines;
-    all.extend(with_cache);
     all.sort_unstable();
     all.dedup();
     all
@@ -215,6 +251,7 @@ mod tests {
                 usage_bytes: 700 * MIB,
                 inactive_file_bytes: 100 * MIB,
             },
+            node_band_value: (node_cgroup != "/").then_some(700 * MIB),
             kubepods: Some((
                 format!("{}/kubepods", node_cgroup.trim_end_matches('/')),
                 MemoryReading {
@@ -244,6 +281,7 @@ mod tests {
                         value: 700 * MIB,
                         working_set: Some(600 * MIB)
                     },
+                    file_value: 700 * MIB,
                 },
                 EngineScope {
                     kind: ScopeKind::Pids,
@@ -253,6 +291,7 @@ mod tests {
                         value: 300,
                         working_set: None
                     },
+                    file_value: 300,
                 },
                 EngineScope {
                     kind: ScopeKind::Memory,
@@ -266,6 +305,7 @@ mod tests {
                         value: 550 * MIB,
                         working_set: Some(500 * MIB)
                     },
+                    file_value: 550 * MIB,
                 },
             ]
         );
@@ -280,9 +320,13 @@ mod tests {
     }
 
     #[test]
-    fn on_the_machine_the_pods_cgroup_stands_in_for_the_root() {
+    fn on_the_machine_the_root_compares_the_working_set_itself() {
         let config = config("memory.available<100Mi,pid.available<100");
-        let wires = tripwires(&config, &observation("/"));
+        let mut observation = observation("/");
+        // The kernel's running counters show 2 MiB more working set than
+        // the root's memory.stat (600 MiB) last flushed.
+        observation.node_band_value = Some(602 * MIB);
+        let wires = tripwires(&config, &observation);
         let paths: Vec<_> = wires
             .scopes
             .iter()
@@ -291,16 +335,59 @@ mod tests {
         assert_eq!(
             paths,
             [
+                (ScopeKind::Memory, Some("/".into())),
                 (ScopeKind::Pids, None),
                 (ScopeKind::Memory, Some("/kubepods".into()))
             ]
         );
-        // The allocatable copy of the threshold (900 − 100 MiB), then
-        // 924 MiB less what the node holds outside the pods (600 − 500),
-        // each + the pods' 50 MiB of inactive file.
+        let root = &wires.scopes[0];
+        // capacity − T + 1, and where the kernel's count is then; not
+        // + the 100 MiB of inactive file, which the root's value leaves
+        // out already.
+        assert_eq!(root.thresholds, [924 * MIB + 1, 926 * MIB + 1]);
         assert_eq!(
-            wires.scopes[1].thresholds,
-            [800 * MIB + 1, 824 * MIB + 1, 850 * MIB + 1, 874 * MIB + 1]
+            root.reading,
+            Reading {
+                value: 602 * MIB,
+                working_set: Some(600 * MIB)
+            }
+        );
+        // A cgroup v1 eventfd on the root compares kubelet's usage (700).
+        assert_eq!(root.file_value, 700 * MIB);
+        assert_eq!(root.as_file_value(902 * MIB), 1000 * MIB);
+        // The pods' cgroup keeps its own lines: the allocatable copy of
+        // the threshold (900 − 100 MiB), + its 50 MiB of inactive file.
+        assert_eq!(wires.scopes[2].thresholds, [800 * MIB + 1, 850 * MIB + 1]);
+    }
+
+    #[test]
+    fn a_kernel_count_below_the_reading_lowers_the_line_and_none_is_at_0() {
+        let mut observation = observation("/");
+        observation.node_band_value = Some(598 * MIB);
+        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        assert_eq!(wires.scopes[0].thresholds, [922 * MIB + 1]);
+        // Even with a working set past the threshold and a kernel count
+        // of nothing, no line is at 0.
+        observation.node_band_value = Some(0);
+        let wires = tripwires(&config("memory.available<1000Mi"), &observation);
+        assert_eq!(wires.scopes[0].thresholds, [1]);
+    }
+
+    #[test]
+    fn a_root_whose_working_set_the_kernel_cannot_add_up_has_no_line_and_lends_none_to_the_pods() {
+        let wires = tripwires(
+            &config("memory.available<100Mi,pid.available<100"),
+            &observation("/"),
+        );
+        let memory: Vec<_> = wires
+            .scopes
+            .iter()
+            .filter(|s| s.kind == ScopeKind::Memory)
+            .map(|s| (s.path.clone(), s.thresholds.clone()))
+            .collect();
+        assert_eq!(
+            memory,
+            [(Some("/kubepods".into()), vec![800 * MIB + 1, 850 * MIB + 1])]
         );
     }
 

@@ -198,7 +198,10 @@ pub fn plan(
         FarTrigger::MemcgEventfd => memory_scopes(scopes)
             .filter_map(|scope| {
                 let line = lowest_line(scope)?;
-                Some((scope.path.clone()?, line.saturating_sub(zone)))
+                // The eventfd compares the usage file, which on the
+                // hierarchy's root is not the page counter.
+                let edge = scope.as_file_value(line.saturating_sub(zone));
+                Some((scope.path.clone()?, edge))
             })
             .collect(),
         FarTrigger::AdaptiveRead { .. } => Vec::new(),
@@ -264,6 +267,7 @@ mod tests {
                 value,
                 working_set: Some(value),
             },
+            file_value: value,
         }
     }
 

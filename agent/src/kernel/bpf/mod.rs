@@ -119,6 +119,67 @@ pub struct Probes {
     /// Whether the cgroup iterator was attached (its link is the
     /// [`CgroupCharges`] handed out).
     iterator_linked: bool,
+    /// Whether the root memory cgroup's value is the machine's working set.
+    machine_working_set: Result<(), MachineWorkingSetError>,
+}
+
+/// Why the programs cannot add up the machine's working set, which the
+/// root memory cgroup's band compares.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineWorkingSetError {
+    #[error(transparent)]
+    Layout(LayoutError),
+    #[error("reading the NUMA nodes the kernel may have ({path}): {source}")]
+    Nodes {
+        path: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{path} reads {text:?}, not a list of NUMA node ids")]
+    NodesText { path: &'static str, text: String },
+    #[error("{count} NUMA node ids, more than the {max} the programs add up")]
+    TooManyNodes { count: u32, max: u32 },
+}
+
+/// The NUMA node ids the kernel may have (`nr_node_ids` is the highest + 1).
+const NUMA_NODES_POSSIBLE: &str = "/sys/devices/system/node/possible";
+
+/// What the programs' loop over NUMA nodes is bounded by
+/// (`MAX_NUMA_NODES` in the eBPF crate).
+const MAX_NUMA_NODES: u32 = 64;
+
+/// `nr_node_ids` from `path` (a list such as `0` or `0-3,6`); 1 where the
+/// kernel has no NUMA (no such file), as its one node.
+fn numa_nodes(path: &Path) -> Result<u32, MachineWorkingSetError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(1),
+        Err(source) => {
+            return Err(MachineWorkingSetError::Nodes {
+                path: NUMA_NODES_POSSIBLE,
+                source,
+            });
+        }
+    };
+    let highest = text
+        .trim()
+        .split(',')
+        .map(|range| range.rsplit('-').next().unwrap_or(range).parse::<u32>())
+        .try_fold(0u32, |highest, id| {
+            Ok::<_, std::num::ParseIntError>(highest.max(id?))
+        })
+        .map_err(|_| MachineWorkingSetError::NodesText {
+            path: NUMA_NODES_POSSIBLE,
+            text: text.trim().to_owned(),
+        })?;
+    let count = highest.saturating_add(1);
+    if count > MAX_NUMA_NODES {
+        return Err(MachineWorkingSetError::TooManyNodes {
+            count,
+            max: MAX_NUMA_NODES,
+        });
+    }
+    Ok(count)
 }
 
 impl Probes {
@@ -131,6 +192,11 @@ impl Probes {
         let mut layout = btf.layout(options.check_step_bytes, options.kernel_log)?;
         layout.possible_cpus =
             aya::util::nr_cpus().map_err(|(path, source)| BpfError::Cpus { path, source })? as u64;
+        let machine_working_set = match btf.machine_working_set_error() {
+            Some(e) => Err(MachineWorkingSetError::Layout(e.clone())),
+            None => numa_nodes(Path::new(NUMA_NODES_POSSIBLE)),
+        };
+        layout.numa_nodes = *machine_working_set.as_ref().unwrap_or(&0);
         let mut ebpf = EbpfLoader::new()
             .override_global(names::LAYOUT, &layout, true)
             .load(OBJECT)
@@ -160,7 +226,15 @@ impl Probes {
             cpus: layout.possible_cpus,
             iterator_error,
             iterator_linked: false,
+            machine_working_set: machine_working_set.map(|_| ()),
         })
+    }
+
+    /// Whether the memory programs compare the machine's working set
+    /// (kubelet's, from the kernel's per-NUMA-node counters) on the root
+    /// memory cgroup, where a cgroup's page counter is compared; why not.
+    pub fn machine_working_set(&self) -> Result<(), &MachineWorkingSetError> {
+        self.machine_working_set.as_ref().copied()
     }
 
     /// Verifies and attaches every program of `hook`. On an error none of
@@ -415,4 +489,31 @@ pub fn bpf_syscall<T>(command: libc::c_long, attr: &T) -> io::Result<OwnedFd> {
     }
     // SAFETY: the call succeeded, so `fd` is a new descriptor owned by no one.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numa_node_ids_are_the_highest_possible_plus_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("possible");
+        for (text, count) in [("0\n", 1), ("0-1\n", 2), ("0-3,6\n", 7)] {
+            std::fs::write(&path, text).unwrap();
+            assert_eq!(numa_nodes(&path).unwrap(), count, "{text:?}");
+        }
+        std::fs::write(&path, "0-127\n").unwrap();
+        assert!(matches!(
+            numa_nodes(&path),
+            Err(MachineWorkingSetError::TooManyNodes { count: 128, .. })
+        ));
+        std::fs::write(&path, "zero\n").unwrap();
+        assert!(matches!(
+            numa_nodes(&path),
+            Err(MachineWorkingSetError::NodesText { .. })
+        ));
+        // A kernel without NUMA has one node and no such file.
+        assert_eq!(numa_nodes(&dir.path().join("missing")).unwrap(), 1);
+    }
 }

@@ -109,6 +109,7 @@ fn an_engine_scope_crossing_waits_for_the_engines_reading() {
             value,
             working_set: Some(value),
         },
+        file_value: value,
     };
     assert!(!monitor.apply_engine(&[scope(10 * MIB)]));
     // The files go: the monitor must not read them for an engine scope.

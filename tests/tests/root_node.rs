@@ -1,0 +1,286 @@
+//! A real node: `--node-cgroup /`, the memory hierarchy's root, where
+//! kubelet reads the node's memory from the root's statistics (v1
+//! `memory.usage_in_bytes` less `total_inactive_file`; v2 `anon + file`
+//! less `inactive_file` of the root's memory.stat, which leaves out slab,
+//! kernel stacks and page tables) and where memory held outside the pods
+//! (system daemons, the kernel's caches) counts as much as the pods'.
+//! Runs on this host's cgroup v1 root and, with `cargo xtask test --vm`,
+//! on a cgroup v2 guest's: the whole machine in both cases, so its lines
+//! are set from what the machine holds when the test starts.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::fs;
+
+use evictd::node::{
+    cgroupfs::{CgroupFs, CgroupVersion, KeptOpen},
+    stats::NodeSignals,
+};
+use evictd_integration::{Agent, PrivateCgroupTree, Workload, run_evictd};
+use serde_json::Value;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+
+/// `key`'s number in a `key value` (memory.stat) or `Key: value kB`
+/// (/proc/meminfo) file.
+fn field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            (words.next()?.trim_end_matches(':') == key).then(|| words.next()?.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
+fn meminfo_bytes(key: &str) -> u64 {
+    field(&fs::read_to_string("/proc/meminfo").unwrap(), key) * 1024
+}
+
+/// kubelet's working set of the machine, computed from the root's own
+/// files as cAdvisor does: usage (v1 the root's usage file; v2 `anon +
+/// file` of its memory.stat, opencontainers/cgroups' root stats) less the
+/// inactive file pages.
+fn kubelet_working_set(cgroupfs: &CgroupFs) -> u64 {
+    let root = &cgroupfs.memory_root;
+    let stat = fs::read_to_string(root.join("memory.stat")).unwrap();
+    let (usage, inactive) = match cgroupfs.version {
+        CgroupVersion::V1 => (
+            fs::read_to_string(root.join("memory.usage_in_bytes"))
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap(),
+            field(&stat, "total_inactive_file"),
+        ),
+        CgroupVersion::V2 => (
+            field(&stat, "anon") + field(&stat, "file"),
+            field(&stat, "inactive_file"),
+        ),
+    };
+    usage.saturating_sub(inactive)
+}
+
+/// How far two readings of the memory cgroups' statistics can disagree
+/// with nothing charged in between: each CPU batches its updates
+/// (`MEMCG_CHARGE_BATCH`, 64 pages) before they are flushed.
+fn charge_batches() -> u64 {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    64 * 4096 * cpus
+}
+
+fn node_signals(cgroupfs: &CgroupFs) -> NodeSignals {
+    NodeSignals {
+        cgroupfs: cgroupfs.clone(),
+        node: "/".into(),
+        nodefs: "/nonexistent".into(),
+        imagefs: "/nonexistent".into(),
+        containerfs: None,
+        files: KeptOpen::default(),
+        root_band: false,
+    }
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn the_roots_memory_is_kubelets_formula_with_slab_and_anonymous_memory_on_the_node() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("system").unwrap();
+    let mut daemon = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();
+    daemon.touch(64 * MIB).unwrap();
+    // Slab that kubelet's formula leaves out: a dentry and an inode for
+    // each empty file.
+    let slab_before = meminfo_bytes("Slab");
+    let files = tempfile::tempdir().unwrap();
+    for i in 0..50_000 {
+        fs::File::create(files.path().join(i.to_string())).unwrap();
+    }
+    let slab_grew = meminfo_bytes("Slab").saturating_sub(slab_before);
+    assert!(slab_grew >= 16 * MIB, "slab grew by {slab_grew} bytes only");
+
+    let signals = node_signals(&cgroupfs);
+    let before = kubelet_working_set(&cgroupfs);
+    let observed = signals.observe().unwrap().stats.memory;
+    let after = kubelet_working_set(&cgroupfs);
+    let slack = charge_batches();
+    let (low, high) = (before.min(after) - slack, before.max(after) + slack);
+    assert!(
+        (low..=high).contains(&observed.working_set_bytes),
+        "evictd read a working set of {} bytes; kubelet's formula gave {before} then {after}",
+        observed.working_set_bytes
+    );
+    assert_eq!(observed.capacity_bytes, meminfo_bytes("MemTotal"));
+
+    // The same through `evictd snapshot`, which holds memory of its own
+    // while it reads (a few MiB of a short-lived process).
+    let before = kubelet_working_set(&cgroupfs);
+    let (status, stdout) = run_evictd(&[
+        "snapshot",
+        "--node-cgroup",
+        "/",
+        "--nodefs-path",
+        "/nonexistent",
+        "--imagefs-path",
+        "/nonexistent",
+    ])
+    .unwrap();
+    let after = kubelet_working_set(&cgroupfs);
+    assert!(status.success(), "{stdout}");
+    let snapshot: Value = serde_json::from_str(&stdout).unwrap();
+    let working_set = snapshot["node"]["memory"]["working_set_bytes"]
+        .as_u64()
+        .unwrap();
+    let (low, high) = (before.min(after) - slack, before.max(after) + 32 * MIB);
+    assert!(
+        (low..=high).contains(&working_set),
+        "evictd snapshot read {working_set} bytes; kubelet's formula gave {before} then {after}"
+    );
+    drop(files);
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_root() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
+    // A system daemon's cgroup: outside any pods' cgroup.
+    tree.create("system").unwrap();
+    let mut daemon = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();
+    let capacity = meminfo_bytes("MemTotal");
+    // The node's line 192 MiB above what the machine holds now; the daemon
+    // then takes 640 MiB, past it whatever else the machine frees meanwhile.
+    let threshold = capacity - kubelet_working_set(&cgroupfs) - 192 * MIB;
+    let hard = format!("memory.available<{threshold}");
+    let mut agent = Agent::start(&[
+        "--node-cgroup",
+        "/",
+        "--dry-run",
+        "--eviction-hard",
+        &hard,
+        "--nodefs-path",
+        "/nonexistent",
+        "--imagefs-path",
+        "/nonexistent",
+        // The kernel's trigger alone: hooks attached at any distance, and
+        // the resync an hour away.
+        "--precise-hooks",
+        "always",
+        "--resync-interval",
+        "1h",
+    ])
+    .unwrap();
+    agent.log.expect("node memory watched on the root", &[]);
+    let watched = agent
+        .log
+        .expect("watching scope", &[("scope", "/"), ("resource", "memory")]);
+    agent.log.expect("eBPF programs attached", &[]);
+    daemon.touch(640 * MIB).unwrap();
+    let crossed = agent.log.expect(
+        "threshold crossed",
+        &[
+            ("scope", "/"),
+            ("resource", "memory"),
+            ("direction", "above"),
+            ("source", "kernel"),
+        ],
+    );
+    // The kernel compared the machine's working set, not a page counter
+    // holding its page cache and kernel memory: what it reported is what
+    // the daemon brought the working set to, give or take what the rest
+    // of the machine did meanwhile.
+    let line = capacity - threshold;
+    let kernel_value = crossed["kernel_value"].as_u64().unwrap();
+    assert!(
+        (line - 16 * MIB..line + 64 * MIB).contains(&kernel_value),
+        "line {line}: {crossed}"
+    );
+    let (_, mut log) = agent.stop().unwrap();
+    let lines = log.all("watching scope");
+    let crossings = log.all("threshold crossed");
+    for line in lines.iter().chain(&crossings) {
+        let text = line.to_string();
+        assert!(
+            !text.contains("\"threshold\":0,") && !text.contains("[0,") && !text.contains("[0]"),
+            "a line at 0: {line}"
+        );
+    }
+    assert!(watched["thresholds"].as_str().is_some(), "{watched}");
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_still_caught() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
+    tree.create("system").unwrap();
+    let mut daemon = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();
+    let capacity = meminfo_bytes("MemTotal");
+    let threshold = capacity - kubelet_working_set(&cgroupfs) - 192 * MIB;
+    let hard = format!("memory.available<{threshold}");
+    let mut agent = Agent::start(&[
+        "--node-cgroup",
+        "/",
+        "--dry-run",
+        "--eviction-hard",
+        &hard,
+        "--nodefs-path",
+        "/nonexistent",
+        "--imagefs-path",
+        "/nonexistent",
+        "--resync-interval",
+        "1h",
+    ])
+    .unwrap();
+    // 192 MiB is farther than the zone (64 MiB at first): the hooks go,
+    // and the far trigger waits at the zone's edge (on cgroup v1 an eventfd
+    // on the root, which compares kubelet's usage, not the working set).
+    agent.log.expect(
+        "precise memory hooks",
+        &[
+            ("state", "disarmed"),
+            ("reason", "far from every memory threshold"),
+        ],
+    );
+    daemon.touch(640 * MIB).unwrap();
+    let crossed = agent.log.expect(
+        "threshold crossed",
+        &[
+            ("scope", "/"),
+            ("resource", "memory"),
+            ("direction", "above"),
+        ],
+    );
+    let armed = agent.log.expect(
+        "precise memory hooks",
+        &[("state", "armed"), ("reason", "near a memory threshold")],
+    );
+    let position = |line: &Value| agent.log.seen.iter().position(|l| l == line);
+    assert!(
+        position(&armed) < position(&crossed),
+        "the hooks were not attached before the crossing: {armed} {crossed}"
+    );
+}
+
+/// The root's band compares what /proc/vmstat adds up (the programs read
+/// the same per-NUMA-node counters): kubelet's working set, to within the
+/// kernel's per-CPU batching.
+#[test]
+#[ignore = "needs root: run with cargo xtask test"]
+fn the_machines_working_set_in_vmstat_is_kubelets() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let vmstat = |key: &str| field(&fs::read_to_string("/proc/vmstat").unwrap(), key) * 4096;
+    let before = kubelet_working_set(&cgroupfs);
+    let counted = vmstat("nr_anon_pages") + vmstat("nr_file_pages") - vmstat("nr_inactive_file");
+    let after = kubelet_working_set(&cgroupfs);
+    // The kernel's running counters fold each CPU's changes in past a
+    // threshold of at most 125 pages per item.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let slack = charge_batches() + 3 * 125 * 4096 * cpus;
+    assert!(
+        (before.min(after) - slack..=before.max(after) + slack).contains(&counted),
+        "vmstat gives {counted}; kubelet's formula {before} then {after}"
+    );
+}
