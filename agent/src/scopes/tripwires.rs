@@ -119,6 +119,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
             node_memory,
             &observation.node_memory,
             band_value,
+            node_is_root,
         ));
     }
     if let Some(tasks) = observation.scope_tasks {
@@ -139,6 +140,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
             kubepods_memory,
             memory,
             memory.usage_bytes,
+            false,
         ));
     }
     Tripwires {
@@ -147,20 +149,37 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
     }
 }
 
+/// What a memory scope's band compares beyond kubelet's working set.
+#[derive(Debug, Clone, Copy)]
+enum Beyond {
+    /// A cgroup's page counter, its usage: its inactive file pages more.
+    Cache(u64),
+    /// The root's working set as the kernel's running counters add it up:
+    /// what they and the root's flushed memory.stat differ by (a few pages
+    /// per CPU, either way).
+    Drift(i128),
+}
+
 /// The memory scope at `path`, whose kernel band compares a value that
-/// reads `band_value` now, with a line pair for each of `lines` (working
-/// sets at which a threshold is met).
+/// reads `band_value` now, with the band's lines for `lines` (working sets
+/// at which a threshold is met).
 fn memory_scope(
     path: String,
     lines: Vec<u64>,
     memory: &crate::node::cgroupfs::MemoryReading,
     band_value: u64,
+    is_root: bool,
 ) -> EngineScope {
     let working_set = memory.working_set_bytes();
+    let beyond = if is_root {
+        Beyond::Drift(i128::from(band_value) - i128::from(working_set))
+    } else {
+        Beyond::Cache(band_value.saturating_sub(working_set))
+    };
     EngineScope {
         kind: ScopeKind::Memory,
         path: Some(path),
-        thresholds: band_lines(lines, i128::from(band_value) - i128::from(working_set)),
+        thresholds: band_lines(lines, beyond),
         reading: Reading {
             value: band_value,
             working_set: Some(working_set),
@@ -169,26 +188,28 @@ fn memory_scope(
     }
 }
 
-/// The band's lines for `lines`, working sets at which thresholds are
-/// met, where the value the band compares was `beyond` bytes above the
-/// working set at the reading: a cgroup's inactive file pages (its page
-/// counter is its usage), or on the root what the kernel's running
-/// counters and the root's flushed memory.stat differ by (a few pages
-/// per CPU, either way). Each line becomes the value where the working
-/// set reaches it if `beyond` stays (kubelet's memcg threshold level, for
-/// a cgroup) and, where `beyond` is positive, also the line itself: where
-/// the working set could reach it had all of `beyond` turned into working
-/// set. The upper line makes the kernel push the crossing of an
-/// allocation that leaves the cache alone (the OOM case); cache turning
-/// into working set at a constant counter is the close watch's, past the
-/// lower line. Both are one where nothing is beyond the working set.
-fn band_lines(lines: Vec<u64>, beyond: i128) -> Vec<u64> {
-    let shift =
-        |line: u64, by: i128| u64::try_from((i128::from(line) + by).max(1)).unwrap_or(u64::MAX);
-    let mut all: Vec<u64> = lines
-        .iter()
-        .flat_map(|&line| [shift(line, beyond.min(0)), shift(line, beyond)])
-        .collect();
+/// The band's lines for `lines`, working sets at which thresholds are met.
+/// A cgroup's page counter gets two per line: the line itself, where the
+/// working set could reach it had all the inactive file turned into
+/// working set, and the line + the inactive file, where it reaches it if
+/// the cache stays (kubelet's memcg threshold level). The upper one makes
+/// the kernel push the crossing of an allocation that leaves the cache
+/// alone (the OOM case); cache turning into working set at a constant
+/// counter is the close watch's, past the lower one. Both are one without
+/// inactive file. The root's value is the working set itself: one line,
+/// shifted by the drift (never to 0). The count of lines stays the same
+/// from one reading to the next, so a level keeps its meaning.
+fn band_lines(lines: Vec<u64>, beyond: Beyond) -> Vec<u64> {
+    let mut all: Vec<u64> = match beyond {
+        Beyond::Cache(cache) => lines
+            .iter()
+            .flat_map(|&line| [line, line.saturating_add(cache)])
+            .collect(),
+        Beyond::Drift(drift) => lines
+            .iter()
+            .map(|&line| u64::try_from((i128::from(line) + drift).max(1)).unwrap_or(u64::MAX))
+            .collect(),
+    };
     all.sort_unstable();
     all.dedup();
     all
@@ -341,10 +362,9 @@ mod tests {
             ]
         );
         let root = &wires.scopes[0];
-        // capacity − T + 1, and where the kernel's count is then; not
-        // + the 100 MiB of inactive file, which the root's value leaves
-        // out already.
-        assert_eq!(root.thresholds, [924 * MIB + 1, 926 * MIB + 1]);
+        // capacity − T + 1 where the kernel's count is then; not + the
+        // 100 MiB of inactive file, which the root's value leaves out.
+        assert_eq!(root.thresholds, [926 * MIB + 1]);
         assert_eq!(
             root.reading,
             Reading {
