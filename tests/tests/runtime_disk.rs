@@ -95,6 +95,24 @@ fn to_fill(node: &CriNode) -> u64 {
     free - target
 }
 
+/// Takes the imagefs [`SHORT_MIB`] below the threshold through `filler`'s
+/// writable layer, and waits for the runtime to have measured it; the
+/// bytes written.
+fn fill_imagefs(node: &mut CriNode) -> u64 {
+    let bytes = to_fill(node);
+    let reply = node
+        .workload("filler")
+        .unwrap()
+        .command(&format!("write {bytes} /fill"))
+        .unwrap();
+    assert_eq!(reply, bytes.to_string());
+    wait_until(MEASURED_DEADLINE, "containerd to measure the layer", || {
+        node.writable_layer_bytes("filler").unwrap() >= bytes
+    })
+    .unwrap();
+    bytes
+}
+
 /// The agent with `args`, under the seccomp profile the DaemonSet gives
 /// it (deploy/seccomp/evictd.json, applied as a runtime applies a
 /// Localhost profile): the CRI client, the disk walk, the removals and the
@@ -126,20 +144,10 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
     let Some(mut node) = node() else {
         return;
     };
-    let bytes = to_fill(&node);
-    let reply = node
-        .workload("filler")
-        .unwrap()
-        .command(&format!("write {bytes} /fill"))
-        .unwrap();
-    assert_eq!(reply, bytes.to_string());
     // The agent starts on a node already short of disk, once the runtime
     // has measured the layer: its first reading is then the pods' real
     // usage (a reading serves 10 s, as kubelet's would).
-    wait_until(MEASURED_DEADLINE, "containerd to measure the layer", || {
-        node.writable_layer_bytes("filler").unwrap() >= bytes
-    })
-    .unwrap();
+    let bytes = fill_imagefs(&mut node);
     // `evictd snapshot` shows what the agent will rank by.
     let mut snapshot_args = vec!["snapshot".to_owned()];
     snapshot_args.extend(node.runtime_agent_args());
@@ -538,17 +546,7 @@ fn a_pods_directory_of_another_uid_hides_its_usage_from_no_limit_and_blinds_no_o
     let scratchy = node.scratch_dir("scratchy").unwrap().join("fill");
     std::fs::write(&scratchy, vec![0x5a; SCRATCH_WRITE as usize]).unwrap();
     // And the imagefs short of its threshold through one pod's layer.
-    let bytes = to_fill(&node);
-    let reply = node
-        .workload("filler")
-        .unwrap()
-        .command(&format!("write {bytes} /fill"))
-        .unwrap();
-    assert_eq!(reply, bytes.to_string());
-    wait_until(MEASURED_DEADLINE, "containerd to measure the layer", || {
-        node.writable_layer_bytes("filler").unwrap() >= bytes
-    })
-    .unwrap();
+    fill_imagefs(&mut node);
 
     // Without the capability (a DaemonSet that leaves it out), in shadow
     // mode: the hidden directory costs its own pod, and only it.
