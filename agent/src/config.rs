@@ -349,6 +349,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9808")]
     pub metrics_address: SocketAddr,
 
+    /// Address of the probe endpoint (/healthz, /readyz only), for
+    /// kubelet's liveness and readiness probes: slots of its own, which no
+    /// client of /metrics can take. Loopback by default; a DaemonSet sets
+    /// 0.0.0.0:9809.
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9809")]
+    pub health_address: SocketAddr,
+
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 

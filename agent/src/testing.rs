@@ -171,8 +171,9 @@ pub(crate) mod fakes {
         /// it was asked for.
         pub reclaim: Option<NodeReclaim>,
         pub reclaims: Vec<Signal>,
-        /// A disk decision finds the pods' disk usage still being read.
-        pub disk_usage_pending: bool,
+        /// A disk decision finds the pods' disk usage still being read, and
+        /// is told to look again after this long.
+        pub disk_usage_pending: Option<Duration>,
         /// A disk decision finds the runtime unable to say what the pods
         /// use.
         pub disk_usage_unknown: bool,
@@ -274,8 +275,8 @@ pub(crate) mod fakes {
         ) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
             if matches!(resource, Resource::EphemeralStorage | Resource::Inodes) {
                 let model = self.0.borrow();
-                if model.disk_usage_pending {
-                    return Err(InventoryError::DiskUsagePending);
+                if let Some(wait) = model.disk_usage_pending {
+                    return Err(InventoryError::DiskUsagePending { wait });
                 }
                 if model.disk_usage_unknown {
                     return Err(InventoryError::DiskUsageUnknown);
@@ -323,8 +324,8 @@ pub(crate) mod fakes {
             if limited.is_empty() {
                 return Ok(Vec::new());
             }
-            if model.disk_usage_pending {
-                return Err(InventoryError::DiskUsagePending);
+            if let Some(wait) = model.disk_usage_pending {
+                return Err(InventoryError::DiskUsagePending { wait });
             }
             if model.disk_usage_unknown {
                 return Err(InventoryError::DiskUsageUnknown);

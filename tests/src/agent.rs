@@ -60,7 +60,7 @@ impl Agent {
     }
 
     /// Starts `command` (the agent, maybe behind a wrapper such as setpriv),
-    /// adding JSON logs and a free metrics port. Logs at info unless the
+    /// adding JSON logs and free metrics and probe ports. Logs at info unless the
     /// command sets RUST_LOG; never dumps core (see [`Agent::signal`]).
     pub fn spawn(mut command: Command) -> io::Result<Self> {
         if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
@@ -81,6 +81,7 @@ impl Agent {
         }
         let mut child = command
             .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
+            .args(["--health-address", "127.0.0.1:0"])
             .stdout(Stdio::piped())
             .spawn()?;
         let stdout = child
@@ -219,6 +220,15 @@ impl AgentLog {
     /// The address of the metrics endpoint, from its log line.
     pub fn metrics_address(&mut self) -> String {
         let line = self.expect("serving /metrics and /healthz", &[]);
+        match line["address"].as_str() {
+            Some(address) => address.to_owned(),
+            None => panic!("no address in {line}"),
+        }
+    }
+
+    /// The address of the probe endpoint, from its log line.
+    pub fn health_address(&mut self) -> String {
+        let line = self.expect("serving /healthz and /readyz for probes", &[]);
         match line["address"].as_str() {
             Some(address) => address.to_owned(),
             None => panic!("no address in {line}"),

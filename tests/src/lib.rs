@@ -25,6 +25,7 @@ mod bpf_stats;
 mod cgroup_tree;
 mod containerd;
 mod cri_node;
+mod daemonset;
 mod layout;
 mod memory;
 mod oci_image;
@@ -43,6 +44,10 @@ pub use bpf_stats::BpfStats;
 pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
 pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
+pub use daemonset::{
+    agent_container, daemonset_capabilities, daemonset_memory_limit, daemonset_seccomp_profile,
+    start_as_daemonset, with_capabilities,
+};
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
 pub use oci_image::OciImage;

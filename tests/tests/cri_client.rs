@@ -46,7 +46,11 @@ fn usage_of(node: &CriNode, name: &str) -> Option<PodDiskUsage> {
     let pods_dir = node.pods_dir();
     let mut pods = node
         .containerd
-        .block_on(disk_usage::read(&mut client, &pods_dir))
+        .block_on(disk_usage::read(
+            &mut client,
+            &pods_dir,
+            disk_usage::WalkBounds::default(),
+        ))
         .unwrap();
     pods.remove(node.pod(name).unwrap().spec.uid.as_str())
 }

@@ -11,64 +11,17 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::{path::PathBuf, process::Command};
+use std::process::Command;
 
-use evictd_integration::{Agent, Controller, SandboxNode, agent_binary, memory_pods};
+use evictd_integration::{
+    Agent, Controller, SandboxNode, agent_binary, agent_container, daemonset_capabilities,
+    daemonset_seccomp_profile, memory_pods, with_capabilities,
+};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const MIB: u64 = 1 << 20;
-
-/// The DaemonSet's agent container.
-fn agent_container() -> Value {
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
-    let text = std::fs::read_to_string(manifest).unwrap();
-    let daemonset: Value = serde_yaml_ng::from_str(&text).unwrap();
-    let containers = daemonset["spec"]["template"]["spec"]["containers"]
-        .as_array()
-        .unwrap();
-    containers
-        .iter()
-        .find(|c| c["name"] == "evictd")
-        .unwrap()
-        .clone()
-}
-
-/// The capabilities the agent container adds, as setpriv names them.
-fn daemonset_capabilities(container: &Value) -> Vec<String> {
-    let security = &container["securityContext"];
-    assert_eq!(security["privileged"], false);
-    assert_eq!(security["allowPrivilegeEscalation"], false);
-    assert_eq!(security["capabilities"]["drop"][0], "ALL");
-    security["capabilities"]["add"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|cap| cap.as_str().unwrap().to_lowercase())
-        .collect()
-}
-
-/// The Localhost seccomp profile the agent container names, from deploy/.
-fn daemonset_seccomp_profile(container: &Value) -> PathBuf {
-    let profile = &container["securityContext"]["seccompProfile"];
-    assert_eq!(profile["type"], "Localhost");
-    let name = profile["localhostProfile"].as_str().unwrap();
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/seccomp")).join(name)
-}
-
-/// `setpriv` keeping only `capabilities` (uid 0 keeps exactly what the
-/// bounding set allows across exec), then `command`.
-fn with_capabilities(capabilities: &[String], command: &[String]) -> Vec<String> {
-    let keep: String = capabilities.iter().map(|cap| format!(",+{cap}")).collect();
-    let mut line = vec![
-        "setpriv".to_owned(),
-        format!("--bounding-set=-all{keep}"),
-        format!("--inh-caps=-all{keep}"),
-    ];
-    line.extend(command.iter().cloned());
-    line
-}
 
 /// A shell that, in a mount namespace of its own (gone when the agent
 /// exits), makes every cgroup filesystem read-only except `writable` (a
@@ -110,7 +63,7 @@ exec "$@"
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
-    let container = agent_container();
+    let container = agent_container().unwrap();
     let capabilities = daemonset_capabilities(&container);
     assert!(!capabilities.is_empty());
     let profile = daemonset_seccomp_profile(&container);
@@ -168,7 +121,7 @@ fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn the_seccomp_profile_is_enforced() {
-    let container = agent_container();
+    let container = agent_container().unwrap();
     let capabilities = daemonset_capabilities(&container);
     let profile: Value = serde_json::from_str(
         &std::fs::read_to_string(daemonset_seccomp_profile(&container)).unwrap(),
@@ -213,4 +166,66 @@ fn the_seccomp_profile_is_enforced() {
     );
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
+}
+
+/// A file of deploy/, parsed.
+fn manifest(name: &str) -> Value {
+    let path = format!("{}/../deploy/{name}", env!("CARGO_MANIFEST_DIR"));
+    serde_yaml_ng::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// kubelet's probes go to the port the agent serves them on alone (its
+/// `--health-address`), which nothing in the cluster is let into: the
+/// Service and the NetworkPolicy open only the metrics port. No scrape
+/// client can then take the probes' connection slots.
+#[test]
+fn the_probes_have_a_port_of_their_own_that_only_the_node_reaches() {
+    let container = agent_container().unwrap();
+    let flag_port = |flag: &str| -> u64 {
+        let prefix = format!("--{flag}=");
+        let arg = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .find_map(|arg| arg.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in the agent's args"));
+        arg.rsplit_once(':').unwrap().1.parse().unwrap()
+    };
+    let port_named = |name: &str| -> u64 {
+        container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|port| port["name"] == name)
+            .and_then(|port| port["containerPort"].as_u64())
+            .unwrap_or_else(|| panic!("no container port {name}"))
+    };
+    assert_eq!(port_named("metrics"), flag_port("metrics-address"));
+    assert_eq!(port_named("health"), flag_port("health-address"));
+    assert_ne!(port_named("health"), port_named("metrics"));
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        assert_eq!(
+            container[probe]["httpGet"]["port"], "health",
+            "{probe}: {}",
+            container[probe]
+        );
+    }
+    let service = manifest("service.yaml");
+    let exposed: Vec<&Value> = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|port| &port["targetPort"])
+        .collect();
+    assert_eq!(exposed, [&Value::from("metrics")]);
+    let policy = manifest("networkpolicy.yaml");
+    let admitted: Vec<&Value> = policy["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| rule["ports"].as_array().unwrap())
+        .map(|port| &port["port"])
+        .collect();
+    assert_eq!(admitted, [&Value::from("metrics")]);
 }

@@ -3,8 +3,9 @@
 //! byte at a time, half send 128 KiB of header first; each is reopened as
 //! soon as the agent drops it), the agent
 //! still evicts a memory hog before the kernel's OOM killer fires, answers
-//! a prompt client, keeps its connections at the cap, and its resident
-//! memory stays within a few MiB of what it was before the flood.
+//! a prompt client, keeps its connections at the cap, answers kubelet's
+//! probes on their own port, and its resident memory stays within a few
+//! MiB of what it was before the flood.
 use std::{
     io::Write as _,
     net::TcpStream,
@@ -140,6 +141,12 @@ fn a_slow_connection_flood_holds_up_no_eviction_and_no_memory() {
     // A prompt client is answered mid-flood, and the cap held.
     let health = http_get(&address, "/healthz").unwrap();
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    // kubelet's probes have their own port, which the flood never reaches.
+    let probes = agent.log.health_address();
+    for path in ["/healthz", "/readyz"] {
+        let answer = http_get(&probes, path).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+    }
     let metrics = http_get(&address, "/metrics").unwrap();
     let open = metric(&metrics, "evictd_http_connections").unwrap();
     assert!(open <= MAX_CONNECTIONS, "{open} connections open");

@@ -49,9 +49,9 @@ use crate::{
 /// 100Mi default.
 pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
-/// How often a disk decision looks whether the runtime's thread has read
-/// the pods' disk usage (a walk of their logs and volumes: tens of
-/// milliseconds to seconds) or finished its node-level reclaim.
+/// How often a disk decision looks whether the runtime's thread has
+/// finished its node-level reclaim (while it reads the pods' disk usage,
+/// the thread says when to look again: `InventoryError::DiskUsagePending`).
 const DISK_USAGE_WAIT: Duration = Duration::from_millis(100);
 /// How often a disk decision held because the runtime is down looks again
 /// (the runtime's thread reconnects 1 s doubling to 60 s apart).
@@ -349,7 +349,7 @@ impl<I: Io> Evictor<I> {
     ) -> Result<Action, Duration> {
         let ranking = match self.choose(assessment, starvation) {
             Ok(ranking) => ranking,
-            Err(InventoryError::DiskUsagePending) => return Err(DISK_USAGE_WAIT),
+            Err(InventoryError::DiskUsagePending { wait }) => return Err(wait),
             Err(InventoryError::DiskUsageUnknown) => {
                 self.safeguards.hold_disk_unknown(
                     starvation.threshold.signal,

@@ -53,6 +53,12 @@ impl DiskMeasure {
             DiskMeasure::WritableLayers => usage.rootfs_bytes,
         }
     }
+
+    /// Whether the measure counts what evictd walks itself (logs and local
+    /// volumes), and so whether a walk cut short leaves it a lower bound.
+    fn counts_walked_usage(self) -> bool {
+        self != DiskMeasure::WritableLayers
+    }
 }
 
 /// One pod's place in a ranking; [`Ranked::reason`] says why.
@@ -72,6 +78,9 @@ pub struct Ranked {
     pub evictable: bool,
     /// Whether evictd knows the pod's metadata (see [`rank`]).
     pub known: bool,
+    /// Whether `usage` is only a lower bound: the walk of the pod's logs
+    /// and volumes fell short ([`PodUsage::disk_incomplete`](crate::node::snapshot::PodUsage::disk_incomplete)).
+    pub usage_incomplete: bool,
     resource: Resource,
     /// Why the pod is never evicted, if its kind says so.
     protection: Option<&'static str>,
@@ -103,6 +112,11 @@ impl Ranked {
         if !self.known {
             text.push_str("; metadata unknown, after every pod evictd knows");
         }
+        if self.usage_incomplete {
+            text.push_str(
+                "; disk usage at least this (not all of it could be measured), ranked as a pod without stats",
+            );
+        }
         text
     }
 }
@@ -116,6 +130,14 @@ impl Ranked {
 /// be (a critical DaemonSet pod, a Guaranteed pod within its requests). So
 /// pods whose metadata is missing go after every pod evictd knows: not
 /// knowing a pod never makes it more likely to die.
+///
+/// A pod whose disk usage evictd could not measure whole (a directory it
+/// cannot read, a walk past its bounds) is the reverse case: it may hide
+/// its usage on purpose, so it must never be safer for it. For a disk
+/// signal that counts what evictd walks, it is ranked as kubelet ranks a
+/// pod it has no stats for (`exceedDiskRequests` and `disk`: "prioritize
+/// evicting the pod for which no stats were found"): before every measured
+/// pod, then by priority.
 pub fn rank<P: Borrow<PodSnapshot>>(
     pods: &[P],
     signal: Signal,
@@ -135,11 +157,15 @@ pub fn rank<P: Borrow<PodSnapshot>>(
         }),
         Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
             entries.sort_by_cached_key(|(ranked, excess)| {
+                // Pods without a whole measure are equal in both usage
+                // keys, as kubelet's comparisons of two pods without stats.
+                let measured = !ranked.usage_incomplete;
                 (
                     Reverse(ranked.known),
-                    Reverse(ranked.exceeds_request),
+                    Reverse(ranked.usage_incomplete),
+                    Reverse(measured && ranked.exceeds_request == Some(true)),
                     ranked.priority,
-                    Reverse(*excess),
+                    Reverse(if measured { *excess } else { 0 }),
                 )
             });
         }
@@ -152,6 +178,7 @@ pub fn rank<P: Borrow<PodSnapshot>>(
 fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> (Ranked, i64) {
     let saturate = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
     let resource = signal.resource();
+    let mut usage_incomplete = false;
     let (usage, request, key) = match resource {
         Resource::Memory => {
             let usage = saturate(pod.usage.memory_working_set_bytes);
@@ -163,7 +190,9 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
             (usage, None, usage)
         }
         Resource::EphemeralStorage => {
-            let usage = saturate(DiskMeasure::for_signal(signal, dedicated).bytes(pod));
+            let measure = DiskMeasure::for_signal(signal, dedicated);
+            usage_incomplete = pod.usage.disk_incomplete && measure.counts_walked_usage();
+            let usage = saturate(measure.bytes(pod));
             let request = pod.request(EPHEMERAL_STORAGE);
             (usage, Some(request), usage.saturating_sub(request))
         }
@@ -172,6 +201,7 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
         // inode count for the last key, and so does evictd. Snapshots carry
         // one inode total per pod, used whichever filesystem is starved.
         Resource::Inodes => {
+            usage_incomplete = pod.usage.disk_incomplete;
             let usage = saturate(pod.usage.inodes);
             let key = usage.saturating_sub(pod.request(EPHEMERAL_STORAGE));
             (usage, Some(0), key)
@@ -186,6 +216,7 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
         exceeds_request,
         evictable: pod.is_evictable(),
         known: !pod.metadata_missing(),
+        usage_incomplete,
         resource,
         protection: protection(pod),
         hosts_evictd: pod.hosts_evictd,

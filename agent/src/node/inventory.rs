@@ -17,7 +17,7 @@ use std::{
     os::unix::fs::DirEntryExt,
     path::{Path, PathBuf},
     sync::Arc,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tracing::{debug, warn};
@@ -66,8 +66,10 @@ pub enum InventoryError {
     Signals(#[from] SignalsError),
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    /// Look again after `wait` (the runtime's thread says how long a
+    /// reading under way may still take).
     #[error("the pods' disk usage is being read from the container runtime")]
-    DiskUsagePending,
+    DiskUsagePending { wait: Duration },
     #[error(
         "the container runtime cannot say what disk the pods use (down, or its reading failed)"
     )]
@@ -312,7 +314,9 @@ impl Inventory {
                     .as_ref()
                     .map(|link| link.pod_usage(Instant::now()));
                 match usage {
-                    Some(LinkUsage::Pending) => return Err(InventoryError::DiskUsagePending),
+                    Some(LinkUsage::Pending { wait }) => {
+                        return Err(InventoryError::DiskUsagePending { wait });
+                    }
                     Some(LinkUsage::Unavailable) => return Err(InventoryError::DiskUsageUnknown),
                     Some(LinkUsage::Fresh(_)) | None => {}
                 }
@@ -400,7 +404,7 @@ impl Inventory {
                 &usage,
                 dedicated_imagefs,
             )),
-            Some(LinkUsage::Pending) => Err(InventoryError::DiskUsagePending),
+            Some(LinkUsage::Pending { wait }) => Err(InventoryError::DiskUsagePending { wait }),
             Some(LinkUsage::Unavailable) | None => Err(InventoryError::DiskUsageUnknown),
         }
     }

@@ -196,6 +196,12 @@ pub struct PodUsage {
     pub local_volume_bytes: u64,
     #[serde(default)]
     pub inodes: u64,
+    /// The walk of the pod's logs and volumes fell short (a directory
+    /// evictd cannot read, or past the walk's bounds): the disk figures
+    /// are at least what they say, and a disk ranking that counts them
+    /// places the pod as kubelet places one it has no stats for, first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disk_incomplete: bool,
 }
 
 impl PodSnapshot {

@@ -1,12 +1,21 @@
-//! The HTTP endpoint: `/metrics`, `/healthz`, `/readyz`. It listens where
-//! any pod may reach it, so nothing it is sent may cost the node its
-//! protection: it runs on a thread and runtime of its own (a flood delays
-//! no engine run), holds at most [`EndpointLimits::max_connections`]
-//! connections with small buffers, and gives each connection a deadline
-//! for its request headers and one for the whole exchange. When every slot
-//! is taken, a new connection displaces the oldest one that has not sent a
-//! complete request yet (a slow client), so a scraper or a probe that sends
-//! its request at once still gets an answer under a slow-connection flood.
+//! The HTTP endpoints: `/metrics`, `/healthz`, `/readyz` on
+//! `--metrics-address`, and the probes alone on `--health-address`
+//! ([`Routes`]). They listen where other clients may reach them, so nothing
+//! they are sent may cost the node its protection: each runs on a thread
+//! and runtime of its own (a flood delays no engine run), holds at most
+//! [`EndpointLimits::max_connections`] connections with small buffers, and
+//! gives each connection a deadline for its request headers and one for
+//! the whole exchange. When every slot is taken, a new connection displaces
+//! the oldest one that has not sent a complete request yet (a slow client),
+//! so a scraper or a probe that sends its request at once still gets an
+//! answer under a slow-connection flood.
+//!
+//! Clients that send their request at once and then read the answer slowly
+//! hold their slot until the exchange's deadline: sixteen such scrapers
+//! fill the metrics endpoint. kubelet's probes therefore have an endpoint
+//! of their own, whose tiny answers fit in the socket's buffer, so no
+//! connection there waits on its client, and no scrape client can take
+//! its slots.
 use std::{
     convert::Infallible,
     net::SocketAddr,
@@ -34,14 +43,34 @@ use crate::report::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
-    #[error("metrics endpoint on {address}: {source}")]
+    #[error("{routes} endpoint on {address}: {source}")]
     Bind {
+        routes: Routes,
         address: SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("metrics endpoint: starting its thread: {0}")]
-    Thread(#[source] std::io::Error),
+    #[error("{0} endpoint: starting its thread: {1}")]
+    Thread(Routes, #[source] std::io::Error),
+}
+
+/// What an endpoint serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Routes {
+    /// `/metrics`, `/healthz` and `/readyz` (`--metrics-address`).
+    Metrics,
+    /// `/healthz` and `/readyz` only (`--health-address`): kubelet's
+    /// probes, on slots no scrape client can take.
+    Probes,
+}
+
+impl std::fmt::Display for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Routes::Metrics => "metrics",
+            Routes::Probes => "probe",
+        })
+    }
 }
 
 /// How much the endpoint holds for its clients.
@@ -68,6 +97,20 @@ impl Default for EndpointLimits {
     }
 }
 
+impl EndpointLimits {
+    /// The probe endpoint's: kubelet probes each container every few
+    /// seconds, one request at a time per probe, and gives up after its
+    /// `timeoutSeconds` (1 s by default), so a handful of slots and short
+    /// deadlines.
+    pub fn probes() -> Self {
+        Self {
+            max_connections: 8,
+            header_timeout: Duration::from_secs(2),
+            request_deadline: Duration::from_secs(2),
+        }
+    }
+}
+
 /// hyper's smallest read buffer, which also bounds the request line and
 /// headers (larger ones get 431).
 const READ_BUFFER: usize = 8192;
@@ -82,22 +125,31 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// Binds `address` (port 0: any free port) and serves on a thread of
-    /// its own until stopped. `/readyz` answers 200 once `ready` is set
-    /// (protection armed), 503 before.
+    /// Binds `address` (port 0: any free port) and serves `routes` on a
+    /// thread of its own until stopped. `/readyz` answers 200 once `ready`
+    /// is set (protection armed), 503 before.
     pub fn start(
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
         address: SocketAddr,
+        routes: Routes,
         limits: EndpointLimits,
     ) -> Result<Self, EndpointError> {
-        let bind_error = |source| EndpointError::Bind { address, source };
+        let bind_error = |source| EndpointError::Bind {
+            routes,
+            address,
+            source,
+        };
         let listener = std::net::TcpListener::bind(address).map_err(bind_error)?;
         listener.set_nonblocking(true).map_err(bind_error)?;
         let bound = listener.local_addr().map_err(bind_error)?;
         let (stop, stopped) = oneshot::channel();
+        let name = match routes {
+            Routes::Metrics => "evictd-http",
+            Routes::Probes => "evictd-probes",
+        };
         let thread = std::thread::Builder::new()
-            .name("evictd-http".into())
+            .name(name.into())
             .spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
@@ -105,7 +157,7 @@ impl Endpoint {
                 {
                     Ok(runtime) => runtime,
                     Err(e) => {
-                        warn!(error = %e, "metrics endpoint: cannot start its runtime; not serving");
+                        warn!(error = %e, endpoint = %routes, "HTTP endpoint: cannot start its runtime; not serving");
                         return;
                     }
                 };
@@ -113,19 +165,19 @@ impl Endpoint {
                     let listener = match tokio::net::TcpListener::from_std(listener) {
                         Ok(listener) => listener,
                         Err(e) => {
-                            warn!(error = %e, "metrics endpoint: cannot listen; not serving");
+                            warn!(error = %e, endpoint = %routes, "HTTP endpoint: cannot listen; not serving");
                             return;
                         }
                     };
-                    let router = router(metrics.clone(), ready);
+                    let router = router(metrics.clone(), ready, routes);
                     tokio::select! {
-                        () = accept_loop(listener, router, metrics, limits) => {}
+                        () = accept_loop(listener, router, metrics, routes, limits) => {}
                         _ = stopped => {}
                     }
                 });
                 // Dropping the runtime ends every open connection.
             })
-            .map_err(EndpointError::Thread)?;
+            .map_err(|e| EndpointError::Thread(routes, e))?;
         Ok(Self {
             address: bound,
             stop: Some(stop),
@@ -149,9 +201,10 @@ impl Drop for Endpoint {
     }
 }
 
-fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
-    Router::new()
-        .route(
+fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>, routes: Routes) -> Router {
+    let router = match routes {
+        Routes::Probes => Router::new(),
+        Routes::Metrics => Router::new().route(
             "/metrics",
             get(move || {
                 let metrics = Arc::clone(&metrics);
@@ -163,24 +216,24 @@ fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>) -> Router {
                         .into_response()
                 }
             }),
-        )
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let armed = ready.load(Ordering::Acquire);
-                async move {
-                    if armed {
-                        (StatusCode::OK, "ok\n")
-                    } else {
-                        (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "protection not armed yet\n",
-                        )
-                    }
+        ),
+    };
+    router.route("/healthz", get(|| async { "ok\n" })).route(
+        "/readyz",
+        get(move || {
+            let armed = ready.load(Ordering::Acquire);
+            async move {
+                if armed {
+                    (StatusCode::OK, "ok\n")
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "protection not armed yet\n",
+                    )
                 }
-            }),
-        )
+            }
+        }),
+    )
 }
 
 /// One open connection, in accept order.
@@ -192,26 +245,41 @@ struct Slot {
     task: AbortHandle,
 }
 
-#[derive(Default)]
 struct Slots {
     next_id: u64,
     open: Vec<Slot>,
+    /// Whether `evictd_http_connections` counts these: the metrics
+    /// endpoint's (closed connections are counted for both).
+    gauged: bool,
+}
+
+impl Slots {
+    fn gauge(&self, metrics: &Metrics) {
+        if self.gauged {
+            metrics.http_connections.set(self.open.len() as i64);
+        }
+    }
 }
 
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     router: Router,
     metrics: Arc<Metrics>,
+    routes: Routes,
     limits: EndpointLimits,
 ) {
-    let slots = Arc::new(Mutex::new(Slots::default()));
+    let slots = Arc::new(Mutex::new(Slots {
+        next_id: 0,
+        open: Vec::new(),
+        gauged: routes == Routes::Metrics,
+    }));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _peer)) => stream,
             Err(e) => {
                 // Out of file descriptors, typically: back off rather than
                 // spin on the listener.
-                warn!(error = %e, "metrics endpoint: accept failed");
+                warn!(error = %e, endpoint = %routes, "HTTP endpoint: accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -291,7 +359,7 @@ fn occupy(
         answering,
         task,
     });
-    metrics.http_connections.set(slots.open.len() as i64);
+    slots.gauge(metrics);
 }
 
 /// Removes a connection's slot when its task ends.
@@ -305,7 +373,7 @@ impl Drop for Release {
     fn drop(&mut self) {
         let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
         slots.open.retain(|slot| slot.id != self.id);
-        self.metrics.http_connections.set(slots.open.len() as i64);
+        slots.gauge(&self.metrics);
     }
 }
 
@@ -345,7 +413,7 @@ async fn serve_connection(
     match tokio::time::timeout(limits.request_deadline, connection).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) if e.is_timeout() => closed(&metrics, "header-timeout"),
-        Ok(Err(e)) => debug!(error = %e, "metrics endpoint: connection failed"),
+        Ok(Err(e)) => debug!(error = %e, "HTTP endpoint: connection failed"),
         Err(_) => closed(&metrics, "deadline"),
     }
 }
@@ -381,10 +449,45 @@ mod tests {
             metrics.clone(),
             ready.clone(),
             "127.0.0.1:0".parse().unwrap(),
+            Routes::Metrics,
             limits,
         )
         .unwrap();
         (endpoint, metrics, ready)
+    }
+
+    /// Whether a GET of `path` is refused: the connection closed with no
+    /// answer (a slow answer is not a refusal).
+    fn refused(address: SocketAddr, path: &str) -> bool {
+        let attempt = || -> std::io::Result<String> {
+            let mut stream = StdStream::connect(address)?;
+            stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )?;
+            let mut response = String::new();
+            stream.read_to_string(&mut response)?;
+            Ok(response)
+        };
+        match attempt() {
+            Ok(answer) => answer.is_empty(),
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            ),
+        }
+    }
+
+    /// An answer of several MiB: more than the socket buffers on both sides
+    /// take, so writing it waits on a client that does not read.
+    fn enlarge(metrics: &Metrics) {
+        for scope in 0..60_000 {
+            metrics
+                .scope_value
+                .with_label_values(&[&format!("/kubepods/burstable/pod-{scope:08}"), "memory"])
+                .set(scope);
+        }
     }
 
     fn closed_for(metrics: &Metrics, reason: &str) -> u64 {
@@ -458,14 +561,7 @@ mod tests {
             request_deadline: Duration::from_millis(500),
         };
         let (endpoint, metrics, _) = start(limits);
-        // An answer of several MiB: more than the socket buffers on both
-        // sides take, so writing it waits on the client.
-        for scope in 0..60_000 {
-            metrics
-                .scope_value
-                .with_label_values(&[&format!("/kubepods/burstable/pod-{scope:08}"), "memory"])
-                .set(scope);
-        }
+        enlarge(&metrics);
         let mut stream = StdStream::connect(endpoint.address()).unwrap();
         stream
             .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -474,5 +570,54 @@ mod tests {
             closed_for(&metrics, "deadline") == 1 && metrics.http_connections.get() == 0
         });
         drop(stream);
+    }
+
+    #[test]
+    fn slow_readers_that_fill_the_metrics_endpoint_cannot_fail_the_probes() {
+        // Four slots, as good as sixteen and cheaper to fill; a deadline
+        // longer than the test, so the scrapers hold their slots however
+        // slowly it runs.
+        let limits = EndpointLimits {
+            max_connections: 4,
+            request_deadline: Duration::from_secs(600),
+            ..EndpointLimits::default()
+        };
+        let (endpoint, metrics, ready) = start(limits);
+        let probes = Endpoint::start(
+            metrics.clone(),
+            ready.clone(),
+            "127.0.0.1:0".parse().unwrap(),
+            Routes::Probes,
+            EndpointLimits::probes(),
+        )
+        .unwrap();
+        enlarge(&metrics);
+        ready.store(true, Ordering::Release);
+        // Scrapers that ask at once and never read their answer: each holds
+        // its slot, answering, until the exchange's deadline.
+        let readers: Vec<StdStream> = (0..limits.max_connections)
+            .map(|_| {
+                let mut stream = StdStream::connect(endpoint.address()).unwrap();
+                stream
+                    .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                    .unwrap();
+                stream
+            })
+            .collect();
+        // A probe of the metrics endpoint now fails: its connection is
+        // refused (what kubelet saw when the probes shared these slots).
+        eventually("the metrics endpoint to refuse a probe", || {
+            refused(endpoint.address(), "/healthz")
+        });
+        assert!(closed_for(&metrics, "refused") >= 1);
+        // The probe endpoint answers both probes, at once, all the while.
+        for path in ["/healthz", "/readyz"] {
+            let answer = http_get(probes.address(), path);
+            assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        }
+        // It serves nothing a scraper would come for.
+        let scrape = http_get(probes.address(), "/metrics");
+        assert!(scrape.starts_with("HTTP/1.1 404"), "{scrape}");
+        drop(readers);
     }
 }

@@ -111,6 +111,14 @@ pub struct Metrics {
     /// What node-level reclaim removed through the runtime before any
     /// eviction for disk, by kind (`container`, `image`).
     pub node_reclaim_removals: IntCounterVec,
+    /// Pods whose logs and volumes the last disk reading could not walk
+    /// whole, by why (`unreadable`, `entries`, `depth`, `time`).
+    pub pods_disk_usage_incomplete: IntGaugeVec,
+    /// How long each reading of the pods' disk usage took.
+    pub disk_usage_reading: Histogram,
+    /// Readings of the pods' disk usage still under way past their 10 s
+    /// freshness window.
+    pub disk_usage_readings_late: IntCounter,
 }
 
 impl Metrics {
@@ -320,6 +328,28 @@ impl Metrics {
                 "Dead containers and unused images removed through the container runtime before evicting for disk, by kind",
                 &["kind"],
             )?,
+            pods_disk_usage_incomplete: gauge_vec(
+                "pods_disk_usage_incomplete",
+                "Pods whose logs and volumes the last disk reading could not walk whole (their figures are lower bounds), by reason",
+                &["reason"],
+            )?,
+            // 1 ms .. ~65 s: a few pods read in milliseconds; a reading past
+            // the 10 s freshness window is late.
+            disk_usage_reading: {
+                let metric = Histogram::with_opts(
+                    HistogramOpts::new(
+                        "disk_usage_reading_seconds",
+                        "How long each reading of the pods' disk usage (CRI calls and the walk of their logs and volumes) took",
+                    )
+                    .buckets(prometheus::exponential_buckets(1e-3, 2.0, 17)?),
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            disk_usage_readings_late: counter(
+                "disk_usage_readings_late_total",
+                "Readings of the pods' disk usage still under way past their 10 s freshness window",
+            )?,
             eviction_reports_pending: {
                 let metric = IntGauge::new(
                     "eviction_reports_pending",
@@ -389,7 +419,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 36] = [
+        let collectors: [&dyn Collector; 39] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -426,6 +456,9 @@ mod tests {
             &metrics.container_runtime_connected,
             &metrics.container_runtime_errors,
             &metrics.node_reclaim_removals,
+            &metrics.pods_disk_usage_incomplete,
+            &metrics.disk_usage_reading,
+            &metrics.disk_usage_readings_late,
         ];
         collectors
             .iter()

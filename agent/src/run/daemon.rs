@@ -40,7 +40,7 @@ use crate::{
     },
     report::{
         self,
-        endpoint::{Endpoint, EndpointError, EndpointLimits},
+        endpoint::{Endpoint, EndpointError, EndpointLimits, Routes},
         kernel::CounterExport,
         kubernetes::{KubeError, Kubernetes},
         metrics::{Metrics, MetricsError},
@@ -280,10 +280,22 @@ pub async fn run(
         metrics.clone(),
         ready.clone(),
         args.metrics_address,
+        Routes::Metrics,
         EndpointLimits::default(),
     )
     .map_err(RunError::Endpoint)?;
     info!(address = %endpoint.address(), "serving /metrics and /healthz");
+    // kubelet's probes on slots of their own: slow scrapers can fill the
+    // metrics endpoint's, never these.
+    let probes = Endpoint::start(
+        metrics.clone(),
+        ready.clone(),
+        args.health_address,
+        Routes::Probes,
+        EndpointLimits::probes(),
+    )
+    .map_err(RunError::Endpoint)?;
+    info!(address = %probes.address(), "serving /healthz and /readyz for probes");
     // What a restart costs the node: from here on the engine decides (the
     // first run follows at once) and the kernel watches.
     let startup = started.elapsed();
@@ -313,7 +325,7 @@ pub async fn run(
     if let Some(kubernetes) = api {
         kubernetes.shutdown(REPORT_FLUSH);
     }
-    drop(endpoint);
+    drop((endpoint, probes));
     if let Some(task) = kernel_log {
         task.abort();
     }

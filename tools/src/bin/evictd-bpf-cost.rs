@@ -80,6 +80,7 @@ fn run(
     let scope = tree.relative_path("churn");
     let mut child = Command::new(agent)
         .args(["--log-format", "json", "--metrics-address", "127.0.0.1:0"])
+        .args(["--health-address", "127.0.0.1:0"])
         .args(["--watch-memory", &format!("{scope}=192Mi")])
         .args(match pids {
             PidsWatched::Cgroup => ["--watch-pids".to_owned(), format!("{scope}=40")],

@@ -8,7 +8,7 @@ use std::{collections::BTreeSet, time::Duration};
 
 use tracing::{info, warn};
 
-use super::{DISK_USAGE_WAIT, Evictor, eviction::Cause};
+use super::{Evictor, eviction::Cause};
 use crate::{
     act::{
         io::{Io, NodeSource as _},
@@ -50,8 +50,8 @@ impl<I: Io> Evictor<I> {
             return None;
         }
         let result = self.node.local_storage_violations(dedicated_imagefs);
-        if matches!(result, Err(InventoryError::DiskUsagePending)) {
-            return Some(DISK_USAGE_WAIT);
+        if let Err(InventoryError::DiskUsagePending { wait }) = result {
+            return Some(wait);
         }
         self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
         let found = match result {

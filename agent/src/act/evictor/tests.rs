@@ -607,14 +607,14 @@ async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_u
 #[tokio::test(start_paused = true)]
 async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory() {
     let mut harness = disk_harness();
-    harness.node.0.borrow_mut().disk_usage_pending = true;
+    harness.node.0.borrow_mut().disk_usage_pending = Some(DISK_USAGE_WAIT);
     let waiting = harness.evictor.evaluate(wake(&harness));
     assert_eq!(waiting.action, Action::Requeue(DISK_USAGE_WAIT));
     assert!(killed(&harness).is_empty(), "not ranked on no disk usage");
 
     // The same node also short of memory: decided at once.
     let mut harness = disk_and_memory_harness();
-    harness.node.0.borrow_mut().disk_usage_pending = true;
+    harness.node.0.borrow_mut().disk_usage_pending = Some(DISK_USAGE_WAIT);
     harness.evictor.evaluate(wake(&harness));
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("big-memory")]);
@@ -727,15 +727,20 @@ async fn local_storage_limits_wait_for_the_runtimes_reading_and_spare_what_must_
     let mut critical = scratch_writer("critical", 8);
     critical.0.priority = 2_000_000_000;
     let (mut harness, _api) = limits_harness(vec![scratch_writer("over", 8), critical], false);
-    harness.node.0.borrow_mut().disk_usage_pending = true;
+    harness.node.0.borrow_mut().disk_usage_pending = Some(DISK_USAGE_WAIT);
     let waiting = harness.evictor.evaluate(wake(&harness));
     assert_eq!(waiting.action, Action::Requeue(DISK_USAGE_WAIT));
     assert!(killed(&harness).is_empty(), "nobody judged on no reading");
+    // A reading long under way: looked for when the runtime's thread says
+    // (once a second), not every 100 ms.
+    harness.node.0.borrow_mut().disk_usage_pending = Some(Duration::from_secs(1));
+    let waiting = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(waiting.action, Action::Requeue(Duration::from_secs(1)));
 
     // The runtime down: still nobody, and no hurry.
     {
         let mut model = harness.node.0.borrow_mut();
-        model.disk_usage_pending = false;
+        model.disk_usage_pending = None;
         model.disk_usage_unknown = true;
     }
     let held = harness.evictor.evaluate(wake(&harness));

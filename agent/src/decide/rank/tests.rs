@@ -258,6 +258,46 @@ fn disk_ranks_above_request_then_priority_then_excess() {
 }
 
 #[test]
+fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() {
+    let hidden = |rootfs, volumes| PodUsage {
+        disk_incomplete: true,
+        ..disk_usage(rootfs, 0, volumes)
+    };
+    let pods = [
+        disk_pod("big", 0, None, disk_usage(0, 0, 900)),
+        // Seen: 1Mi, within its request, and more important than "big".
+        disk_pod("hider", 10, Some("1Gi"), hidden(0, 1)),
+        disk_pod("hider-low", 0, None, hidden(500, 0)),
+    ];
+    let ranking = rank(&pods, Signal::NodeFsAvailable, false);
+    // Before every measured pod, and among themselves by priority only.
+    assert_eq!(names(&ranking, &pods), ["hider-low", "hider", "big"]);
+    assert!(ranking[1].usage_incomplete);
+    assert!(
+        ranking[1]
+            .reason()
+            .ends_with("; disk usage at least this (not all of it could be measured), ranked as a pod without stats"),
+        "{}",
+        ranking[1].reason()
+    );
+    assert_eq!(
+        names(&rank(&pods, Signal::NodeFsInodesFree, false), &pods)[..2],
+        ["hider-low", "hider"]
+    );
+    // With a dedicated imagefs, the imagefs signals rank by writable
+    // layers, which the runtime measures: the walk does not count there.
+    let ranking = rank(&pods, Signal::ImageFsAvailable, true);
+    assert_eq!(names(&ranking, &pods), ["hider-low", "big", "hider"]);
+    assert!(!ranking[0].usage_incomplete);
+    // Memory never looks at it.
+    assert!(
+        !rank(&pods, Signal::MemoryAvailable, false)
+            .iter()
+            .any(|r| r.usage_incomplete)
+    );
+}
+
+#[test]
 fn any_inode_use_exceeds_the_zero_request_and_the_storage_request_is_subtracted() {
     let inodes = |count| PodUsage {
         inodes: count,

@@ -561,7 +561,7 @@ fn disk_decisions_take_each_pods_disk_usage_from_the_runtime_and_wait_for_it() {
     inventory.set_runtime(link.clone());
     assert!(matches!(
         inventory.pods_for(Resource::EphemeralStorage),
-        Err(InventoryError::DiskUsagePending)
+        Err(InventoryError::DiskUsagePending { .. })
     ));
     // Memory decisions never wait on the runtime.
     assert_eq!(inventory.pods_for(Resource::Memory).unwrap().len(), 2);
@@ -680,7 +680,7 @@ fn only_running_pods_that_set_a_limit_are_held_to_their_local_storage_limits() {
     inventory.set_runtime(link.clone());
     assert!(matches!(
         inventory.local_storage_violations(false),
-        Err(InventoryError::DiskUsagePending)
+        Err(InventoryError::DiskUsagePending { .. })
     ));
     let over = |bytes| PodDiskUsage {
         volumes: vec![VolumeUsage {

@@ -17,18 +17,27 @@
 //! sandboxes (else the newest), and per container name the running
 //! instances (else the newest), as `removeTerminatedPods` and
 //! `removeTerminatedContainers` pick them.
+//!
+//! A pod's logs and volumes are walked within one bounded [`Walk`]: what a
+//! pod keeps there (unreadable directories, millions of files, deep trees)
+//! can cut short its own figure, never another pod's, and never fails the
+//! reading. A figure cut short is a lower bound, marked
+//! ([`PodDiskUsage::incomplete`]), which the ranking and the local-storage
+//! limits treat so that hiding usage never makes a pod safer.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     fs, io,
-    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
 };
 
 use k8s_cri::v1::{Container, ContainerState, PodSandbox, PodSandboxState};
 use serde::Serialize;
+pub use walk::{Incomplete, Shortfall, Walk, WalkBounds};
 
 use super::{RuntimeClient, RuntimeError};
 use crate::node::snapshot::PodUsage;
+
+mod walk;
 
 /// Volume plugins whose data is the pod's local ephemeral storage (kubelet's
 /// `IsLocalEphemeralVolume`), as their directories are named.
@@ -44,12 +53,6 @@ const EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 pub enum DiskUsageError {
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
-    #[error("measuring {}: {source}", path.display())]
-    Walk {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
 }
 
 /// Bytes allocated (`st_blocks`, as `du` counts) and inodes.
@@ -103,6 +106,21 @@ pub struct PodDiskUsage {
     pub containers: Vec<ContainerDiskUsage>,
     pub volumes: Vec<VolumeUsage>,
     pub etc_hosts: Option<FsUsage>,
+    /// What the walk of the pod's logs and volumes could not see: its
+    /// figures are then at least what they say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<IncompleteUsage>,
+}
+
+/// Where a pod's walk fell short, and which of its volumes it did not see
+/// whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IncompleteUsage {
+    #[serde(flatten)]
+    pub shortfall: Shortfall,
+    /// `(plugin directory, volume name)` of each volume seen in part or not
+    /// at all.
+    pub volumes: Vec<(String, String)>,
 }
 
 impl PodDiskUsage {
@@ -127,6 +145,7 @@ impl PodDiskUsage {
         usage.logs_bytes = logs.bytes;
         usage.local_volume_bytes = volumes.bytes;
         usage.inodes = sum([rootfs, logs, volumes]).inodes;
+        usage.disk_incomplete = self.incomplete.is_some();
     }
 
     /// The pod's ephemeral storage as kubelet's `calcEphemeralStorage`
@@ -149,6 +168,20 @@ impl PodDiskUsage {
             .find(|v| v.plugin == EMPTY_DIR_PLUGIN && v.name == name)
             .map(|v| v.usage)
     }
+
+    /// Whether the emptyDir volume `name` was seen whole. A volume not
+    /// found is, unless the walk fell short (it may be behind a volumes
+    /// directory that could not be listed).
+    pub fn empty_dir_whole(&self, name: &str) -> bool {
+        let Some(incomplete) = &self.incomplete else {
+            return true;
+        };
+        self.empty_dir(name).is_some()
+            && !incomplete
+                .volumes
+                .iter()
+                .any(|(plugin, volume)| plugin == EMPTY_DIR_PLUGIN && volume == name)
+    }
 }
 
 fn sum(usages: impl IntoIterator<Item = FsUsage>) -> FsUsage {
@@ -159,10 +192,12 @@ fn sum(usages: impl IntoIterator<Item = FsUsage>) -> FsUsage {
 }
 
 /// Every pod the runtime runs, by uid, measured now. `pods_dir` is
-/// kubelet's `<root-dir>/pods`.
+/// kubelet's `<root-dir>/pods`; each pod's logs and volumes are walked
+/// within `bounds`.
 pub async fn read(
     client: &mut RuntimeClient,
     pods_dir: &Path,
+    bounds: WalkBounds,
 ) -> Result<BTreeMap<String, PodDiskUsage>, DiskUsageError> {
     let sandboxes = client.list_pod_sandboxes().await?;
     let containers = client.list_containers().await?;
@@ -195,7 +230,9 @@ pub async fn read(
         .iter()
         .filter_map(|s| Some((s.id.as_str(), s.metadata.as_ref()?.uid.as_str())))
         .collect();
-    let mut log_dirs_seen = HashSet::new();
+    // Each counted container's log directory, by pod, from the runtime
+    // first: the walks come after, with no CRI call between them.
+    let mut log_dirs: HashMap<&str, Vec<Option<PathBuf>>> = HashMap::new();
     for container in counted_containers(&sandboxes, &containers) {
         let Some(uid) = uid_of.get(container.pod_sandbox_id.as_str()) else {
             continue;
@@ -203,24 +240,13 @@ pub async fn read(
         let Some(pod) = pods.get_mut(*uid) else {
             continue;
         };
-        let name = container
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
-        let logs = match client.container_status(&container.id).await {
-            Ok(status) if !status.log_path.is_empty() => {
-                let dir = Path::new(&status.log_path)
+        let log_dir = match client.container_status(&container.id).await {
+            Ok(status) if !status.log_path.is_empty() => Some(
+                Path::new(&status.log_path)
                     .parent()
                     .map(Path::to_path_buf)
-                    .unwrap_or_default();
-                // Restarts share their container's directory: count it once.
-                if log_dirs_seen.insert(dir.clone()) {
-                    Some(du(&dir)?)
-                } else {
-                    Some(FsUsage::default())
-                }
-            }
+                    .unwrap_or_default(),
+            ),
             Ok(_) => None,
             // Removed since it was listed.
             Err(RuntimeError::Call { source, .. }) if source.code() == tonic::Code::NotFound => {
@@ -229,29 +255,40 @@ pub async fn read(
             Err(e) => return Err(e.into()),
         };
         pod.containers.push(ContainerDiskUsage {
-            name,
+            name: container
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
             rootfs: writable_layers.get(&container.id).copied(),
-            logs,
+            logs: None,
             id: container.id.clone(),
         });
+        log_dirs.entry(*uid).or_default().push(log_dir);
     }
+    let mut log_dirs_seen = HashSet::new();
     for (uid, pod) in &mut pods {
+        let mut walk = Walk::new(bounds);
+        let dirs = log_dirs.remove(uid.as_str()).unwrap_or_default();
+        for (container, dir) in pod.containers.iter_mut().zip(dirs) {
+            // Restarts share their container's directory: count it once.
+            container.logs = dir.map(|dir| {
+                if log_dirs_seen.insert(dir.clone()) {
+                    walk.du(&dir).usage
+                } else {
+                    FsUsage::default()
+                }
+            });
+        }
         let pod_dir = pods_dir.join(uid);
-        pod.volumes = local_volumes(&pod_dir.join("volumes"))?;
-        let etc_hosts = pod_dir.join("etc-hosts");
-        pod.etc_hosts = match fs::symlink_metadata(&etc_hosts) {
-            Ok(meta) => Some(FsUsage {
-                bytes: meta.blocks() * 512,
-                inodes: 1,
-            }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(source) => {
-                return Err(DiskUsageError::Walk {
-                    path: etc_hosts,
-                    source,
-                });
-            }
-        };
+        let (volumes, unseen) = local_volumes(&mut walk, &pod_dir.join("volumes"));
+        pod.volumes = volumes;
+        let etc_hosts = walk.du(&pod_dir.join("etc-hosts")).usage;
+        pod.etc_hosts = (etc_hosts.inodes > 0).then_some(etc_hosts);
+        pod.incomplete = walk.into_shortfall().map(|shortfall| IncompleteUsage {
+            shortfall,
+            volumes: unseen,
+        });
     }
     Ok(pods)
 }
@@ -319,20 +356,20 @@ pub fn counted_containers<'a>(
     result
 }
 
-/// The local ephemeral volumes in a pod's `volumes` directory; a missing
-/// directory is none. Memory-backed emptyDirs (tmpfs) use no disk.
-fn local_volumes(volumes_dir: &Path) -> Result<Vec<VolumeUsage>, DiskUsageError> {
+/// The local ephemeral volumes in a pod's `volumes` directory, and the
+/// `(plugin, name)` of those not seen whole; a missing directory is none.
+/// Memory-backed emptyDirs (tmpfs) use no disk.
+fn local_volumes(walk: &mut Walk, volumes_dir: &Path) -> (Vec<VolumeUsage>, Vec<(String, String)>) {
     let mut found = Vec::new();
+    let mut unseen = Vec::new();
     for plugin in LOCAL_VOLUME_PLUGINS {
         let plugin_dir = volumes_dir.join(plugin);
         let entries = match fs::read_dir(&plugin_dir) {
             Ok(entries) => entries,
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => {
-                return Err(DiskUsageError::Walk {
-                    path: plugin_dir,
-                    source,
-                });
+            Err(e) => {
+                walk.unreadable(&plugin_dir, &e);
+                continue;
             }
         };
         for entry in entries.filter_map(Result::ok) {
@@ -343,79 +380,24 @@ fn local_volumes(volumes_dir: &Path) -> Result<Vec<VolumeUsage>, DiskUsageError>
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
+            let measured = walk.du(&path);
+            if !measured.whole {
+                unseen.push((plugin.to_owned(), name.clone()));
+            }
             found.push(VolumeUsage {
                 name,
                 plugin: plugin.to_owned(),
-                usage: du(&path)?,
+                usage: measured.usage,
             });
         }
     }
     found.sort_by(|a, b| (&a.plugin, &a.name).cmp(&(&b.plugin, &b.name)));
-    Ok(found)
+    (found, unseen)
 }
 
 fn is_tmpfs(path: &Path) -> bool {
     nix::sys::statfs::statfs(path)
         .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
-}
-
-/// `du -x` of `path`: blocks allocated and inodes (each hard-linked inode
-/// once), on `path`'s filesystem only, symlinks not followed. Entries that
-/// vanish while walking count as nothing.
-pub fn du(path: &Path) -> Result<FsUsage, DiskUsageError> {
-    let root = match fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(FsUsage::default()),
-        Err(source) => {
-            return Err(DiskUsageError::Walk {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    let device = root.dev();
-    let mut seen = HashSet::new();
-    let mut total = FsUsage::default();
-    let mut pending = vec![(path.to_owned(), root)];
-    while let Some((path, meta)) = pending.pop() {
-        if meta.nlink() > 1 && !meta.is_dir() && !seen.insert(meta.ino()) {
-            continue;
-        }
-        total.add(FsUsage {
-            bytes: meta.blocks() * 512,
-            inodes: 1,
-        });
-        if !meta.is_dir() {
-            continue;
-        }
-        let entries = match fs::read_dir(&path) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => return Err(DiskUsageError::Walk { path, source }),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|source| DiskUsageError::Walk {
-                path: path.clone(),
-                source,
-            })?;
-            let child = entry.path();
-            match fs::symlink_metadata(&child) {
-                Ok(child_meta) if child_meta.dev() == device => {
-                    pending.push((child, child_meta));
-                }
-                // A mount below (another filesystem): not this one's usage.
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(DiskUsageError::Walk {
-                        path: child,
-                        source,
-                    });
-                }
-            }
-        }
-    }
-    Ok(total)
 }
 
 #[cfg(test)]

@@ -11,18 +11,24 @@
 //! again, backing off.
 //!
 //! The pods' disk usage is read lazily: only when a disk decision asks for
-//! it ([`RuntimeLink::pod_usage`]), and then kept for [`USAGE_MAX_AGE`].
-//! Walking every pod's logs and volumes on each memory event would cost the
-//! memory path what evictd exists to save; a disk signal moves slowly, and
-//! the writable layers' sizes the runtime reports are themselves refreshed
-//! only every 10 s.
+//! it ([`RuntimeLink::pod_usage`]), and then kept for [`USAGE_MAX_AGE`]
+//! from when it was finished. Walking every pod's logs and volumes on each
+//! memory event would cost the memory path what evictd exists to save; a
+//! disk signal moves slowly, and the writable layers' sizes the runtime
+//! reports are themselves refreshed only every 10 s.
+//!
+//! A reading that takes longer than that window is late: said once (a
+//! warning, `evictd_disk_usage_readings_late_total`), and meanwhile the
+//! last reading serves, up to [`STALE_MAX_AGE`] old, as kubelet decides on
+//! volume figures its background walks refresh once a minute. Pods a
+//! reading could not walk whole are said once each too.
 //!
 //! Node-level reclaim (kubelet's `reclaimNodeLevelResources`) runs here
 //! too, when a disk decision asks ([`RuntimeLink::reclaim`]): dead
 //! containers and unused images are removed, and the decision looks at the
 //! node again before it evicts anyone.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::PathBuf,
     sync::{
         Arc, Mutex, MutexGuard,
@@ -36,7 +42,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     RuntimeClient, RuntimeError,
-    disk_usage::PodDiskUsage,
+    disk_usage::{Incomplete, PodDiskUsage},
     filesystems::{DiskLayout, FilesystemsError, RuntimeFilesystems},
     reading::{DiskReading, FsPaths},
     reclaim::{self, ImageTracker, ReclaimStep, Removal},
@@ -48,6 +54,14 @@ use crate::{decide::thresholds::Signal, report::metrics::Metrics};
 /// writable layers, and kubelet's housekeeping period, at which kubelet's
 /// own eviction manager sees disk usage.
 pub const USAGE_MAX_AGE: Duration = Duration::from_secs(10);
+/// How old (since it finished) the last reading may be to serve while the
+/// next is late: kubelet's `--volume-stats-agg-period` (1 minute), how old
+/// the volume figures kubelet's own eviction manager decides on may be.
+pub const STALE_MAX_AGE: Duration = Duration::from_secs(60);
+/// While a decision waits for a reading: how often it looks for the first
+/// second (most readings take milliseconds), then from then on.
+const WAIT_FIRST: Duration = Duration::from_millis(100);
+const WAIT_LONG: Duration = Duration::from_secs(1);
 /// After a failed reading, how long before the next: a runtime that fails
 /// is not asked again on every 20 ms close watch.
 const READ_RETRY: Duration = Duration::from_secs(1);
@@ -81,6 +95,7 @@ struct Shared {
     /// volumes below `pods/`.
     kubelet_root: PathBuf,
     state: Mutex<State>,
+    metrics: Arc<Metrics>,
     /// Bumped whenever the filesystems change, so that the loop's every
     /// observation costs one atomic load, not a lock and a copy.
     filesystems_changed: AtomicU64,
@@ -95,13 +110,24 @@ struct State {
     stopping: bool,
     /// Where the runtime last said its filesystems are, and their layout.
     filesystems: Option<(FsPaths, DiskLayout)>,
-    /// The last reading of the pods' disk usage, and when it was taken.
-    usage: Option<(Instant, Arc<BTreeMap<String, PodDiskUsage>>)>,
+    /// The last reading of the pods' disk usage.
+    usage: Option<Reading>,
     /// A decision waits for a fresh reading.
     usage_wanted: bool,
+    /// When the reading under way began, if one is.
+    reading_since: Option<Instant>,
+    /// The reading under way was found late, and said so.
+    late_told: bool,
     /// The last reading failed.
     usage_failed: bool,
     reclaim: ReclaimState,
+}
+
+/// One reading of the pods' disk usage, by pod uid, and when it was taken.
+#[derive(Debug)]
+struct Reading {
+    finished: Instant,
+    pods: Arc<BTreeMap<String, PodDiskUsage>>,
 }
 
 /// Where node-level reclaim stands.
@@ -140,10 +166,11 @@ pub enum NodeReclaim {
 /// The pods' disk usage as a decision can have it now.
 #[derive(Debug, Clone)]
 pub enum PodUsage {
-    /// Read within [`USAGE_MAX_AGE`], by pod uid.
+    /// Finished within [`USAGE_MAX_AGE`], or within [`STALE_MAX_AGE`] while
+    /// the next reading is late; by pod uid.
     Fresh(Arc<BTreeMap<String, PodDiskUsage>>),
-    /// Being read: decide once it is there.
-    Pending,
+    /// Being read: decide once it is there, looking again after `wait`.
+    Pending { wait: Duration },
     /// The runtime is down or the last reading failed: the disk decision
     /// is held until a reading comes (one is asked for).
     Unavailable,
@@ -161,6 +188,7 @@ impl RuntimeLink {
             endpoint,
             kubelet_root,
             state: Mutex::new(State::default()),
+            metrics: metrics.clone(),
             filesystems_changed: AtomicU64::new(0),
             wake: Notify::new(),
         });
@@ -244,26 +272,48 @@ impl RuntimeLink {
             .state()
             .usage
             .as_ref()
-            .and_then(|(_, pods)| pods.get(uid).cloned())
+            .and_then(|reading| reading.pods.get(uid).cloned())
     }
 
     /// The pods' disk usage for a decision at `now`; asks the thread for a
-    /// fresh reading when the last is older than [`USAGE_MAX_AGE`].
+    /// fresh reading when the last finished more than [`USAGE_MAX_AGE`]
+    /// ago. A reading under way past that window is late: said once, and
+    /// the last one serves meanwhile while it is at most [`STALE_MAX_AGE`]
+    /// old.
     pub fn pod_usage(&self, now: Instant) -> PodUsage {
         let mut state = self.shared.state();
-        if let Some((at, usage)) = &state.usage
-            && now.saturating_duration_since(*at) <= USAGE_MAX_AGE
+        let age = |reading: &Reading| now.saturating_duration_since(reading.finished);
+        if let Some(reading) = &state.usage
+            && age(reading) <= USAGE_MAX_AGE
         {
-            return PodUsage::Fresh(usage.clone());
+            return PodUsage::Fresh(reading.pods.clone());
         }
-        if !state.usage_wanted {
-            state.usage_wanted = true;
-            self.shared.wake.notify_one();
+        let Some(since) = state.reading_since else {
+            if !state.usage_wanted {
+                state.usage_wanted = true;
+                self.shared.wake.notify_one();
+            }
+            return if state.connected && !state.usage_failed {
+                PodUsage::Pending { wait: WAIT_FIRST }
+            } else {
+                PodUsage::Unavailable
+            };
+        };
+        let under_way = now.saturating_duration_since(since);
+        if under_way > USAGE_MAX_AGE {
+            self.shared.late(&mut state, under_way);
+            if let Some(reading) = &state.usage
+                && age(reading) <= STALE_MAX_AGE
+            {
+                return PodUsage::Fresh(reading.pods.clone());
+            }
         }
-        if state.connected && !state.usage_failed {
-            PodUsage::Pending
-        } else {
-            PodUsage::Unavailable
+        PodUsage::Pending {
+            wait: if under_way < WAIT_LONG {
+                WAIT_FIRST
+            } else {
+                WAIT_LONG
+            },
         }
     }
 }
@@ -272,11 +322,16 @@ impl RuntimeLink {
 impl RuntimeLink {
     /// A link with no thread behind it, in the state `connected` says.
     pub(crate) fn detached(connected: bool) -> Self {
+        Self::detached_with(connected, Metrics::new().unwrap())
+    }
+
+    pub(crate) fn detached_with(connected: bool, metrics: Arc<Metrics>) -> Self {
         let link = Self {
             shared: Arc::new(Shared {
                 endpoint: "/detached.sock".into(),
                 kubelet_root: PathBuf::new(),
                 state: Mutex::new(State::default()),
+                metrics,
                 filesystems_changed: AtomicU64::new(0),
                 wake: Notify::new(),
             }),
@@ -285,20 +340,35 @@ impl RuntimeLink {
         link
     }
 
-    /// What the thread leaves after a reading taken at `at`.
+    /// What the thread leaves after a reading finished at `at`.
     pub(crate) fn set_reading(
         &self,
         at: Instant,
         paths: FsPaths,
         pods: BTreeMap<String, PodDiskUsage>,
     ) {
-        let mut state = self.shared.state();
-        state.filesystems = Some((paths, DiskLayout::Shared));
+        self.shared.state().filesystems = Some((paths, DiskLayout::Shared));
         self.shared
             .filesystems_changed
             .fetch_add(1, Ordering::Release);
-        state.usage = Some((at, Arc::new(pods)));
-        state.usage_wanted = false;
+        self.shared.begin_reading(at);
+        self.shared.land_reading(at, at, pods);
+    }
+
+    /// The thread's part of a reading: takes the request at `at`.
+    pub(crate) fn begin_reading(&self, at: Instant) -> bool {
+        self.shared.begin_reading(at)
+    }
+
+    /// The thread's part of a reading begun at `started`: it lands at
+    /// `finished`.
+    pub(crate) fn land_reading(
+        &self,
+        started: Instant,
+        finished: Instant,
+        pods: BTreeMap<String, PodDiskUsage>,
+    ) {
+        self.shared.land_reading(started, finished, pods);
     }
 
     pub(crate) fn usage_wanted(&self) -> bool {
@@ -331,6 +401,56 @@ impl Shared {
 
     fn stopping(&self) -> bool {
         self.state().stopping
+    }
+
+    /// Takes a decision's request for a reading, begun at `at`; false when
+    /// none was asked for.
+    fn begin_reading(&self, at: Instant) -> bool {
+        let mut state = self.state();
+        if !std::mem::take(&mut state.usage_wanted) {
+            return false;
+        }
+        state.reading_since = Some(at);
+        state.late_told = false;
+        true
+    }
+
+    /// A reading begun at `started` landed at `finished`: it serves for
+    /// [`USAGE_MAX_AGE`] from now, however long it took.
+    fn land_reading(
+        &self,
+        started: Instant,
+        finished: Instant,
+        pods: BTreeMap<String, PodDiskUsage>,
+    ) {
+        let took = finished.saturating_duration_since(started);
+        self.metrics.disk_usage_reading.observe(took.as_secs_f64());
+        let mut state = self.state();
+        if took > USAGE_MAX_AGE {
+            self.late(&mut state, took);
+            info!(took = ?took, pods = pods.len(), "late reading of the pods' disk usage finished: it serves from now");
+        }
+        state.usage = Some(Reading {
+            finished,
+            pods: Arc::new(pods),
+        });
+        state.reading_since = None;
+        state.usage_failed = false;
+    }
+
+    /// The reading under way has taken `under_way` so far, past its window:
+    /// said and counted once.
+    fn late(&self, state: &mut State, under_way: Duration) {
+        if std::mem::replace(&mut state.late_told, true) {
+            return;
+        }
+        self.metrics.disk_usage_readings_late.inc();
+        let serving = state
+            .usage
+            .as_ref()
+            .map(|reading| reading.finished.elapsed());
+        warn!(under_way = ?under_way, window = ?USAGE_MAX_AGE, last_reading_age = ?serving,
+            "the pods' disk usage reading is late: disk decisions use the last reading while it is at most a minute old, and wait for this one after that");
     }
 
     /// A requested reclaim, now running: its steps and whether it is a dry
@@ -388,14 +508,15 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
     learn_filesystems(&shared, &metrics, &mut client).await;
     let mut images = ImageTracker::default();
     track_images(&shared, &metrics, &mut client, &mut images).await;
+    let mut incomplete = IncompletePods::default();
     while !shared.stopping() {
         if let Some((steps, dry_run)) = shared.take_reclaim() {
             reclaim_node(&shared, &metrics, &mut client, &mut images, steps, dry_run).await;
             shared.finish_reclaim(Instant::now());
         }
-        let wanted = std::mem::take(&mut shared.state().usage_wanted);
-        if wanted {
-            let read = read(&shared, &metrics, &mut client).await;
+        let started = Instant::now();
+        if shared.begin_reading(started) {
+            let read = read(&shared, &metrics, &mut client, started, &mut incomplete).await;
             track_images(&shared, &metrics, &mut client, &mut images).await;
             if !read && !shared.pause(READ_RETRY).await {
                 return;
@@ -544,17 +665,23 @@ fn remember(shared: &Shared, filesystems: &RuntimeFilesystems) {
     }
 }
 
-/// Takes a reading and leaves it for the loop; false when it failed.
-async fn read(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) -> bool {
-    let started = Instant::now();
+/// Takes a reading begun at `started` and leaves it for the loop; false
+/// when it failed.
+async fn read(
+    shared: &Shared,
+    metrics: &Metrics,
+    client: &mut RuntimeClient,
+    started: Instant,
+    incomplete: &mut IncompletePods,
+) -> bool {
     match DiskReading::read(client, &shared.kubelet_root).await {
         Ok(reading) => {
-            debug!(pods = reading.pods.len(), took = ?started.elapsed(), "pods' disk usage read");
+            let finished = Instant::now();
+            debug!(pods = reading.pods.len(), took = ?finished.duration_since(started), "pods' disk usage read");
             remember(shared, &reading.filesystems);
-            let mut state = shared.state();
-            state.usage = Some((started, Arc::new(reading.pods)));
-            state.usage_failed = false;
-            state.connected = true;
+            incomplete.tell(&reading.pods, metrics);
+            shared.land_reading(started, finished, reading.pods);
+            shared.state().connected = true;
             metrics.container_runtime_connected.set(1);
             true
         }
@@ -563,9 +690,51 @@ async fn read(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) ->
                 Some(runtime) => failed(shared, metrics, runtime),
                 None => warn!(error = %e, "reading the pods' disk usage"),
             }
-            shared.state().usage_failed = true;
+            let mut state = shared.state();
+            state.usage_failed = true;
+            state.reading_since = None;
             false
         }
+    }
+}
+
+/// The pods the last reading could not walk whole, and why: each is said
+/// once when it becomes so (and once when it is measured whole again), and
+/// counted by reason in `evictd_pods_disk_usage_incomplete`.
+#[derive(Debug, Default)]
+struct IncompletePods {
+    told: HashMap<String, Incomplete>,
+}
+
+impl IncompletePods {
+    fn tell(&mut self, pods: &BTreeMap<String, PodDiskUsage>, metrics: &Metrics) {
+        let mut now = HashMap::new();
+        for (uid, pod) in pods {
+            let Some(incomplete) = &pod.incomplete else {
+                if self.told.contains_key(uid) {
+                    info!(pod = %format!("{}/{}", pod.namespace, pod.name),
+                        "pod's logs and volumes measured whole again");
+                }
+                continue;
+            };
+            let shortfall = &incomplete.shortfall;
+            if self.told.get(uid) != Some(&shortfall.reason) {
+                warn!(pod = %format!("{}/{}", pod.namespace, pod.name),
+                    reason = shortfall.reason.as_str(), path = %shortfall.path.display(),
+                    error = shortfall.error.as_deref().unwrap_or_default(),
+                    ephemeral_storage_bytes_seen = pod.ephemeral_storage_bytes(),
+                    "pod's logs and volumes not measured whole: its disk usage is at least what was seen; it ranks first for disk, and is held to any local-storage limit it sets as over it (unless only time cut the walk short)");
+            }
+            now.insert(uid.clone(), shortfall.reason);
+        }
+        for reason in Incomplete::ALL {
+            let pods = now.values().filter(|r| **r == reason).count();
+            metrics
+                .pods_disk_usage_incomplete
+                .with_label_values(&[reason.as_str()])
+                .set(i64::try_from(pods).unwrap_or(i64::MAX));
+        }
+        self.told = now;
     }
 }
 
@@ -670,7 +839,10 @@ mod tests {
     fn a_reading_serves_decisions_for_its_age_then_a_new_one_is_asked_for() {
         let link = RuntimeLink::detached(true);
         let start = Instant::now();
-        assert!(matches!(link.pod_usage(start), PodUsage::Pending));
+        assert!(matches!(
+            link.pod_usage(start),
+            PodUsage::Pending { wait: WAIT_FIRST }
+        ));
         assert!(link.usage_wanted());
         let paths = FsPaths {
             imagefs: "/images".into(),
@@ -684,8 +856,128 @@ mod tests {
         ));
         assert!(!link.usage_wanted(), "a fresh reading asks for nothing");
         let stale = start + USAGE_MAX_AGE + Duration::from_millis(1);
-        assert!(matches!(link.pod_usage(stale), PodUsage::Pending));
+        assert!(matches!(link.pod_usage(stale), PodUsage::Pending { .. }));
         assert!(link.usage_wanted());
+    }
+
+    fn reading_of(uid: &str) -> BTreeMap<String, PodDiskUsage> {
+        BTreeMap::from([(uid.to_owned(), PodDiskUsage::default())])
+    }
+
+    fn served(usage: PodUsage) -> Option<Vec<String>> {
+        match usage {
+            PodUsage::Fresh(pods) => Some(pods.keys().cloned().collect()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_slow_reading_serves_from_when_it_lands_and_a_late_one_is_said_once() {
+        let metrics = Metrics::new().unwrap();
+        let link = RuntimeLink::detached_with(true, metrics.clone());
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        assert!(matches!(link.pod_usage(start), PodUsage::Pending { .. }));
+        // The first reading takes 30 s, three times its window: it still
+        // serves for the window from when it lands.
+        assert!(link.begin_reading(start));
+        assert!(!link.begin_reading(start), "one reading per request");
+        // A decision waiting on it looks again once a second after the
+        // first, not every 100 ms.
+        assert!(matches!(
+            link.pod_usage(start + Duration::from_millis(500)),
+            PodUsage::Pending { wait: WAIT_FIRST }
+        ));
+        assert!(matches!(
+            link.pod_usage(at(5)),
+            PodUsage::Pending { wait: WAIT_LONG }
+        ));
+        assert!(
+            !link.usage_wanted(),
+            "no second reading asked for meanwhile"
+        );
+        // Late, with nothing older to serve: said once, still waited for.
+        assert!(matches!(link.pod_usage(at(11)), PodUsage::Pending { .. }));
+        assert!(matches!(link.pod_usage(at(12)), PodUsage::Pending { .. }));
+        assert_eq!(metrics.disk_usage_readings_late.get(), 1);
+        link.land_reading(start, at(30), reading_of("first"));
+        assert_eq!(metrics.disk_usage_readings_late.get(), 1, "counted once");
+        assert_eq!(served(link.pod_usage(at(40))), Some(vec!["first".into()]));
+        // The next reading is late too: the last one serves meanwhile, up
+        // to a minute after it landed, then the decision waits again.
+        assert!(matches!(link.pod_usage(at(41)), PodUsage::Pending { .. }));
+        assert!(link.begin_reading(at(41)));
+        assert!(matches!(link.pod_usage(at(45)), PodUsage::Pending { .. }));
+        assert_eq!(served(link.pod_usage(at(52))), Some(vec!["first".into()]));
+        assert_eq!(metrics.disk_usage_readings_late.get(), 2);
+        assert_eq!(served(link.pod_usage(at(90))), Some(vec!["first".into()]));
+        assert!(matches!(link.pod_usage(at(91)), PodUsage::Pending { .. }));
+        link.land_reading(at(41), at(95), reading_of("second"));
+        assert_eq!(served(link.pod_usage(at(96))), Some(vec!["second".into()]));
+        assert_eq!(metrics.disk_usage_readings_late.get(), 2);
+        assert_eq!(metrics.disk_usage_reading.get_sample_count(), 2);
+    }
+
+    #[test]
+    fn a_pod_not_walked_whole_is_said_once_and_counted_by_reason() {
+        use crate::{
+            node::runtime::disk_usage::{IncompleteUsage, Shortfall},
+            testing::LogCapture,
+        };
+
+        let metrics = Metrics::new().unwrap();
+        let hidden = |reason| PodDiskUsage {
+            namespace: "shop".into(),
+            name: "db".into(),
+            incomplete: Some(IncompleteUsage {
+                shortfall: Shortfall {
+                    reason,
+                    path: "/var/lib/kubelet/pods/db/volumes/kubernetes.io~empty-dir/data/pg".into(),
+                    error: Some("Permission denied (os error 13)".into()),
+                },
+                volumes: vec![("kubernetes.io~empty-dir".into(), "data".into())],
+            }),
+            ..PodDiskUsage::default()
+        };
+        let whole = PodDiskUsage {
+            namespace: "shop".into(),
+            name: "db".into(),
+            ..PodDiskUsage::default()
+        };
+        let gauge = |reason: &str| {
+            metrics
+                .pods_disk_usage_incomplete
+                .with_label_values(&[reason])
+                .get()
+        };
+        let (log, _guard) = LogCapture::start();
+        let mut incomplete = IncompletePods::default();
+        for _ in 0..3 {
+            incomplete.tell(
+                &BTreeMap::from([("db".into(), hidden(Incomplete::Unreadable))]),
+                &metrics,
+            );
+        }
+        assert_eq!((gauge("unreadable"), gauge("entries")), (1, 0));
+        incomplete.tell(
+            &BTreeMap::from([("db".into(), hidden(Incomplete::Entries))]),
+            &metrics,
+        );
+        assert_eq!((gauge("unreadable"), gauge("entries")), (0, 1));
+        incomplete.tell(&BTreeMap::from([("db".into(), whole.clone())]), &metrics);
+        incomplete.tell(&BTreeMap::from([("db".into(), whole)]), &metrics);
+        assert_eq!((gauge("unreadable"), gauge("entries")), (0, 0));
+        let lines = log.lines();
+        let said = |text: &str| lines.iter().filter(|line| line.contains(text)).count();
+        // Once per reason it becomes so, once when whole again.
+        assert_eq!(said("not measured whole"), 2, "{lines:#?}");
+        assert_eq!(said("reason=\"unreadable\""), 1, "{lines:#?}");
+        assert!(
+            lines
+                .iter()
+                .any(|line| line.contains("pod=shop/db") && line.contains("/data/pg"))
+        );
+        assert_eq!(said("measured whole again"), 1, "{lines:#?}");
     }
 
     #[test]

@@ -14,11 +14,19 @@
 //! The first that applies evicts the pod, with no grace period
 //! (kubelet's `immediateEvictionGracePeriodSeconds`), even if the node is
 //! under no pressure at all.
+//!
+//! evictd adds one case kubelet does not have, because kubelet's walk has
+//! no bounds and every capability: a limit the pod's usage could not be
+//! measured against whole ([`LocalStorageViolation::Unmeasured`]). What
+//! was seen is within it, the rest is unknown, and a pod that hides usage
+//! (a directory evictd cannot read, more entries or deeper trees than the
+//! walk takes) must not escape its own limit by it. A walk cut short only
+//! by time is the node's slowness, not the pod's doing: not judged then.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::disk_usage::PodDiskUsage;
+use super::disk_usage::{Incomplete, PodDiskUsage};
 use crate::{
     node::snapshot::{ContainerSpec, PodSnapshot},
     quantity::Quantity,
@@ -62,6 +70,15 @@ pub enum LocalStorageViolation {
         limit: Quantity,
         used_bytes: u64,
     },
+    /// The emptyDir `volume`'s limit, or the pod's (`None`), which its
+    /// usage could not be measured against whole: `used_bytes` were seen.
+    Unmeasured {
+        volume: Option<String>,
+        #[serde(serialize_with = "as_text")]
+        limit: Quantity,
+        used_bytes: u64,
+        reason: Incomplete,
+    },
 }
 
 fn as_text<S: serde::Serializer>(quantity: &Quantity, serializer: S) -> Result<S::Ok, S::Error> {
@@ -88,6 +105,26 @@ impl LocalStorageViolation {
                 "Container {container} exceeded its local ephemeral storage limit {}. ",
                 go_quote(&limit.to_string())
             ),
+            Self::Unmeasured {
+                volume: Some(volume),
+                limit,
+                used_bytes,
+                reason,
+            } => format!(
+                "Usage of EmptyDir volume {} could not be measured whole ({}): at least {used_bytes} bytes, against the limit {}. ",
+                go_quote(volume),
+                why(*reason),
+                go_quote(&limit.to_string())
+            ),
+            Self::Unmeasured {
+                volume: None,
+                limit,
+                used_bytes,
+                reason,
+            } => format!(
+                "Pod ephemeral local storage usage could not be measured whole ({}): at least {used_bytes} bytes, against the total limit of containers {limit}. ",
+                why(*reason)
+            ),
         }
     }
 
@@ -95,8 +132,11 @@ impl LocalStorageViolation {
     /// `evictions_total` metric.
     pub fn signal(&self) -> &'static str {
         match self {
-            Self::EmptyDir { .. } => "emptydirfs.limit",
-            Self::Pod { .. } => "ephemeralpodfs.limit",
+            Self::EmptyDir { .. }
+            | Self::Unmeasured {
+                volume: Some(_), ..
+            } => "emptydirfs.limit",
+            Self::Pod { .. } | Self::Unmeasured { volume: None, .. } => "ephemeralpodfs.limit",
             Self::Container { .. } => "ephemeralcontainerfs.limit",
         }
     }
@@ -110,8 +150,21 @@ impl LocalStorageViolation {
             | Self::Pod { limit, used_bytes }
             | Self::Container {
                 limit, used_bytes, ..
+            }
+            | Self::Unmeasured {
+                limit, used_bytes, ..
             } => (*limit, *used_bytes),
         }
+    }
+}
+
+/// Why a walk fell short, for an eviction message.
+fn why(reason: Incomplete) -> &'static str {
+    match reason {
+        Incomplete::Unreadable => "a directory evictd cannot read",
+        Incomplete::Entries => "more files than evictd counts",
+        Incomplete::Depth => "directories nested deeper than evictd walks",
+        Incomplete::Time => "too slow to walk",
     }
 }
 
@@ -178,9 +231,21 @@ pub fn violations(
 
 /// The local-storage eviction of one pod, if any: kubelet's order
 /// (emptyDir, then pod, then container) and its comparisons (strictly more
-/// than the limit). `dedicated_imagefs` is kubelet's: with one, writable
-/// layers do not count against a container's own limit.
+/// than the limit) on what was measured, then the limits it could not be
+/// measured against whole ([`unmeasured`]). `dedicated_imagefs` is
+/// kubelet's: with one, writable layers do not count against a container's
+/// own limit.
 pub fn evaluate(
+    containers: &[ContainerSpec],
+    empty_dirs: &[EmptyDirVolume],
+    usage: &PodDiskUsage,
+    dedicated_imagefs: bool,
+) -> Option<LocalStorageViolation> {
+    exceeded(containers, empty_dirs, usage, dedicated_imagefs)
+        .or_else(|| unmeasured(containers, empty_dirs, usage))
+}
+
+fn exceeded(
     containers: &[ContainerSpec],
     empty_dirs: &[EmptyDirVolume],
     usage: &PodDiskUsage,
@@ -229,6 +294,38 @@ pub fn evaluate(
         }
     }
     None
+}
+
+/// The first limit, in kubelet's order, that the pod's usage could not be
+/// measured against whole, unless only time cut the walk short.
+fn unmeasured(
+    containers: &[ContainerSpec],
+    empty_dirs: &[EmptyDirVolume],
+    usage: &PodDiskUsage,
+) -> Option<LocalStorageViolation> {
+    let reason = usage.incomplete.as_ref()?.shortfall.reason;
+    if reason == Incomplete::Time {
+        return None;
+    }
+    for volume in empty_dirs {
+        let Some(limit) = volume.size_limit.filter(is_positive) else {
+            continue;
+        };
+        if !usage.empty_dir_whole(&volume.name) {
+            return Some(LocalStorageViolation::Unmeasured {
+                volume: Some(volume.name.clone()),
+                limit,
+                used_bytes: usage.empty_dir(&volume.name).map_or(0, |used| used.bytes),
+                reason,
+            });
+        }
+    }
+    pod_limit(containers).map(|limit| LocalStorageViolation::Unmeasured {
+        volume: None,
+        limit,
+        used_bytes: usage.ephemeral_storage_bytes(),
+        reason,
+    })
 }
 
 fn is_positive(quantity: &Quantity) -> bool {

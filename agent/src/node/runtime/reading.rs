@@ -9,7 +9,7 @@ use std::{
 
 use super::{
     RuntimeClient, RuntimeError,
-    disk_usage::{self, DiskUsageError, PodDiskUsage},
+    disk_usage::{self, DiskUsageError, PodDiskUsage, WalkBounds},
     filesystems::{FilesystemsError, RuntimeFilesystems},
 };
 use crate::node::snapshot::Snapshot;
@@ -56,7 +56,8 @@ impl DiskReading {
         kubelet_root: &Path,
     ) -> Result<Self, ReadingError> {
         let filesystems = RuntimeFilesystems::observe(client, kubelet_root).await?;
-        let pods = disk_usage::read(client, &kubelet_root.join("pods")).await?;
+        let pods =
+            disk_usage::read(client, &kubelet_root.join("pods"), WalkBounds::default()).await?;
         Ok(Self { filesystems, pods })
     }
 

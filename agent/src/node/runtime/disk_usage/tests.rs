@@ -71,6 +71,7 @@ fn pod_usage_fills_the_snapshot_fields_and_the_ephemeral_total() {
             usage: usage(1000, 4),
         }],
         etc_hosts: Some(usage(4096, 1)),
+        incomplete: None,
     };
     let mut snapshot = PodUsage {
         memory_working_set_bytes: 7,
@@ -91,22 +92,6 @@ fn pod_usage_fills_the_snapshot_fields_and_the_ephemeral_total() {
 }
 
 #[test]
-fn du_counts_blocks_and_inodes_and_hard_links_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("vol");
-    fs::create_dir_all(root.join("sub")).unwrap();
-    fs::write(root.join("sub/data"), vec![1u8; 64 * 1024]).unwrap();
-    fs::hard_link(root.join("sub/data"), root.join("link")).unwrap();
-    std::os::unix::fs::symlink("/etc/passwd", root.join("symlink")).unwrap();
-    let usage = du(&root).unwrap();
-    // vol, sub, data (once), symlink.
-    assert_eq!(usage.inodes, 4);
-    assert!(usage.bytes >= 64 * 1024, "{usage:?}");
-    assert!(usage.bytes < 64 * 1024 + 4 * 16384, "{usage:?}");
-    assert_eq!(du(&dir.path().join("absent")).unwrap(), FsUsage::default());
-}
-
-#[test]
 fn local_volumes_are_found_by_plugin_and_secrets_are_not_counted() {
     let dir = tempfile::tempdir().unwrap();
     let volumes = dir.path().join("volumes");
@@ -120,7 +105,9 @@ fn local_volumes_are_found_by_plugin_and_secrets_are_not_counted() {
         fs::create_dir_all(&path).unwrap();
         fs::write(path.join("f"), vec![0u8; 8192]).unwrap();
     }
-    let found = local_volumes(&volumes).unwrap();
+    let mut walk = Walk::new(WalkBounds::default());
+    let (found, unseen) = local_volumes(&mut walk, &volumes);
+    assert!(unseen.is_empty());
     let names: Vec<(&str, &str)> = found
         .iter()
         .map(|v| (v.plugin.as_str(), v.name.as_str()))
@@ -137,5 +124,46 @@ fn local_volumes_are_found_by_plugin_and_secrets_are_not_counted() {
             .iter()
             .all(|v| v.usage.bytes >= 8192 && v.usage.inodes == 2)
     );
-    assert!(local_volumes(&dir.path().join("none")).unwrap().is_empty());
+    let (none, unseen) = local_volumes(&mut walk, &dir.path().join("none"));
+    assert!(none.is_empty() && unseen.is_empty());
+    assert_eq!(walk.shortfall(), None);
+}
+
+#[test]
+fn a_volume_not_walked_whole_is_named_and_its_pod_is_held_to_what_was_seen() {
+    let dir = tempfile::tempdir().unwrap();
+    let volumes = dir.path().join("volumes");
+    for name in ["a-small", "b-big"] {
+        let path = volumes.join(EMPTY_DIR_PLUGIN).join(name);
+        fs::create_dir_all(&path).unwrap();
+        let files = if name == "b-big" { 50 } else { 2 };
+        for n in 0..files {
+            fs::File::create(path.join(format!("f{n}"))).unwrap();
+        }
+    }
+    let mut walk = Walk::new(WalkBounds {
+        max_entries: 10,
+        ..WalkBounds::default()
+    });
+    let (found, unseen) = local_volumes(&mut walk, &volumes);
+    assert_eq!(unseen, [(EMPTY_DIR_PLUGIN.to_owned(), "b-big".to_owned())]);
+    let shortfall = walk.into_shortfall().unwrap();
+    assert_eq!(shortfall.reason, Incomplete::Entries);
+    let pod = PodDiskUsage {
+        volumes: found,
+        incomplete: Some(IncompleteUsage {
+            shortfall,
+            volumes: unseen,
+        }),
+        ..PodDiskUsage::default()
+    };
+    assert!(pod.empty_dir_whole("a-small"));
+    assert!(!pod.empty_dir_whole("b-big"));
+    // Behind an unreadable volumes directory, a volume may be anywhere.
+    assert!(!pod.empty_dir_whole("absent"));
+    let mut usage = PodUsage::default();
+    pod.fill(&mut usage);
+    assert!(usage.disk_incomplete);
+    // a-small whole (3 inodes), b-big as far as the budget went.
+    assert_eq!(usage.inodes, 10);
 }

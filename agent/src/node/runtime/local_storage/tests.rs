@@ -1,7 +1,9 @@
 use std::collections::BTreeMap;
 
 use super::*;
-use crate::node::runtime::disk_usage::{ContainerDiskUsage, FsUsage, VolumeUsage};
+use crate::node::runtime::disk_usage::{
+    ContainerDiskUsage, FsUsage, IncompleteUsage, Shortfall, VolumeUsage,
+};
 
 const MI: u64 = 1 << 20;
 
@@ -50,6 +52,7 @@ fn usage(containers: &[(&str, u64, u64)], empty_dirs: &[(&str, u64)]) -> PodDisk
             })
             .collect(),
         etc_hosts: None,
+        incomplete: None,
     }
 }
 
@@ -167,6 +170,75 @@ fn the_empty_dir_check_comes_first() {
     assert!(
         matches!(found, LocalStorageViolation::EmptyDir { .. }),
         "{found:?}"
+    );
+}
+
+/// `pod` whose walk fell short for `reason`, with emptyDir `unseen` not
+/// seen whole.
+fn incomplete(mut pod: PodDiskUsage, reason: Incomplete, unseen: &[&str]) -> PodDiskUsage {
+    pod.incomplete = Some(IncompleteUsage {
+        shortfall: Shortfall {
+            reason,
+            path: "/var/lib/kubelet/pods/p/volumes".into(),
+            error: None,
+        },
+        volumes: unseen
+            .iter()
+            .map(|name| ("kubernetes.io~empty-dir".to_owned(), (*name).to_owned()))
+            .collect(),
+    });
+    pod
+}
+
+#[test]
+fn a_pod_that_hides_usage_from_its_limit_is_held_to_it_as_over_it() {
+    let seen = usage(&[("app", 0, 0)], &[("scratch", MI), ("cache", MI)]);
+    let scratch = [empty_dir("scratch", Some("4Mi")), empty_dir("cache", None)];
+    // 1Mi seen of a 4Mi limit, the rest unreadable: held to it as over it.
+    let hidden = incomplete(seen.clone(), Incomplete::Unreadable, &["scratch"]);
+    let found = evaluate(&[spec("app", None)], &scratch, &hidden, false).unwrap();
+    assert_eq!(
+        found,
+        LocalStorageViolation::Unmeasured {
+            volume: Some("scratch".into()),
+            limit: q("4Mi"),
+            used_bytes: MI,
+            reason: Incomplete::Unreadable,
+        }
+    );
+    assert_eq!(found.signal(), "emptydirfs.limit");
+    assert_eq!(
+        found.message(),
+        "Usage of EmptyDir volume \"scratch\" could not be measured whole (a directory evictd cannot read): at least 1048576 bytes, against the limit \"4Mi\". "
+    );
+    // A volume without a limit hiding usage leaves only the pod's limit.
+    let cache_hidden = incomplete(seen.clone(), Incomplete::Entries, &["cache"]);
+    assert_eq!(
+        evaluate(&[spec("app", None)], &scratch, &cache_hidden, false),
+        None,
+        "no limit the unseen part counts against"
+    );
+    let found = evaluate(&[spec("app", Some("1Gi"))], &scratch, &cache_hidden, false).unwrap();
+    assert_eq!(found.signal(), "ephemeralpodfs.limit");
+    assert_eq!(
+        found.message(),
+        "Pod ephemeral local storage usage could not be measured whole (more files than evictd counts): at least 2097152 bytes, against the total limit of containers 1Gi. "
+    );
+    // What was seen over a limit is kubelet's own eviction, first.
+    let over = incomplete(
+        usage(&[("app", 0, 0)], &[("scratch", 5 * MI)]),
+        Incomplete::Depth,
+        &["scratch"],
+    );
+    assert!(matches!(
+        evaluate(&[spec("app", None)], &scratch, &over, false),
+        Some(LocalStorageViolation::EmptyDir { .. })
+    ));
+    // Only time cut the walk short: the node's slowness, not judged.
+    let slow = incomplete(seen, Incomplete::Time, &["scratch"]);
+    assert_eq!(
+        evaluate(&[spec("app", Some("1Gi"))], &scratch, &slow, false),
+        None
     );
 }
 

@@ -1,0 +1,125 @@
+//! The agent as deploy/daemonset.yaml runs it: root with only the
+//! capabilities the agent container adds (everything else dropped from its
+//! bounding set, as a container runtime does), under the seccomp profile
+//! it names (applied as a runtime applies a Localhost profile), and, where
+//! a test asks, in a memory cgroup limited as the container's resources
+//! limit it.
+use std::{
+    io,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use evictd::quantity::Quantity;
+use serde_json::Value;
+
+use crate::{Agent, Controller, PrivateCgroupTree, agent_binary};
+
+/// The DaemonSet's agent container, from deploy/daemonset.yaml.
+pub fn agent_container() -> io::Result<Value> {
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+    let text = std::fs::read_to_string(manifest)?;
+    let daemonset: Value = serde_yaml_ng::from_str(&text).map_err(io::Error::other)?;
+    daemonset["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "evictd")
+        .cloned()
+        .ok_or_else(|| io::Error::other("no evictd container in the DaemonSet"))
+}
+
+/// The capabilities the agent container adds, as setpriv names them.
+///
+/// # Panics
+/// If the container is privileged, may escalate, or does not drop ALL
+/// first: what it grants would then be more than its `add` list.
+pub fn daemonset_capabilities(container: &Value) -> Vec<String> {
+    let security = &container["securityContext"];
+    assert_eq!(security["privileged"], false);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(security["capabilities"]["drop"][0], "ALL");
+    security["capabilities"]["add"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|cap| cap.as_str())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The Localhost seccomp profile the agent container names, from deploy/.
+///
+/// # Panics
+/// If the container's profile is not a Localhost one.
+pub fn daemonset_seccomp_profile(container: &Value) -> PathBuf {
+    let profile = &container["securityContext"]["seccompProfile"];
+    assert_eq!(profile["type"], "Localhost");
+    let name = profile["localhostProfile"].as_str().unwrap_or_default();
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/seccomp")).join(name)
+}
+
+/// The agent container's memory limit, bytes.
+pub fn daemonset_memory_limit(container: &Value) -> io::Result<u64> {
+    let limit = container["resources"]["limits"]["memory"]
+        .as_str()
+        .ok_or_else(|| io::Error::other("the agent container has no memory limit"))?;
+    let quantity = Quantity::parse(limit).map_err(io::Error::other)?;
+    u64::try_from(quantity.value()).map_err(io::Error::other)
+}
+
+/// `setpriv` keeping only `capabilities` (uid 0 keeps exactly what the
+/// bounding set allows across exec), then `command`.
+pub fn with_capabilities(capabilities: &[String], command: &[String]) -> Vec<String> {
+    let keep: String = capabilities.iter().map(|cap| format!(",+{cap}")).collect();
+    let mut line = vec![
+        "setpriv".to_owned(),
+        format!("--bounding-set=-all{keep}"),
+        format!("--inh-caps=-all{keep}"),
+    ];
+    line.extend(command.iter().cloned());
+    line
+}
+
+/// The agent with `args`, started as the DaemonSet starts it, with
+/// `capabilities` (the DaemonSet's own, or fewer), under the profile
+/// `seccomp_launcher` (the `evictd-seccomp` test tool) applies, in cgroup
+/// `cgroup` of `tree` from its first instruction: everything it ever
+/// allocates is charged there.
+pub fn start_as_daemonset(
+    seccomp_launcher: &Path,
+    capabilities: &[String],
+    tree: &PrivateCgroupTree,
+    cgroup: &str,
+    args: &[String],
+) -> io::Result<Agent> {
+    let container = agent_container()?;
+    let mut agent_line = vec![
+        seccomp_launcher.display().to_string(),
+        daemonset_seccomp_profile(&container).display().to_string(),
+        agent_binary().display().to_string(),
+    ];
+    agent_line.extend(args.iter().cloned());
+    let line = with_capabilities(capabilities, &agent_line);
+    // The shell joins the cgroup in every hierarchy, then becomes setpriv,
+    // which becomes the agent: one process throughout.
+    let procs: Vec<String> = [Controller::Memory, Controller::Pids]
+        .into_iter()
+        .map(|controller| {
+            tree.dir(controller, cgroup)
+                .join("cgroup.procs")
+                .display()
+                .to_string()
+        })
+        .collect();
+    let mut command = Command::new("sh");
+    command
+        .args([
+            "-c",
+            r#"for procs in $EVICTD_CGROUP_PROCS; do echo $$ > "$procs"; done; exec "$@""#,
+            "sh",
+        ])
+        .args(&line)
+        .env("EVICTD_CGROUP_PROCS", procs.join(" "));
+    Agent::spawn(command)
+}
