@@ -101,18 +101,26 @@ fn the_roots_memory_is_kubelets_formula_with_slab_and_anonymous_memory_on_the_no
     let slab_grew = meminfo_bytes("Slab").saturating_sub(slab_before);
     assert!(slab_grew >= 16 * MIB, "slab grew by {slab_grew} bytes only");
 
+    // Each look is bracketed by two of kubelet's readings; whatever else
+    // runs on the machine may move memory in between, so a few looks are
+    // allowed for one in a quiet moment. The old reading (MemTotal −
+    // MemFree, slab included) is off by the slab in every one.
     let signals = node_signals(&cgroupfs);
-    let before = kubelet_working_set(&cgroupfs);
-    let observed = signals.observe().unwrap().stats.memory;
-    let after = kubelet_working_set(&cgroupfs);
     let slack = charge_batches();
-    let (low, high) = (before.min(after) - slack, before.max(after) + slack);
+    let mut looks = Vec::new();
+    let agrees = (0..20).any(|_| {
+        let before = kubelet_working_set(&cgroupfs);
+        let observed = signals.observe().unwrap().stats.memory;
+        let after = kubelet_working_set(&cgroupfs);
+        assert_eq!(observed.capacity_bytes, meminfo_bytes("MemTotal"));
+        looks.push((before, observed.working_set_bytes, after));
+        (before.min(after) - slack..=before.max(after) + slack)
+            .contains(&observed.working_set_bytes)
+    });
     assert!(
-        (low..=high).contains(&observed.working_set_bytes),
-        "evictd read a working set of {} bytes; kubelet's formula gave {before} then {after}",
-        observed.working_set_bytes
+        agrees,
+        "(kubelet's formula, evictd's reading, kubelet's formula): {looks:?}"
     );
-    assert_eq!(observed.capacity_bytes, meminfo_bytes("MemTotal"));
 
     // The same through `evictd snapshot`, which holds memory of its own
     // while it reads (a few MiB of a short-lived process).
@@ -150,9 +158,9 @@ fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_
     tree.create("system").unwrap();
     let mut daemon = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();
     let capacity = meminfo_bytes("MemTotal");
-    // The node's line 192 MiB above what the machine holds now; the daemon
-    // then takes 640 MiB, past it whatever else the machine frees meanwhile.
-    let threshold = capacity - kubelet_working_set(&cgroupfs) - 192 * MIB;
+    // The node's line 256 MiB above what the machine holds now; the daemon
+    // then takes 768 MiB, past it whatever else the machine frees meanwhile.
+    let threshold = capacity - kubelet_working_set(&cgroupfs) - 256 * MIB;
     let hard = format!("memory.available<{threshold}");
     let mut agent = Agent::start(&[
         "--node-cgroup",
@@ -177,7 +185,7 @@ fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_
         .log
         .expect("watching scope", &[("scope", "/"), ("resource", "memory")]);
     agent.log.expect("eBPF programs attached", &[]);
-    daemon.touch(640 * MIB).unwrap();
+    daemon.touch(768 * MIB).unwrap();
     let crossed = agent.log.expect(
         "threshold crossed",
         &[
