@@ -9,17 +9,16 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::{collections::BTreeMap, time::SystemTime};
+use std::time::SystemTime;
 
 use evictd::{
     node::runtime::{
         disk_usage::{self, PodDiskUsage},
         filesystems::{DiskLayout, RuntimeFilesystems},
-        local_storage::{self, EmptyDirVolume},
+        local_storage,
         reclaim::{self, ImageTracker, Removal},
     },
-    node::snapshot::PodUsage,
-    quantity::Quantity,
+    node::snapshot::{PodSnapshot, PodUsage},
 };
 use evictd_integration::{
     CONTAINER, CriNode, IMAGE, OciImage, PodSpec, SCRATCH_PATH, SCRATCH_VOLUME, cgroupfs_path,
@@ -142,32 +141,25 @@ fn each_pods_disk_usage_is_counted_as_kubelet_counts_it() {
     assert_eq!(snapshot.local_volume_bytes, scratch.bytes);
 
     // The emptyDir's sizeLimit, as kubelet enforces it.
-    let limit = |text: &str| {
-        [EmptyDirVolume {
-            name: SCRATCH_VOLUME.to_owned(),
-            size_limit: Some(Quantity::parse(text).unwrap()),
-        }]
+    let pod = |containers: serde_json::Value, size_limit: Option<&str>| -> PodSnapshot {
+        serde_json::from_value(json!({
+            "namespace": "default", "name": "writer", "containers": containers,
+            "empty_dirs": [{"name": SCRATCH_VOLUME, "size_limit": size_limit}],
+        }))
+        .unwrap()
     };
-    let over = local_storage::evaluate(&[], &limit("4Mi"), &writer, false).unwrap();
+    let over = local_storage::evaluate(&pod(json!([]), Some("4Mi")), &writer, false).unwrap();
     assert_eq!(
         over.message(),
         "Usage of EmptyDir volume \"scratch\" exceeds the limit \"4Mi\". "
     );
     assert_eq!(
-        local_storage::evaluate(&[], &limit("64Mi"), &writer, false),
+        local_storage::evaluate(&pod(json!([]), Some("64Mi")), &writer, false),
         None
     );
     // A container limit below its writable layer plus logs.
-    let containers = [evictd::node::snapshot::ContainerSpec {
-        name: CONTAINER.to_owned(),
-        requests: BTreeMap::new(),
-        limits: BTreeMap::from([(
-            "ephemeral-storage".to_owned(),
-            Quantity::parse("16Mi").unwrap(),
-        )]),
-        restart_policy: None,
-    }];
-    let over = local_storage::evaluate(&containers, &[], &writer, false).unwrap();
+    let limited = json!([{"name": CONTAINER, "limits": {"ephemeral-storage": "16Mi"}}]);
+    let over = local_storage::evaluate(&pod(limited, None), &writer, false).unwrap();
     // The pod (layer + scratch) is over the sum of its limits first.
     assert_eq!(
         over.message(),

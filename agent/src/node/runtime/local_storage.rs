@@ -6,13 +6,13 @@
 //!
 //! 1. an emptyDir volume using more than its `sizeLimit`;
 //! 2. the pod using more ephemeral storage (writable layers, logs, local
-//!    volumes, etc-hosts) than its containers' ephemeral-storage limits
-//!    add up to (kubelet's `PodLimits`);
+//!    volumes, etc-hosts) than its ephemeral-storage limit, as kubelet's
+//!    `PodLimits` aggregates it (init containers, sidecars, overhead);
 //! 3. a container whose logs (and writable layer, without a dedicated
 //!    imagefs) exceed its own ephemeral-storage limit.
 //!
-//! The first that applies evicts the pod, with no grace period
-//! (kubelet's `immediateEvictionGracePeriodSeconds`), even if the node is
+//! The first that applies evicts the pod, with kubelet's one-second grace
+//! period (`immediateEvictionGracePeriodSeconds`), even if the node is
 //! under no pressure at all.
 use std::collections::BTreeMap;
 
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::disk_usage::PodDiskUsage;
 use crate::{
-    node::snapshot::{ContainerSpec, PodSnapshot},
+    node::{resources, snapshot::PodSnapshot},
     quantity::Quantity,
 };
 
@@ -132,26 +132,15 @@ fn go_quote(text: &str) -> String {
     quoted
 }
 
-/// kubelet's `PodLimits` for ephemeral storage over the pod's containers:
-/// the sum of the limits that are set; `None` when no container sets one.
-pub fn pod_limit(containers: &[ContainerSpec]) -> Option<Quantity> {
-    containers
-        .iter()
-        .filter_map(|c| c.limits.get(EPHEMERAL_STORAGE).copied())
-        .reduce(Quantity::saturating_add)
-}
-
 /// Whether `pod` sets a limit its local storage is held to: only such pods
-/// need their disk measured for [`evaluate`].
+/// need their disk measured for [`evaluate`]. A container's own limit is
+/// part of the pod's ([`resources::ephemeral_storage_limit`]).
 pub fn has_limit(pod: &PodSnapshot) -> bool {
     pod.empty_dirs
         .iter()
         .filter_map(|volume| volume.size_limit)
         .any(|limit| is_positive(&limit))
-        || pod
-            .containers
-            .iter()
-            .any(|container| container.limits.contains_key(EPHEMERAL_STORAGE))
+        || resources::ephemeral_storage_limit(pod).is_some()
 }
 
 /// The pods among `pods` over a local-storage limit, by the runtime's
@@ -165,12 +154,7 @@ pub fn violations(
     pods.into_iter()
         .filter_map(|pod| {
             let measured = usage.get(&pod.uid)?;
-            let violation = evaluate(
-                &pod.containers,
-                &pod.empty_dirs,
-                measured,
-                dedicated_imagefs,
-            )?;
+            let violation = evaluate(&pod, measured, dedicated_imagefs)?;
             Some(LocalStorageEviction { pod, violation })
         })
         .collect()
@@ -179,14 +163,14 @@ pub fn violations(
 /// The local-storage eviction of one pod, if any: kubelet's order
 /// (emptyDir, then pod, then container) and its comparisons (strictly more
 /// than the limit). `dedicated_imagefs` is kubelet's: with one, writable
-/// layers do not count against a container's own limit.
+/// layers do not count against a container's own limit, which only regular
+/// containers are held to (`containerEphemeralStorageLimitEviction`).
 pub fn evaluate(
-    containers: &[ContainerSpec],
-    empty_dirs: &[EmptyDirVolume],
+    pod: &PodSnapshot,
     usage: &PodDiskUsage,
     dedicated_imagefs: bool,
 ) -> Option<LocalStorageViolation> {
-    for volume in empty_dirs {
+    for volume in &pod.empty_dirs {
         let (Some(limit), Some(used)) = (volume.size_limit, usage.empty_dir(&volume.name)) else {
             continue;
         };
@@ -198,7 +182,7 @@ pub fn evaluate(
             });
         }
     }
-    if let Some(limit) = pod_limit(containers) {
+    if let Some(limit) = resources::ephemeral_storage_limit(pod) {
         let used = usage.ephemeral_storage_bytes();
         if exceeds(used, &limit) {
             return Some(LocalStorageViolation::Pod {
@@ -208,7 +192,8 @@ pub fn evaluate(
         }
     }
     for measured in &usage.containers {
-        let Some(limit) = containers
+        let Some(limit) = pod
+            .containers
             .iter()
             .find(|c| c.name == measured.name)
             .and_then(|c| c.limits.get(EPHEMERAL_STORAGE))
