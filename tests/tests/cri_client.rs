@@ -139,6 +139,10 @@ fn each_pods_disk_usage_is_counted_as_kubelet_counts_it() {
     writer.fill(&mut snapshot);
     assert!(snapshot.rootfs_bytes >= 24 * MIB);
     assert_eq!(snapshot.local_volume_bytes, scratch.bytes);
+    // Inodes apart: the scratch file and its directory, the layer's file.
+    assert!(snapshot.local_volume_inodes >= Some(2), "{snapshot:?}");
+    assert!(snapshot.rootfs_inodes >= Some(1), "{snapshot:?}");
+    assert!(snapshot.logs_inodes >= Some(1), "{snapshot:?}");
 
     // The emptyDir's sizeLimit, as kubelet enforces it.
     let pod = |containers: serde_json::Value, size_limit: Option<&str>| -> PodSnapshot {

@@ -267,7 +267,7 @@ impl<I: Io> Evictor<I> {
         let engine_raised = self.monitor.apply_engine(&wires.scopes);
         let reclaiming = self.check_reclaims(&assessment);
         // Before any threshold, as kubelet's synchronize takes them.
-        let pod_limits = self.check_local_storage(&wake, assessment.dedicated_imagefs);
+        let pod_limits = self.check_local_storage(&wake, assessment.layout.dedicated_imagefs());
         let action = if assessment.starved.is_empty() {
             self.unacted = None;
             self.safeguards.release(&assessment, &self.metrics);
@@ -407,12 +407,9 @@ impl<I: Io> Evictor<I> {
         let mut exact = vec![!bounded; pods.len()];
         loop {
             phase_ns = self.clock.now_ns();
-            let choice = self.engine.choose_for(
-                starvation,
-                assessment.dedicated_imagefs,
-                &pods,
-                self.options.policy,
-            );
+            let choice =
+                self.engine
+                    .choose_for(starvation, assessment.layout, &pods, self.options.policy);
             times.rank += self.clock.since(phase_ns);
             let decided = choice
                 .victims
@@ -446,7 +443,7 @@ impl<I: Io> Evictor<I> {
                 phase_ns = self.clock.now_ns();
                 let choice = self.engine.choose_for(
                     starvation,
-                    assessment.dedicated_imagefs,
+                    assessment.layout,
                     &pods,
                     self.options.policy,
                 );

@@ -26,7 +26,7 @@ use crate::{
         wake::{Clock, Wake, WakeCause},
     },
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
-    decide::thresholds::EvictionConfig,
+    decide::thresholds::{EvictionConfig, containerfs_conflicts},
     kernel::{
         bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Probes, Purpose},
         capabilities::Capabilities,
@@ -149,6 +149,14 @@ pub async fn run(
     }
     if config.thresholds.is_empty() {
         warn!("no eviction thresholds: evictd reports but never evicts");
+    }
+    // kubelet derives them from nodefs or imagefs (UpdateContainerFsThresholds),
+    // with this line for each one set.
+    for error in containerfs_conflicts(&config.thresholds) {
+        warn!(
+            error,
+            "eviction manager: found conflicting containerfs eviction. Ignoring."
+        );
     }
 
     let check_interval = if args.mode.housekeeping() {

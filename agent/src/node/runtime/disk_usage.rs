@@ -127,6 +127,9 @@ impl PodDiskUsage {
         usage.logs_bytes = logs.bytes;
         usage.local_volume_bytes = volumes.bytes;
         usage.inodes = sum([rootfs, logs, volumes]).inodes;
+        usage.rootfs_inodes = Some(rootfs.inodes);
+        usage.logs_inodes = Some(logs.inodes);
+        usage.local_volume_inodes = Some(volumes.inodes);
     }
 
     /// The pod's ephemeral storage as kubelet's `calcEphemeralStorage`
