@@ -9,14 +9,17 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::time::SystemTime;
+use std::{
+    collections::BTreeSet,
+    time::{Duration, SystemTime},
+};
 
 use evictd::{
     node::runtime::{
         disk_usage::{self, PodDiskUsage},
         filesystems::{DiskLayout, RuntimeFilesystems},
         local_storage,
-        reclaim::{self, ImageTracker, Removal},
+        reclaim::{self, ImageTracker, Removal, SandboxImages},
     },
     node::snapshot::{PodSnapshot, PodUsage},
 };
@@ -200,9 +203,23 @@ fn node_reclaim_removes_dead_containers_and_unused_images_through_cri() {
     );
 
     let mut client = node.containerd.client().unwrap();
+    // The runtime says what each sandbox runs: never removed.
+    let sandboxes = node
+        .containerd
+        .block_on(SandboxImages::ask(&mut client))
+        .unwrap();
+    assert_eq!(sandboxes.unnamed, 0, "{sandboxes:?}");
+    assert_eq!(sandboxes.running.len(), 2, "{sandboxes:?}");
+    assert!(
+        sandboxes.running.iter().all(|image| image == IMAGE),
+        "{sandboxes:?}"
+    );
     let removed = node
         .containerd
-        .block_on(reclaim::remove_dead_containers(&mut client))
+        .block_on(reclaim::remove_dead_containers(
+            &mut client,
+            &BTreeSet::new(),
+        ))
         .unwrap();
     assert_eq!(
         removed,
@@ -215,7 +232,18 @@ fn node_reclaim_removes_dead_containers_and_unused_images_through_cri() {
     let containers = node.containerd.block_on(client.list_containers()).unwrap();
     assert!(containers.iter().all(|c| c.id != done));
 
-    let mut tracker = ImageTracker::default();
+    // Just imported: too young for kubelet's default minimum age.
+    let mut tracker = ImageTracker::new(reclaim::images::DEFAULT_MINIMUM_AGE);
+    let young = node
+        .containerd
+        .block_on(reclaim::remove_unused_images(
+            &mut client,
+            &mut tracker,
+            SystemTime::now(),
+        ))
+        .unwrap();
+    assert!(young.is_empty(), "{young:?}");
+    let mut tracker = ImageTracker::new(Duration::ZERO);
     let removed = node
         .containerd
         .block_on(reclaim::remove_unused_images(

@@ -253,6 +253,32 @@ impl Engine {
         }
     }
 
+    /// kubelet's verdict after node-level reclaim for `asked`
+    /// (`reclaimNodeLevelResources`): on the fresh `assessment`, every
+    /// threshold is held to its value plus minimum reclaim, whatever its
+    /// grace period (`thresholdsMet(thresholds, observations, true)`). None
+    /// met: the reclaim was enough, nobody is evicted. Any met, the one
+    /// asked for or another: a pod is evicted for `asked`, ranked as its
+    /// signal ranks, against the signal as observed now.
+    pub fn after_reclaim(&self, asked: &Starvation, assessment: &Assessment) -> Option<Starvation> {
+        let observations = &assessment.observations;
+        self.thresholds
+            .iter()
+            .any(|threshold| is_met(threshold, observations, true))
+            .then(|| {
+                let observation = observations
+                    .get(&asked.threshold.signal)
+                    .copied()
+                    .unwrap_or(asked.observation);
+                Starvation {
+                    observation,
+                    threshold_quantity: asked.threshold.value.resolve(observation.capacity),
+                    min_reclaim_quantity: asked.threshold.min_reclaim.resolve(observation.capacity),
+                    ..asked.clone()
+                }
+            })
+    }
+
     /// The thresholds past their grace period, the one to reclaim for first
     /// first, as kubelet's `byEvictionPriority` then
     /// `getReclaimableThreshold`: memory signals before the rest. kubelet's

@@ -604,6 +604,81 @@ async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_u
     assert_eq!(killed(&harness), [cgroup("filler")]);
 }
 
+/// [`disk_harness`] with a soft memory threshold too, its grace period a
+/// minute.
+fn disk_and_soft_memory_harness() -> Harness {
+    let harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["nodefs.available<100Mi".into()],
+            eviction_soft: vec!["memory.available<100Mi".into()],
+            eviction_soft_grace_period: vec!["memory.available=1m".into()],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
+        outside_pods: outside(510, 400),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
+    harness
+}
+
+/// kubelet's `reclaimNodeLevelResources`: once the node's reclaim for
+/// nodefs is done, every threshold is held to its minimum reclaim on the
+/// node as it is then. All fine: nobody goes. nodefs fine but memory short
+/// (a soft threshold inside its grace period): kubelet still evicts in that
+/// round, the pod ranked for nodefs.
+#[tokio::test(start_paused = true)]
+async fn after_node_reclaim_every_threshold_is_looked_at_again() {
+    for (memory_free_mib, victims) in [(400, vec![]), (50, vec![cgroup("filler")])] {
+        let mut harness = disk_and_soft_memory_harness();
+        harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Pending);
+        harness.evictor.evaluate(wake(&harness));
+        assert!(killed(&harness).is_empty(), "nobody before the reclaim");
+        {
+            let mut model = harness.node.0.borrow_mut();
+            model.nodefs = Some(nodefs(500));
+            model.outside_pods = outside(510, memory_free_mib);
+            model.reclaim = Some(NodeReclaim::Done);
+        }
+        let (log, _guard) = LogCapture::start();
+        harness.settle(wake(&harness)).await;
+        assert_eq!(killed(&harness), victims, "{memory_free_mib} MiB free");
+        let relieved = log
+            .lines()
+            .iter()
+            .any(|line| line.contains("node-level reclaim brought every threshold back"));
+        assert_eq!(relieved, victims.is_empty(), "{:?}", log.lines());
+    }
+}
+
+/// One signal's reclaim at a time, as kubelet reclaims for one threshold
+/// per round: a second disk threshold waits for the first's.
+#[tokio::test(start_paused = true)]
+async fn one_disk_signal_is_reclaimed_for_at_a_time() {
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![
+                "nodefs.available<100Mi".into(),
+                "nodefs.inodesFree<1000".into(),
+            ],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400)],
+        outside_pods: outside(10, 400),
+        ..HarnessOptions::default()
+    });
+    let mut starved = nodefs(50);
+    starved.inodes_free = 10;
+    harness.node.0.borrow_mut().nodefs = Some(starved);
+    harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Pending);
+    harness.evictor.evaluate(wake(&harness));
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.node.0.borrow().reclaims,
+        [Signal::NodeFsAvailable, Signal::NodeFsAvailable]
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_disk_decision_waits_for_the_pods_disk_usage_without_holding_up_memory() {
     let mut harness = disk_harness();

@@ -582,6 +582,40 @@ fn containerfs_thresholds_follow_the_layout() {
     );
 }
 
+/// kubelet's `reclaimNodeLevelResources`: once reclaim is done, every
+/// threshold is held to its value plus minimum reclaim on the node as it
+/// is now, whatever its grace period.
+#[test]
+fn after_reclaim_every_threshold_decides_whether_a_pod_still_goes() {
+    let nodefs = Threshold {
+        min_reclaim: quantity(50),
+        ..hard(Signal::NodeFsAvailable, quantity(100))
+    };
+    let memory = soft(Signal::MemoryAvailable, quantity(100 * MI), secs(60));
+    let mut engine = Engine::new(config(vec![nodefs, memory]));
+    // One filesystem: nodefs, imagefs and containerfs are the same.
+    let shared = |free| disk_node(free, (1, free), (1, free));
+    let asked = engine.observe(secs(0), &shared(80)).starvation.unwrap();
+    assert_eq!(asked.threshold.signal, Signal::NodeFsAvailable);
+    // Reclaim took nodefs past threshold + minimum reclaim; memory is fine.
+    let relieved = engine.observe(secs(1), &shared(160));
+    assert!(engine.after_reclaim(&asked, &relieved).is_none());
+    // Back past the threshold but inside the band: still nodefs's pod.
+    let in_band = engine.observe(secs(2), &shared(120));
+    let again = engine.after_reclaim(&asked, &in_band).unwrap();
+    assert_eq!(again.observation.available, 120);
+    assert_eq!(again.deficit(), 30);
+    // nodefs fine, but a soft memory threshold met, its grace period not
+    // over: kubelet's round still evicts, for nodefs.
+    let mut node = shared(500);
+    node.memory.working_set_bytes = node.memory.capacity_bytes - 50 * MI as u64;
+    let elsewhere = engine.observe(secs(3), &node);
+    assert!(elsewhere.starved.is_empty(), "memory waits out its grace");
+    let evict = engine.after_reclaim(&asked, &elsewhere).unwrap();
+    assert_eq!(evict.threshold.signal, Signal::NodeFsAvailable);
+    assert_eq!(evict.resource, Resource::EphemeralStorage);
+}
+
 fn arbitrary_pod() -> impl Strategy<Value = PodSnapshot> {
     (
         prop_oneof![
