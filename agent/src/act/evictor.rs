@@ -270,9 +270,17 @@ impl<I: Io> Evictor<I> {
         let wires = tripwires(&self.config, &observation);
         let engine_raised = self.monitor.apply_engine(&wires.scopes);
         let reclaiming = self.check_reclaims(&assessment);
-        // Before any threshold, as kubelet's synchronize takes them.
+        // Before any threshold, as kubelet's synchronize takes them; a
+        // round that evicted for local storage decides no threshold, and
+        // the next one follows at once.
         let pod_limits = self.check_local_storage(&wake, assessment.layout.dedicated_imagefs());
-        let action = if assessment.starved.is_empty() && self.reclaim_asked.is_empty() {
+        let action = if pod_limits.evicted {
+            if assessment.starved.is_empty() {
+                Action::AwaitChange
+            } else {
+                self.soon()
+            }
+        } else if assessment.starved.is_empty() && self.reclaim_asked.is_empty() {
             self.unacted = None;
             self.safeguards.release(&assessment, &self.metrics);
             if engine_raised || !assessment.thresholds_met.is_empty() {
@@ -287,7 +295,10 @@ impl<I: Io> Evictor<I> {
         let precise = self.plan_precise(&wires.scopes);
         let read_after = precise.as_ref().and_then(|plan| plan.read_after);
         Evaluation {
-            action: sooner(sooner(sooner(action, reclaiming), read_after), pod_limits),
+            action: sooner(
+                sooner(sooner(action, reclaiming), read_after),
+                pod_limits.look_again,
+            ),
             memcg_levels: Some(wires.memcg_levels),
             precise,
         }

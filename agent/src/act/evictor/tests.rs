@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use evictd_common::Band;
 
-use super::*;
+use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::wake::WakeCause,
     config::EvictionArgs,
@@ -847,4 +847,41 @@ async fn a_dry_run_tells_of_a_pod_over_its_limit_once_and_kills_nothing() {
         .filter(|line| line.contains("eviction decided") && line.contains("emptydirfs.limit"))
         .count();
     assert_eq!(decided, 1, "{:?}", log.lines());
+}
+
+/// kubelet's synchronize returns once it evicted for local storage: no
+/// threshold is decided in that round; the next one, at once, decides the
+/// memory threshold. The pod over its limit gets kubelet's one second
+/// (`immediateEvictionGracePeriodSeconds`), so its containers see SIGTERM.
+#[tokio::test(start_paused = true)]
+async fn a_local_storage_eviction_ends_the_round_with_a_seconds_grace() {
+    let (mut harness, _api) = limits_harness(vec![scratch_writer("over", 8)], false);
+    // Short of memory too: `calm` (500 MiB) is the memory victim.
+    harness.node.0.borrow_mut().outside_pods = outside(510, 50);
+    let first = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.evictor.evictions_running(),
+        1,
+        "no threshold this round"
+    );
+    assert_eq!(first.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 2);
+    while harness.evictor.evictions_running() > 0 {
+        let (id, ended) = harness.evictor.next_ended().await;
+        harness.evictor.end(id, ended);
+    }
+    let mut graces: Vec<(String, Duration)> = killed(&harness)
+        .into_iter()
+        .zip(harness.killer.graces.borrow().iter().copied())
+        .collect();
+    graces.sort();
+    assert_eq!(
+        graces,
+        [
+            (cgroup("calm"), Duration::ZERO),
+            (cgroup("over"), IMMEDIATE_EVICTION_GRACE_PERIOD),
+        ],
+        "a hard threshold's kill has none, as documented"
+    );
 }
