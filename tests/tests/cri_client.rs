@@ -232,26 +232,19 @@ fn node_reclaim_removes_dead_containers_and_unused_images_through_cri() {
     let containers = node.containerd.block_on(client.list_containers()).unwrap();
     assert!(containers.iter().all(|c| c.id != done));
 
+    let mut remove_unused = |minimum_age| {
+        node.containerd
+            .block_on(reclaim::remove_unused_images(
+                &mut client,
+                &mut ImageTracker::new(minimum_age),
+                SystemTime::now(),
+            ))
+            .unwrap()
+    };
     // Just imported: too young for kubelet's default minimum age.
-    let mut tracker = ImageTracker::new(reclaim::images::DEFAULT_MINIMUM_AGE);
-    let young = node
-        .containerd
-        .block_on(reclaim::remove_unused_images(
-            &mut client,
-            &mut tracker,
-            SystemTime::now(),
-        ))
-        .unwrap();
+    let young = remove_unused(reclaim::images::DEFAULT_MINIMUM_AGE);
     assert!(young.is_empty(), "{young:?}");
-    let mut tracker = ImageTracker::new(Duration::ZERO);
-    let removed = node
-        .containerd
-        .block_on(reclaim::remove_unused_images(
-            &mut client,
-            &mut tracker,
-            SystemTime::now(),
-        ))
-        .unwrap();
+    let removed = remove_unused(Duration::ZERO);
     let mut removed_tags: Vec<String> = removed
         .iter()
         .flat_map(|r| match r {

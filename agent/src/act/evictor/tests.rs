@@ -549,37 +549,38 @@ fn writer(name: &str, mib: u64, disk_mib: u64) -> PodSnapshot {
     pod
 }
 
-fn disk_harness() -> Harness {
+/// A node short of nodefs under `eviction`'s thresholds, `memory_free_mib`
+/// MiB of memory available: `filler` fills the disk, `big-memory` holds
+/// the most memory.
+fn disk_node_harness(eviction: EvictionArgs, memory_free_mib: u64) -> Harness {
     let harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["nodefs.available<100Mi".into()],
-            ..EvictionArgs::default()
-        },
+        eviction,
         pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 400),
+        outside_pods: outside(510, memory_free_mib),
         ..HarnessOptions::default()
     });
     harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
     harness
 }
 
+fn hard(thresholds: &[&str]) -> EvictionArgs {
+    EvictionArgs {
+        eviction_hard: thresholds.iter().map(|t| (*t).to_owned()).collect(),
+        ..EvictionArgs::default()
+    }
+}
+
+fn disk_harness() -> Harness {
+    disk_node_harness(hard(&["nodefs.available<100Mi"]), 400)
+}
+
 /// [`disk_harness`]'s node short of memory too: the pod holding the most
 /// memory is the memory victim.
 fn disk_and_memory_harness() -> Harness {
-    let harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![
-                "nodefs.available<100Mi".into(),
-                "memory.available<100Mi".into(),
-            ],
-            ..EvictionArgs::default()
-        },
-        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 20),
-        ..HarnessOptions::default()
-    });
-    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
-    harness
+    disk_node_harness(
+        hard(&["nodefs.available<100Mi", "memory.available<100Mi"]),
+        20,
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -607,19 +608,12 @@ async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_u
 /// [`disk_harness`] with a soft memory threshold too, its grace period a
 /// minute.
 fn disk_and_soft_memory_harness() -> Harness {
-    let harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["nodefs.available<100Mi".into()],
-            eviction_soft: vec!["memory.available<100Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1m".into()],
-            ..EvictionArgs::default()
-        },
-        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 400),
-        ..HarnessOptions::default()
-    });
-    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
-    harness
+    let eviction = EvictionArgs {
+        eviction_soft: vec!["memory.available<100Mi".into()],
+        eviction_soft_grace_period: vec!["memory.available=1m".into()],
+        ..hard(&["nodefs.available<100Mi"])
+    };
+    disk_node_harness(eviction, 400)
 }
 
 /// kubelet's `reclaimNodeLevelResources`: once the node's reclaim for

@@ -162,17 +162,26 @@ impl Removal {
     }
 }
 
+/// [`dead_containers`] as the runtime lists them now.
+async fn list_dead_containers(
+    client: &mut RuntimeClient,
+    live_pods: &BTreeSet<String>,
+) -> Result<Vec<Container>, RuntimeError> {
+    let sandboxes = client.list_pod_sandboxes().await?;
+    let containers = client.list_containers().await?;
+    Ok(dead_containers(&sandboxes, &containers, live_pods)
+        .into_iter()
+        .cloned()
+        .collect())
+}
+
 /// What [`remove_dead_containers`] would remove now, removing nothing.
 pub async fn would_remove_dead_containers(
     client: &mut RuntimeClient,
     live_pods: &BTreeSet<String>,
 ) -> Result<Vec<Removal>, RuntimeError> {
-    let sandboxes = client.list_pod_sandboxes().await?;
-    let containers = client.list_containers().await?;
-    Ok(dead_containers(&sandboxes, &containers, live_pods)
-        .into_iter()
-        .map(Removal::container)
-        .collect())
+    let dead = list_dead_containers(client, live_pods).await?;
+    Ok(dead.iter().map(Removal::container).collect())
 }
 
 /// Removes [`dead_containers`] through the runtime, logging each; a
@@ -181,10 +190,8 @@ pub async fn remove_dead_containers(
     client: &mut RuntimeClient,
     live_pods: &BTreeSet<String>,
 ) -> Result<Vec<Removal>, RuntimeError> {
-    let sandboxes = client.list_pod_sandboxes().await?;
-    let containers = client.list_containers().await?;
     let mut removed = Vec::new();
-    for container in dead_containers(&sandboxes, &containers, live_pods) {
+    for container in list_dead_containers(client, live_pods).await? {
         match client.remove_container(&container.id).await {
             Ok(()) => {
                 info!(
@@ -193,7 +200,7 @@ pub async fn remove_dead_containers(
                     sandbox = container.pod_sandbox_id,
                     "node reclaim: removed a dead container"
                 );
-                removed.push(Removal::container(container));
+                removed.push(Removal::container(&container));
             }
             Err(RuntimeError::Call { source, .. }) if source.code() == tonic::Code::NotFound => {}
             Err(e) => return Err(e),
@@ -202,12 +209,13 @@ pub async fn remove_dead_containers(
     Ok(removed)
 }
 
-/// What [`remove_unused_images`] would remove now, removing nothing.
-pub async fn would_remove_unused_images(
+/// [`ImageTracker::unused`] as the runtime lists the images, containers
+/// and sandboxes now; `tracker` observes the lists first.
+async fn list_unused_images(
     client: &mut RuntimeClient,
     tracker: &mut ImageTracker,
     now: std::time::SystemTime,
-) -> Result<Vec<Removal>, RuntimeError> {
+) -> Result<Vec<k8s_cri::v1::Image>, RuntimeError> {
     let images = client.list_images().await?;
     let containers = client.list_containers().await?;
     let sandboxes = SandboxImages::ask(client).await?;
@@ -215,8 +223,18 @@ pub async fn would_remove_unused_images(
     Ok(tracker
         .unused(&images, &containers, &sandboxes, now)
         .into_iter()
-        .map(Removal::image)
+        .cloned()
         .collect())
+}
+
+/// What [`remove_unused_images`] would remove now, removing nothing.
+pub async fn would_remove_unused_images(
+    client: &mut RuntimeClient,
+    tracker: &mut ImageTracker,
+    now: std::time::SystemTime,
+) -> Result<Vec<Removal>, RuntimeError> {
+    let unused = list_unused_images(client, tracker, now).await?;
+    Ok(unused.iter().map(Removal::image).collect())
 }
 
 /// Removes the unused images ([`ImageTracker::unused`]) least recently
@@ -228,17 +246,13 @@ pub async fn remove_unused_images(
     tracker: &mut ImageTracker,
     now: std::time::SystemTime,
 ) -> Result<Vec<Removal>, RuntimeError> {
-    let images = client.list_images().await?;
-    let containers = client.list_containers().await?;
-    let sandboxes = SandboxImages::ask(client).await?;
-    tracker.observe(&images, &containers, now);
     let mut removed = Vec::new();
-    for image in tracker.unused(&images, &containers, &sandboxes, now) {
+    for image in list_unused_images(client, tracker, now).await? {
         match client.remove_image(&image.id).await {
             Ok(()) => {
                 info!(image = image.id, tags = ?image.repo_tags, size_bytes = image.size,
                     "node reclaim: removed an unused image");
-                removed.push(Removal::image(image));
+                removed.push(Removal::image(&image));
             }
             Err(RuntimeError::Call { source, .. }) if source.code() == tonic::Code::NotFound => {}
             Err(RuntimeError::Call { source, .. }) => {
