@@ -175,8 +175,9 @@ impl RuntimeLink {
     /// thread for a round of the signal's steps when none was done for it
     /// in the last [`USAGE_MAX_AGE`] (kubelet reclaims on every synchronize
     /// round under pressure, every 10 s). With `dry_run` the thread only
-    /// logs what it would remove; `live_pods` (asked only for a new round)
-    /// are the pods alive whose newest dead containers stay.
+    /// logs what it would remove; `live_pods` (asked only for a new round,
+    /// without the lock the thread takes) are the pods alive whose newest
+    /// dead containers stay.
     pub fn reclaim(
         &self,
         signal: Signal,
@@ -195,18 +196,19 @@ impl RuntimeLink {
         if steps.is_empty() {
             return NodeReclaim::Unavailable;
         }
-        let (reclaim, asked) = state
-            .reclaims
-            .ask(signal, now, USAGE_MAX_AGE, || ReclaimRequest {
-                signal,
-                steps,
-                dry_run,
-                live_pods: live_pods(),
-            });
-        if asked {
-            self.shared.wake.notify_one();
+        if let Some(reclaim) = state.reclaims.status(signal, now, USAGE_MAX_AGE) {
+            return reclaim;
         }
-        reclaim
+        drop(state);
+        let live_pods = live_pods();
+        self.shared.state().reclaims.request(ReclaimRequest {
+            signal,
+            steps,
+            dry_run,
+            live_pods,
+        });
+        self.shared.wake.notify_one();
+        NodeReclaim::Pending
     }
 
     /// Pod `uid`'s disk usage in the last reading, however old: what the

@@ -56,32 +56,33 @@ pub struct ReclaimRounds {
 }
 
 impl ReclaimRounds {
-    /// Where `signal`'s round stands for a decision at `now`; a new round,
-    /// made by `request`, is asked for when none was done for the signal in
-    /// the last `fresh_for` (kubelet reclaims on every synchronize round
-    /// under pressure). Also whether it was asked for now, and the thread
-    /// must be woken.
-    pub fn ask(
+    /// Where `signal`'s round stands for a decision at `now`; `None` when a
+    /// new round is due, none having been done for the signal in the last
+    /// `fresh_for` (kubelet reclaims on every synchronize round under
+    /// pressure): [`request`](Self::request) it.
+    pub fn status(
         &mut self,
         signal: Signal,
         now: Instant,
         fresh_for: Duration,
-        request: impl FnOnce() -> ReclaimRequest,
-    ) -> (NodeReclaim, bool) {
-        match self.rounds.get_mut(&signal) {
-            Some(Round::Requested(_) | Round::Running) => (NodeReclaim::Pending, false),
-            Some(Round::Done { seen, .. }) if !*seen => {
+    ) -> Option<NodeReclaim> {
+        match self.rounds.get_mut(&signal)? {
+            Round::Requested(_) | Round::Running => Some(NodeReclaim::Pending),
+            Round::Done { seen, .. } if !*seen => {
                 *seen = true;
-                (NodeReclaim::Pending, false)
+                Some(NodeReclaim::Pending)
             }
-            Some(Round::Done { at, .. }) if now.saturating_duration_since(*at) <= fresh_for => {
-                (NodeReclaim::Done, false)
+            Round::Done { at, .. } if now.saturating_duration_since(*at) <= fresh_for => {
+                Some(NodeReclaim::Done)
             }
-            _ => {
-                self.rounds.insert(signal, Round::Requested(request()));
-                (NodeReclaim::Pending, true)
-            }
+            Round::Done { .. } => None,
         }
+    }
+
+    /// Asks for a round, which the thread takes next.
+    pub fn request(&mut self, request: ReclaimRequest) {
+        self.rounds
+            .insert(request.signal, Round::Requested(request));
     }
 
     /// A requested round, now running.
@@ -131,10 +132,15 @@ mod tests {
     fn each_signal_has_its_own_round() {
         let now = Instant::now();
         let mut rounds = ReclaimRounds::default();
-        let images = || request(Signal::ImageFsAvailable, &[ReclaimStep::UnusedImages]);
+        assert_eq!(rounds.status(Signal::ImageFsAvailable, now, FRESH), None);
+        rounds.request(request(
+            Signal::ImageFsAvailable,
+            &[ReclaimStep::UnusedImages],
+        ));
+        assert!(rounds.requested());
         assert_eq!(
-            rounds.ask(Signal::ImageFsAvailable, now, FRESH, images),
-            (NodeReclaim::Pending, true)
+            rounds.status(Signal::ImageFsAvailable, now, FRESH),
+            Some(NodeReclaim::Pending)
         );
         let taken = rounds.take().unwrap();
         assert_eq!(taken.steps, [ReclaimStep::UnusedImages]);
@@ -142,26 +148,23 @@ mod tests {
         assert!(!rounds.requested());
         // Looked at again, then done for imagefs...
         assert_eq!(
-            rounds.ask(Signal::ImageFsAvailable, now, FRESH, images).0,
-            NodeReclaim::Pending
+            rounds.status(Signal::ImageFsAvailable, now, FRESH),
+            Some(NodeReclaim::Pending)
         );
         assert_eq!(
-            rounds.ask(Signal::ImageFsAvailable, now, FRESH, images).0,
-            NodeReclaim::Done
+            rounds.status(Signal::ImageFsAvailable, now, FRESH),
+            Some(NodeReclaim::Done)
         );
         // ...not for nodefs: its dead containers are asked for.
-        let containers = || request(Signal::NodeFsAvailable, &[ReclaimStep::DeadContainers]);
-        assert_eq!(
-            rounds.ask(Signal::NodeFsAvailable, now, FRESH, containers),
-            (NodeReclaim::Pending, true)
-        );
+        assert_eq!(rounds.status(Signal::NodeFsAvailable, now, FRESH), None);
+        rounds.request(request(
+            Signal::NodeFsAvailable,
+            &[ReclaimStep::DeadContainers],
+        ));
         assert_eq!(rounds.take().unwrap().steps, [ReclaimStep::DeadContainers]);
         assert_eq!(rounds.take(), None, "taken once");
-        // Stale: asked for again.
+        // Stale: due again.
         let later = now + FRESH + Duration::from_secs(1);
-        assert_eq!(
-            rounds.ask(Signal::ImageFsAvailable, later, FRESH, images),
-            (NodeReclaim::Pending, true)
-        );
+        assert_eq!(rounds.status(Signal::ImageFsAvailable, later, FRESH), None);
     }
 }
