@@ -5,7 +5,8 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    act::evictor::EvictionBudget, decide::engine::VictimPolicy, duration, quantity::Quantity,
+    act::evictor::EvictionBudget, decide::engine::VictimPolicy, duration,
+    node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE, quantity::Quantity,
     scopes::spec::WatchSpec,
 };
 
@@ -380,9 +381,19 @@ pub struct RunArgs {
     #[arg(long)]
     pub dry_run: bool,
 
+    /// kubelet's flag (`imageMinimumGCAge` in --config, which this
+    /// overrides): node reclaim (with --container-runtime-endpoint) leaves an
+    /// unused image alone until it was first seen this long ago, so an
+    /// image pulled for a container not yet created stays. When each image
+    /// was first seen is kept in --state-dir. kubelet's default: 2m.
+    #[arg(long, value_name = "DURATION", value_parser = parse_age)]
+    pub minimum_image_ttl_duration: Option<Duration>,
+
     /// Where the agent keeps what must outlive a restart: the journal of
     /// eviction reports not yet made final in the Kubernetes API (with
-    /// --node-name). Created if missing; a hostPath in the DaemonSet.
+    /// --node-name), and when each image was first seen (with
+    /// --container-runtime-endpoint). Created if missing; a hostPath in the
+    /// DaemonSet.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/evictd")]
     pub state_dir: PathBuf,
 
@@ -401,6 +412,18 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
+    /// kubelet's `imageMinimumGCAge`: the flag, else --config, else
+    /// kubelet's default.
+    pub fn image_minimum_gc_age(&self) -> Result<Duration, ConfigError> {
+        Ok(match self.minimum_image_ttl_duration {
+            Some(age) => age,
+            None => self
+                .eviction
+                .config_image_minimum_gc_age()?
+                .unwrap_or(DEFAULT_MINIMUM_AGE),
+        })
+    }
+
     pub fn watches(&self) -> Vec<WatchSpec> {
         self.watch_memory
             .iter()
@@ -418,6 +441,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         return Err(format!("{text:?} must not be negative"));
     }
     Ok(quantity.value() as u64)
+}
+
+/// A duration, zero allowed (a command-line value parser).
+fn parse_age(text: &str) -> Result<Duration, String> {
+    duration::parse(text).map_err(|e| e.to_string())
 }
 
 /// A positive duration (`10s`, `100ms`) (a command-line value parser).
@@ -463,6 +491,28 @@ mod tests {
         assert_eq!(cli.run.realtime_priority, 1);
         assert_eq!(cli.run.housekeeping_interval, Duration::from_secs(10));
         assert!(cli.run.watches().is_empty());
+    }
+
+    /// kubelet's flag name and default; the flag wins over --config.
+    #[test]
+    fn the_image_minimum_age_is_kubelets() {
+        let run = |args: &[&str]| parse(args).unwrap().run.image_minimum_gc_age().unwrap();
+        assert_eq!(run(&[]), Duration::from_secs(120));
+        assert_eq!(
+            run(&["--minimum-image-ttl-duration=0s"]),
+            Duration::ZERO,
+            "a flag of zero stays zero"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kubelet.yaml");
+        std::fs::write(&file, "imageMinimumGCAge: 10m\n").unwrap();
+        let config = format!("--config={}", file.display());
+        assert_eq!(run(&[&config]), Duration::from_secs(600));
+        assert_eq!(
+            run(&[&config, "--minimum-image-ttl-duration=30s"]),
+            Duration::from_secs(30)
+        );
+        assert!(parse(&["--minimum-image-ttl-duration=-1s"]).is_err());
     }
 
     #[test]

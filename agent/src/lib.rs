@@ -20,7 +20,8 @@
 //!   `resources` (its requests and QoS class), and the `snapshot` types the
 //!   engine decides on.
 //! * [`decide`]: kubelet's policy, pure: `thresholds`, the `engine`
-//!   (thresholds met, grace periods, node conditions, victims) and `rank`.
+//!   (thresholds met, grace periods, node conditions, victims), the disk
+//!   `layout` and `rank`.
 //! * [`act`]: the `evictor` loop (one observation per [`act::wake::Wake`],
 //!   a decision, its execution, an [`act::evictor::Action`]), its seams
 //!   (`io`) and the `kill` of a pod.

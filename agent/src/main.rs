@@ -40,6 +40,10 @@ fn main() -> ExitCode {
         Ok(resolved) => resolved,
         Err(e) => return usage_error(e),
     };
+    let image_minimum_gc_age = match args.image_minimum_gc_age() {
+        Ok(age) => age,
+        Err(e) => return usage_error(e),
+    };
     let inventory = match open_inventory(&args.inventory) {
         Ok(inventory) => inventory,
         Err(e) if e.is_input_error() => return usage_error(e),
@@ -74,7 +78,13 @@ fn main() -> ExitCode {
         let _context = runtime.enter();
         shutdown_signal()
     };
-    match runtime.block_on(evictd::run::daemon::run(args, config, inventory, shutdown)) {
+    let settings = evictd::run::daemon::Settings {
+        eviction: config,
+        image_minimum_gc_age,
+    };
+    match runtime.block_on(evictd::run::daemon::run(
+        args, settings, inventory, shutdown,
+    )) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_input_error() => usage_error(e),
         Err(e) => {

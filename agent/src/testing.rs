@@ -369,8 +369,9 @@ pub(crate) mod fakes {
     pub(crate) struct FakeKiller {
         pub node: FakeNode,
         pub fail: Rc<RefCell<bool>>,
-        /// Cgroups asked to be killed, in order.
+        /// Cgroups asked to be killed, in order, and the grace each got.
         pub killed: Rc<RefCell<Vec<String>>>,
+        pub graces: Rc<RefCell<Vec<Duration>>>,
     }
 
     impl PodKiller for FakeKiller {
@@ -378,6 +379,7 @@ pub(crate) mod fakes {
         /// whole grace period.
         async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
             self.killed.borrow_mut().push(cgroup.to_owned());
+            self.graces.borrow_mut().push(grace);
             tokio::time::sleep(grace).await;
             if *self.fail.borrow() {
                 return Err(KillError::Timeout {

@@ -147,6 +147,121 @@ fn disk_with_imagefs_counts_what_the_starved_filesystem_holds() {
     );
 }
 
+/// The decisions of a snapshot file, parsed.
+fn parsed(file: &str) -> Vec<serde_json::Value> {
+    decisions(file, &[])
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The split image filesystem (KEP-4191): containerfs on nodefs's device,
+/// imagefs on its own. nodefs (and containerfs, whose threshold is
+/// nodefs's) rank by logs + volumes + writable layers; imagefs by the
+/// images, which no pod holds: priority, then usage less request.
+#[test]
+fn a_split_image_filesystem_ranks_nodefs_by_everything_and_imagefs_by_images() {
+    let lines = parsed("disk-split-imagefs.json");
+    let nodefs = &lines[0];
+    assert_eq!(
+        nodefs["thresholds_met"],
+        serde_json::json!(["nodefs.available", "containerfs.available"])
+    );
+    assert_eq!(
+        nodefs["observations"]["containerfs.available"],
+        5368709120u64
+    );
+    assert_eq!(nodefs["starved_signal"], "nodefs.available");
+    assert_eq!(
+        nodefs["ranking"],
+        serde_json::json!([
+            "default/cache",
+            "default/builder",
+            "default/web",
+            "default/logger"
+        ])
+    );
+    let imagefs = &lines[1];
+    assert_eq!(
+        imagefs["thresholds_met"],
+        serde_json::json!(["imagefs.available"])
+    );
+    assert_eq!(
+        imagefs["ranking"],
+        serde_json::json!([
+            "default/cache",
+            "default/web",
+            "default/builder",
+            "default/logger"
+        ])
+    );
+    assert_eq!(imagefs["victims"], serde_json::json!(["default/cache"]));
+}
+
+/// Inodes apart, per filesystem, with a dedicated imagefs: imagefs (and
+/// containerfs, whose threshold is imagefs's) rank by writable-layer
+/// inodes, nodefs by logs and volumes; a pod with only a total ranks by it.
+#[test]
+fn inodes_rank_by_what_the_starved_filesystem_holds() {
+    let lines = parsed("disk-inodes-dedicated-imagefs.json");
+    let imagefs = &lines[0];
+    assert_eq!(
+        imagefs["thresholds_met"],
+        serde_json::json!(["imagefs.inodesFree", "containerfs.inodesFree"])
+    );
+    assert_eq!(imagefs["starved_resource"], "inodes");
+    assert_eq!(imagefs["starved_signal"], "imagefs.inodesFree");
+    assert_eq!(
+        imagefs["ranking"],
+        serde_json::json!([
+            "default/total-only",
+            "default/layers",
+            "default/volume",
+            "default/chatty"
+        ])
+    );
+    let nodefs = &lines[1];
+    assert_eq!(
+        nodefs["thresholds_met"],
+        serde_json::json!(["nodefs.inodesFree"])
+    );
+    assert_eq!(
+        nodefs["ranking"],
+        serde_json::json!([
+            "default/volume",
+            "default/total-only",
+            "default/chatty",
+            "default/layers"
+        ])
+    );
+    // One filesystem: every inode, every inode signal.
+    let shared = &parsed("disk-inodes-shared-fs.json")[0];
+    assert_eq!(
+        shared["thresholds_met"],
+        serde_json::json!([
+            "nodefs.inodesFree",
+            "imagefs.inodesFree",
+            "containerfs.inodesFree"
+        ])
+    );
+    assert_eq!(shared["ranking"], nodefs["ranking"]);
+    // A split imagefs holds images alone: no pod's inodes count there.
+    let split = &parsed("disk-inodes-split-imagefs.json")[0];
+    assert_eq!(
+        split["thresholds_met"],
+        serde_json::json!(["imagefs.inodesFree"])
+    );
+    assert_eq!(
+        split["ranking"],
+        serde_json::json!([
+            "default/layers",
+            "default/volume",
+            "default/chatty",
+            "default/total-only"
+        ])
+    );
+}
+
 #[test]
 fn a_calm_node_ranks_nobody() {
     let dir = tempdir();

@@ -169,10 +169,22 @@ impl CriNode {
             node_name.to_owned(),
             "--kubeconfig".to_owned(),
             kubeconfig.display().to_string(),
-            "--state-dir".to_owned(),
-            self.dir.join("state").display().to_string(),
         ]);
+        args.extend(self.state_args());
         args
+    }
+
+    /// The agent's --state-dir, this node's own (where it keeps when it
+    /// first saw each image), never the machine's.
+    pub fn state_args(&self) -> Vec<String> {
+        vec![
+            "--state-dir".to_owned(),
+            self.state_dir().display().to_string(),
+        ]
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
     }
 
     fn runtime_args(&self) -> Vec<String> {
@@ -194,6 +206,7 @@ impl CriNode {
     /// `extra`.
     pub fn start_agent_with_runtime(&self, extra: &[&str]) -> io::Result<Agent> {
         let mut args = self.runtime_agent_args();
+        args.extend(self.state_args());
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Agent::start(&args)

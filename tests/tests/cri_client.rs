@@ -9,17 +9,19 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::{collections::BTreeMap, time::SystemTime};
+use std::{
+    collections::BTreeSet,
+    time::{Duration, SystemTime},
+};
 
 use evictd::{
     node::runtime::{
         disk_usage::{self, PodDiskUsage},
         filesystems::{DiskLayout, RuntimeFilesystems},
-        local_storage::{self, EmptyDirVolume},
-        reclaim::{self, ImageTracker, Removal},
+        local_storage,
+        reclaim::{self, ImageTracker, Removal, SandboxImages},
     },
-    node::snapshot::PodUsage,
-    quantity::Quantity,
+    node::snapshot::{PodSnapshot, PodUsage},
 };
 use evictd_integration::{
     CONTAINER, CriNode, IMAGE, OciImage, PodSpec, SCRATCH_PATH, SCRATCH_VOLUME, cgroupfs_path,
@@ -144,34 +146,31 @@ fn each_pods_disk_usage_is_counted_as_kubelet_counts_it() {
     writer.fill(&mut snapshot);
     assert!(snapshot.rootfs_bytes >= 24 * MIB);
     assert_eq!(snapshot.local_volume_bytes, scratch.bytes);
+    // Inodes apart: the scratch file and its directory, the layer's file.
+    assert!(snapshot.local_volume_inodes >= Some(2), "{snapshot:?}");
+    assert!(snapshot.rootfs_inodes >= Some(1), "{snapshot:?}");
+    assert!(snapshot.logs_inodes >= Some(1), "{snapshot:?}");
 
     // The emptyDir's sizeLimit, as kubelet enforces it.
-    let limit = |text: &str| {
-        [EmptyDirVolume {
-            name: SCRATCH_VOLUME.to_owned(),
-            size_limit: Some(Quantity::parse(text).unwrap()),
-        }]
+    let pod = |containers: serde_json::Value, size_limit: Option<&str>| -> PodSnapshot {
+        serde_json::from_value(json!({
+            "namespace": "default", "name": "writer", "containers": containers,
+            "empty_dirs": [{"name": SCRATCH_VOLUME, "size_limit": size_limit}],
+        }))
+        .unwrap()
     };
-    let over = local_storage::evaluate(&[], &limit("4Mi"), &writer, false).unwrap();
+    let over = local_storage::evaluate(&pod(json!([]), Some("4Mi")), &writer, false).unwrap();
     assert_eq!(
         over.message(),
         "Usage of EmptyDir volume \"scratch\" exceeds the limit \"4Mi\". "
     );
     assert_eq!(
-        local_storage::evaluate(&[], &limit("64Mi"), &writer, false),
+        local_storage::evaluate(&pod(json!([]), Some("64Mi")), &writer, false),
         None
     );
     // A container limit below its writable layer plus logs.
-    let containers = [evictd::node::snapshot::ContainerSpec {
-        name: CONTAINER.to_owned(),
-        requests: BTreeMap::new(),
-        limits: BTreeMap::from([(
-            "ephemeral-storage".to_owned(),
-            Quantity::parse("16Mi").unwrap(),
-        )]),
-        restart_policy: None,
-    }];
-    let over = local_storage::evaluate(&containers, &[], &writer, false).unwrap();
+    let limited = json!([{"name": CONTAINER, "limits": {"ephemeral-storage": "16Mi"}}]);
+    let over = local_storage::evaluate(&pod(limited, None), &writer, false).unwrap();
     // The pod (layer + scratch) is over the sum of its limits first.
     assert_eq!(
         over.message(),
@@ -208,9 +207,23 @@ fn node_reclaim_removes_dead_containers_and_unused_images_through_cri() {
     );
 
     let mut client = node.containerd.client().unwrap();
+    // The runtime says what each sandbox runs: never removed.
+    let sandboxes = node
+        .containerd
+        .block_on(SandboxImages::ask(&mut client))
+        .unwrap();
+    assert_eq!(sandboxes.unnamed, 0, "{sandboxes:?}");
+    assert_eq!(sandboxes.running.len(), 2, "{sandboxes:?}");
+    assert!(
+        sandboxes.running.iter().all(|image| image == IMAGE),
+        "{sandboxes:?}"
+    );
     let removed = node
         .containerd
-        .block_on(reclaim::remove_dead_containers(&mut client))
+        .block_on(reclaim::remove_dead_containers(
+            &mut client,
+            &BTreeSet::new(),
+        ))
         .unwrap();
     assert_eq!(
         removed,
@@ -223,15 +236,19 @@ fn node_reclaim_removes_dead_containers_and_unused_images_through_cri() {
     let containers = node.containerd.block_on(client.list_containers()).unwrap();
     assert!(containers.iter().all(|c| c.id != done));
 
-    let mut tracker = ImageTracker::default();
-    let removed = node
-        .containerd
-        .block_on(reclaim::remove_unused_images(
-            &mut client,
-            &mut tracker,
-            SystemTime::now(),
-        ))
-        .unwrap();
+    let mut remove_unused = |minimum_age| {
+        node.containerd
+            .block_on(reclaim::remove_unused_images(
+                &mut client,
+                &mut ImageTracker::new(minimum_age),
+                SystemTime::now(),
+            ))
+            .unwrap()
+    };
+    // Just imported: too young for kubelet's default minimum age.
+    let young = remove_unused(reclaim::images::DEFAULT_MINIMUM_AGE);
+    assert!(young.is_empty(), "{young:?}");
+    let removed = remove_unused(Duration::ZERO);
     let mut removed_tags: Vec<String> = removed
         .iter()
         .flat_map(|r| match r {

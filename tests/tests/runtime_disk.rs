@@ -129,12 +129,15 @@ fn start_confined(args: &[Vec<String>]) -> Agent {
     Agent::spawn(command).unwrap()
 }
 
+/// The imagefs threshold, a quick resync, and no minimum image age: the
+/// tests import their images moments before the agent starts.
 fn agent_args() -> Vec<String> {
     vec![
         "--eviction-hard".into(),
         format!("imagefs.available<{THRESHOLD_MIB}Mi"),
         "--resync-interval".into(),
         "200ms".into(),
+        "--minimum-image-ttl-duration=0s".into(),
     ]
 }
 
@@ -173,7 +176,7 @@ fn the_pod_filling_its_writable_layer_is_evicted_not_the_one_holding_memory() {
     assert!(imagefs["available_bytes"].as_u64().unwrap() < THRESHOLD_MIB * MIB);
     assert_eq!(snapshot["node"]["containerfs"], *imagefs);
 
-    let mut agent = start_confined(&[node.runtime_agent_args(), agent_args()]);
+    let mut agent = start_confined(&[node.runtime_agent_args(), node.state_args(), agent_args()]);
     agent.log.expect("container runtime connected", &[]);
     let filesystems = agent.log.expect(
         "container runtime filesystems",
@@ -245,7 +248,7 @@ fn an_unused_image_is_removed_and_no_pod_is_evicted() {
         return;
     };
     let threshold = THRESHOLD_MIB * MIB;
-    let mut agent = start_confined(&[node.runtime_agent_args(), agent_args()]);
+    let mut agent = start_confined(&[node.runtime_agent_args(), node.state_args(), agent_args()]);
     let address = agent.log.metrics_address();
     let removed = agent
         .log
@@ -330,6 +333,46 @@ fn a_dry_run_says_what_node_reclaim_would_remove_and_removes_nothing() {
     }
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
+}
+
+/// kubelet's `imageMinimumGCAge` (2m by default): an image pulled moments
+/// ago, for a container not yet created, is not removed, even under disk
+/// pressure; the decision goes on without it (a dry run: nobody is killed).
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel, containerd and a loop device: run with cargo xtask test"]
+fn an_image_pulled_moments_ago_is_not_removed() {
+    let Some(mut node) = node_with_unused_image() else {
+        return;
+    };
+    let mut args: Vec<String> = agent_args()
+        .into_iter()
+        .filter(|arg| !arg.starts_with("--minimum-image-ttl-duration"))
+        .collect();
+    args.push("--dry-run".into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut agent = node.start_agent_with_runtime(&args).unwrap();
+    let decided = agent.log.expect("eviction decided", &[]);
+    assert_eq!(decided["signal"], "imagefs.available", "{decided}");
+    assert!(
+        agent
+            .log
+            .all("--dry-run: node reclaim would remove")
+            .iter()
+            .all(|line| !line["removal"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(UNUSED_IMAGE)),
+        "a young image offered for removal"
+    );
+    assert!(image_tags(&node).iter().any(|t| t == UNUSED_IMAGE));
+    for name in ["filler", "big-memory"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+    // When it was first seen is kept for the next agent.
+    let kept = std::fs::read_to_string(node.state_dir().join("images-first-seen.json")).unwrap();
+    assert!(kept.contains("sha256:"), "{kept}");
 }
 
 const NODE_NAME: &str = "node-a";

@@ -15,7 +15,7 @@ mod local_storage;
 mod precise;
 mod safeguards;
 
-use std::{rc::Rc, sync::Arc, time::Duration};
+use std::{borrow::Cow, collections::BTreeMap, rc::Rc, sync::Arc, time::Duration};
 
 use tracing::{info, warn};
 
@@ -29,7 +29,7 @@ use crate::{
     },
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
-        thresholds::{EvictionConfig, NodeCondition, Resource},
+        thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
     },
     kernel::bpf::CgroupChange,
     node::{inventory::InventoryError, runtime::link::NodeReclaim, snapshot::PodSnapshot},
@@ -156,6 +156,9 @@ pub struct Evictor<I: Io> {
     safeguards: safeguards::Safeguards,
     zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
+    /// Disk thresholds whose node-level reclaim is under way: each is
+    /// decided again once it is done, met or not ([`Evictor::decide`]).
+    reclaim_asked: BTreeMap<Signal, Starvation>,
     /// The current engine run's first phases (see [`DecisionTimes`]).
     run_times: DecisionTimes,
 }
@@ -192,6 +195,7 @@ impl<I: Io> Evictor<I> {
             safeguards: safeguards::Safeguards::new(options.budget),
             zone: options.zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
+            reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
         }
     }
@@ -266,9 +270,17 @@ impl<I: Io> Evictor<I> {
         let wires = tripwires(&self.config, &observation);
         let engine_raised = self.monitor.apply_engine(&wires.scopes);
         let reclaiming = self.check_reclaims(&assessment);
-        // Before any threshold, as kubelet's synchronize takes them.
-        let pod_limits = self.check_local_storage(&wake, assessment.dedicated_imagefs);
-        let action = if assessment.starved.is_empty() {
+        // Before any threshold, as kubelet's synchronize takes them; a
+        // round that evicted for local storage decides no threshold, and
+        // the next one follows at once.
+        let pod_limits = self.check_local_storage(&wake, assessment.layout.dedicated_imagefs());
+        let action = if pod_limits.evicted {
+            if assessment.starved.is_empty() {
+                Action::AwaitChange
+            } else {
+                self.soon()
+            }
+        } else if assessment.starved.is_empty() && self.reclaim_asked.is_empty() {
             self.unacted = None;
             self.safeguards.release(&assessment, &self.metrics);
             if engine_raised || !assessment.thresholds_met.is_empty() {
@@ -283,7 +295,10 @@ impl<I: Io> Evictor<I> {
         let precise = self.plan_precise(&wires.scopes);
         let read_after = precise.as_ref().and_then(|plan| plan.read_after);
         Evaluation {
-            action: sooner(sooner(sooner(action, reclaiming), read_after), pod_limits),
+            action: sooner(
+                sooner(sooner(action, reclaiming), read_after),
+                pod_limits.look_again,
+            ),
             memcg_levels: Some(wires.memcg_levels),
             precise,
         }
@@ -294,10 +309,36 @@ impl<I: Io> Evictor<I> {
     /// whose soft eviction waits out its grace period, or that a safeguard
     /// holds, leaves the decision to the next one (a hard PID threshold does
     /// not wait behind a soft memory eviction).
+    ///
+    /// A disk threshold first has the runtime reclaim for it (kubelet's
+    /// `reclaimNodeLevelResources`), one signal's round at a time as
+    /// kubelet reclaims for one threshold per round; the others wait for
+    /// it. Once it is done, the node looked at again is held to every
+    /// threshold with its minimum reclaim ([`Engine::after_reclaim`]): a
+    /// pod is evicted for the reclaimed signal while any is met, even if
+    /// that signal's own threshold is met no more, and nobody otherwise.
     fn decide(&mut self, wake: &Wake, assessment: &Assessment) -> Action {
         let now_ns = self.clock.now_ns();
         let mut waiting = Action::AwaitChange;
-        for starvation in &assessment.starved {
+        let reclaimed_since: Vec<Starvation> = self
+            .reclaim_asked
+            .values()
+            .filter(|asked| {
+                !assessment
+                    .starved
+                    .iter()
+                    .any(|starved| starved.threshold.signal == asked.threshold.signal)
+            })
+            .cloned()
+            .collect();
+        let candidates = assessment
+            .starved
+            .iter()
+            .map(|starvation| (starvation, true))
+            .chain(reclaimed_since.iter().map(|asked| (asked, false)));
+        let mut reclaim_under_way = false;
+        for (starvation, met_now) in candidates {
+            let signal = starvation.threshold.signal;
             let resource = starvation.resource;
             // Killing more before a victim's resource is back would take
             // pods for nothing; its end, or the reclaim's poll, wakes the
@@ -311,25 +352,48 @@ impl<I: Io> Evictor<I> {
                 continue;
             }
             if (!starvation.threshold.hard && self.evictions.soft_running(resource))
-                || self.safeguards.held(starvation.threshold.signal, now_ns)
+                || self.safeguards.held(signal, now_ns)
             {
                 waiting = self.soon();
                 continue;
             }
             // Disk: the runtime's dead containers and unused images go
             // first, and the node is looked at again before anyone is
-            // evicted (kubelet's reclaimNodeLevelResources). Its thread
-            // works meanwhile; other resources are decided now.
-            if disk
-                && self
-                    .node
-                    .reclaim(starvation.threshold.signal, self.options.dry_run)
-                    == NodeReclaim::Pending
-            {
-                waiting = sooner(waiting, Some(DISK_USAGE_WAIT));
-                continue;
-            }
-            match self.decide_for(wake, assessment, starvation) {
+            // evicted. Its thread works meanwhile; other resources are
+            // decided now.
+            let starvation = if disk {
+                if reclaim_under_way {
+                    continue;
+                }
+                match self.node.reclaim(signal, self.options.dry_run) {
+                    NodeReclaim::Pending => {
+                        self.reclaim_asked.insert(signal, starvation.clone());
+                        reclaim_under_way = true;
+                        waiting = sooner(waiting, Some(DISK_USAGE_WAIT));
+                        continue;
+                    }
+                    NodeReclaim::Done => match self.reclaim_asked.remove(&signal) {
+                        Some(asked) => match self.engine.after_reclaim(&asked, assessment) {
+                            Some(fresh) => Cow::Owned(fresh),
+                            None => {
+                                info!(%signal, "node-level reclaim brought every threshold back past its minimum reclaim: no pod is evicted");
+                                continue;
+                            }
+                        },
+                        None => Cow::Borrowed(starvation),
+                    },
+                    NodeReclaim::Unavailable => {
+                        self.reclaim_asked.remove(&signal);
+                        if !met_now {
+                            continue;
+                        }
+                        Cow::Borrowed(starvation)
+                    }
+                }
+            } else {
+                Cow::Borrowed(starvation)
+            };
+            match self.decide_for(wake, assessment, &starvation) {
                 Ok(action) => return action,
                 Err(look_again) => waiting = sooner(waiting, Some(look_again)),
             }
@@ -407,12 +471,9 @@ impl<I: Io> Evictor<I> {
         let mut exact = vec![!bounded; pods.len()];
         loop {
             phase_ns = self.clock.now_ns();
-            let choice = self.engine.choose_for(
-                starvation,
-                assessment.dedicated_imagefs,
-                &pods,
-                self.options.policy,
-            );
+            let choice =
+                self.engine
+                    .choose_for(starvation, assessment.layout, &pods, self.options.policy);
             times.rank += self.clock.since(phase_ns);
             let decided = choice
                 .victims
@@ -446,7 +507,7 @@ impl<I: Io> Evictor<I> {
                 phase_ns = self.clock.now_ns();
                 let choice = self.engine.choose_for(
                     starvation,
-                    assessment.dedicated_imagefs,
+                    assessment.layout,
                     &pods,
                     self.options.policy,
                 );

@@ -109,6 +109,12 @@ pub enum ConfigError {
         #[source]
         source: DurationError,
     },
+    #[error("{origin}: {source}")]
+    ImageMinimumGcAge {
+        origin: String,
+        #[source]
+        source: DurationError,
+    },
     #[error("--config {path}: {source}")]
     ConfigRead {
         path: PathBuf,
@@ -150,6 +156,8 @@ struct KubeletConfigFile {
     eviction_pressure_transition_period: Option<Scalar>,
     merge_default_eviction_settings: Option<bool>,
     enforce_node_allocatable: Option<Vec<String>>,
+    #[serde(rename = "imageMinimumGCAge")]
+    image_minimum_gc_age: Option<Scalar>,
 }
 
 /// A map of signal to value as written in the file, in order and with any
@@ -470,6 +478,26 @@ impl EvictionArgs {
             pressure_transition_period,
         };
         Ok((config, warnings))
+    }
+}
+
+impl EvictionArgs {
+    /// `imageMinimumGCAge` in --config, when the file sets it. kubelet's
+    /// defaulting gives a zero one the default, as `None` does here.
+    pub fn config_image_minimum_gc_age(&self) -> Result<Option<Duration>, ConfigError> {
+        let Some(path) = &self.config else {
+            return Ok(None);
+        };
+        let Some(value) = read_config_file(path)?.image_minimum_gc_age else {
+            return Ok(None);
+        };
+        let age = duration::parse(value.text().trim()).map_err(|source| {
+            ConfigError::ImageMinimumGcAge {
+                origin: format!("imageMinimumGCAge in {}", path.display()),
+                source,
+            }
+        })?;
+        Ok(Some(age).filter(|age| !age.is_zero()))
     }
 }
 

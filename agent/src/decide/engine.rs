@@ -15,8 +15,11 @@ use std::{
 };
 
 use crate::{
+    decide::layout::DiskLayout,
     decide::rank::{self, Ranked},
-    decide::thresholds::{EvictionConfig, NodeCondition, Resource, Signal, Threshold},
+    decide::thresholds::{
+        EvictionConfig, NodeCondition, Resource, Signal, Threshold, with_containerfs_thresholds,
+    },
     node::snapshot::{NodeStats, PodSnapshot},
 };
 
@@ -114,9 +117,9 @@ pub struct Assessment {
     /// Every threshold past its grace period, in the order kubelet reclaims
     /// for them: what to turn to when the first is already being reclaimed.
     pub starved: Vec<Starvation>,
-    /// Whether imagefs is a filesystem of its own, which decides what disk
+    /// Where images and writable layers live, which decides what disk
     /// usage ranks pods.
-    pub dedicated_imagefs: bool,
+    pub layout: DiskLayout,
 }
 
 impl Assessment {
@@ -152,7 +155,12 @@ impl Starvation {
 #[derive(Debug, Clone)]
 pub struct Engine {
     config: EvictionConfig,
-    /// Indices into `config.thresholds` met last time and past their grace
+    /// The configuration's thresholds with the containerfs ones kubelet
+    /// derives for `layout` ([`with_containerfs_thresholds`]), made when
+    /// the layout is first seen and again if it changes.
+    thresholds: Vec<Threshold>,
+    layout: Option<DiskLayout>,
+    /// Indices into `thresholds` met last time and past their grace
     /// period: these stay met until minimum reclaim is recovered.
     met_past_grace: BTreeSet<usize>,
     first_observed: BTreeMap<usize, Duration>,
@@ -162,6 +170,8 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EvictionConfig) -> Self {
         Self {
+            thresholds: config.thresholds.clone(),
+            layout: None,
             config,
             met_past_grace: BTreeSet::new(),
             first_observed: BTreeMap::new(),
@@ -174,8 +184,13 @@ impl Engine {
     /// the last round (`thresholdsUpdatedStats`); evictd reads fresh
     /// statistics for every round, so there is nothing to skip.
     pub fn observe(&mut self, now: Duration, node: &NodeStats) -> Assessment {
+        let layout = node.disk_layout();
+        if self.layout != Some(layout) {
+            self.thresholds = with_containerfs_thresholds(&self.config.thresholds, layout);
+            self.layout = Some(layout);
+        }
         let observations = observe_signals(node);
-        let thresholds = &self.config.thresholds;
+        let thresholds = &self.thresholds;
         let met = |index: &usize, with_min_reclaim: bool| {
             is_met(&thresholds[*index], &observations, with_min_reclaim)
         };
@@ -233,9 +248,35 @@ impl Engine {
             node_conditions,
             starvation: starved.first().cloned(),
             starved,
-            dedicated_imagefs: node.dedicated_imagefs(),
+            layout,
             observations,
         }
+    }
+
+    /// kubelet's verdict after node-level reclaim for `asked`
+    /// (`reclaimNodeLevelResources`): on the fresh `assessment`, every
+    /// threshold is held to its value plus minimum reclaim, whatever its
+    /// grace period (`thresholdsMet(thresholds, observations, true)`). None
+    /// met: the reclaim was enough, nobody is evicted. Any met, the one
+    /// asked for or another: a pod is evicted for `asked`, ranked as its
+    /// signal ranks, against the signal as observed now.
+    pub fn after_reclaim(&self, asked: &Starvation, assessment: &Assessment) -> Option<Starvation> {
+        let observations = &assessment.observations;
+        self.thresholds
+            .iter()
+            .any(|threshold| is_met(threshold, observations, true))
+            .then(|| {
+                let observation = observations
+                    .get(&asked.threshold.signal)
+                    .copied()
+                    .unwrap_or(asked.observation);
+                Starvation {
+                    observation,
+                    threshold_quantity: asked.threshold.value.resolve(observation.capacity),
+                    min_reclaim_quantity: asked.threshold.min_reclaim.resolve(observation.capacity),
+                    ..asked.clone()
+                }
+            })
     }
 
     /// The thresholds past their grace period, the one to reclaim for first
@@ -247,7 +288,7 @@ impl Engine {
     fn reclaim_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = self.met_past_grace.iter().copied().collect();
         order.sort_by_key(|&index| {
-            let threshold = &self.config.thresholds[index];
+            let threshold = &self.thresholds[index];
             (
                 threshold.signal.resource() != Resource::Memory,
                 !threshold.hard,
@@ -266,9 +307,7 @@ impl Engine {
         policy: VictimPolicy,
     ) -> Choice {
         match &assessment.starvation {
-            Some(starvation) => {
-                self.choose_for(starvation, assessment.dedicated_imagefs, pods, policy)
-            }
+            Some(starvation) => self.choose_for(starvation, assessment.layout, pods, policy),
             None => Choice::default(),
         }
     }
@@ -277,11 +316,11 @@ impl Engine {
     pub fn choose_for<P: Borrow<PodSnapshot>>(
         &self,
         starvation: &Starvation,
-        dedicated_imagefs: bool,
+        layout: DiskLayout,
         pods: &[P],
         policy: VictimPolicy,
     ) -> Choice {
-        let ranking: Vec<Ranked> = rank::rank(pods, starvation.threshold.signal, dedicated_imagefs);
+        let ranking: Vec<Ranked> = rank::rank(pods, starvation.threshold.signal, layout);
         let deficit = starvation.deficit();
         let chosen = victims::select(&ranking, deficit, policy);
         let victims = chosen

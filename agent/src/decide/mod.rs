@@ -1,6 +1,8 @@
 //! kubelet's eviction policy, pure: thresholds, the engine (thresholds
-//! met, grace periods, node conditions, the starved resource), the ranking
-//! of pods and the choice of victims.
+//! met, grace periods, node conditions, the starved resource), the disk
+//! layout that decides what a disk signal measures, the ranking of pods and
+//! the choice of victims.
 pub mod engine;
+pub mod layout;
 pub mod rank;
 pub mod thresholds;

@@ -5,59 +5,123 @@
 use std::{borrow::Borrow, cmp::Reverse};
 
 use crate::{
-    decide::thresholds::{Resource, Signal},
-    node::snapshot::PodSnapshot,
+    decide::{
+        layout::DiskLayout,
+        thresholds::{Resource, Signal},
+    },
+    node::snapshot::{PodSnapshot, PodUsage},
 };
 
 /// Resource names as pod specs spell them.
 const MEMORY: &str = "memory";
 const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 
-/// Which of a pod's filesystem usages count against a disk signal
-/// (kubelet's `buildSignalToRankFunc`).
+/// Which of a pod's filesystem usages count against a disk signal: the
+/// set of kubelet's `fsStatsType`s that `buildSignalToRankFunc` gives the
+/// signal's `rankDiskPressureFunc` for the layout. Some sets also name
+/// `fsStatsImages`, which kubelet measures per pod as nothing (its
+/// `containerUsage` adds only writable layers and logs): it counts 0 here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskMeasure {
-    /// No dedicated imagefs: writable layers, logs and local volumes all
-    /// live on the one filesystem.
-    Everything,
-    /// Dedicated imagefs, nodefs signals: logs and local volumes.
-    LogsAndVolumes,
-    /// Dedicated imagefs, imagefs and containerfs signals: writable layers.
-    WritableLayers,
+pub struct DiskMeasure {
+    /// `fsStatsRoot`: the containers' writable layers.
+    pub writable_layers: bool,
+    /// `fsStatsLogs`: the containers' logs.
+    pub logs: bool,
+    /// `fsStatsLocalVolumeSource`: the pod's local volumes.
+    pub local_volumes: bool,
 }
 
 impl DiskMeasure {
-    /// evictd's snapshots do not say which filesystem a pod's files are on;
-    /// like kubelet, an imagefs counts as dedicated when it is a different
-    /// filesystem from nodefs, which evictd sees as different statistics.
-    pub fn for_signal(signal: Signal, dedicated_imagefs: bool) -> Self {
-        match (dedicated_imagefs, signal) {
-            (false, _) => DiskMeasure::Everything,
-            (true, Signal::NodeFsAvailable | Signal::NodeFsInodesFree) => {
-                DiskMeasure::LogsAndVolumes
+    /// Every byte and inode the pod uses.
+    pub const EVERYTHING: Self = Self {
+        writable_layers: true,
+        logs: true,
+        local_volumes: true,
+    };
+    /// What lives on nodefs beside a dedicated imagefs.
+    pub const LOGS_AND_VOLUMES: Self = Self {
+        writable_layers: false,
+        logs: true,
+        local_volumes: true,
+    };
+    /// What lives on a dedicated imagefs that holds the writable layers.
+    pub const WRITABLE_LAYERS: Self = Self {
+        writable_layers: true,
+        logs: false,
+        local_volumes: false,
+    };
+    /// The images alone (a split layout's imagefs): 0 for every pod.
+    pub const IMAGES: Self = Self {
+        writable_layers: false,
+        logs: false,
+        local_volumes: false,
+    };
+
+    /// kubelet's `buildSignalToRankFunc(withImageFs, splitContainerImageFs)`
+    /// for a disk signal: one filesystem counts everything for every
+    /// signal; a dedicated imagefs splits nodefs (logs and volumes) from
+    /// imagefs and containerfs (writable layers); a split imagefs leaves
+    /// nodefs and containerfs everything the pod writes and imagefs its
+    /// images.
+    pub fn for_signal(signal: Signal, layout: DiskLayout) -> Self {
+        use Signal::{ImageFsAvailable, ImageFsInodesFree, NodeFsAvailable, NodeFsInodesFree};
+        match (layout, signal) {
+            (DiskLayout::Shared, _) => Self::EVERYTHING,
+            (DiskLayout::DedicatedImageFs, NodeFsAvailable | NodeFsInodesFree) => {
+                Self::LOGS_AND_VOLUMES
             }
-            (true, _) => DiskMeasure::WritableLayers,
+            (DiskLayout::DedicatedImageFs, _) => Self::WRITABLE_LAYERS,
+            (DiskLayout::SplitImageFs, ImageFsAvailable | ImageFsInodesFree) => Self::IMAGES,
+            (DiskLayout::SplitImageFs, _) => Self::EVERYTHING,
         }
     }
 
-    fn bytes(self, pod: &PodSnapshot) -> u64 {
-        let usage = &pod.usage;
-        match self {
-            DiskMeasure::Everything => usage
-                .rootfs_bytes
-                .saturating_add(usage.logs_bytes)
-                .saturating_add(usage.local_volume_bytes),
-            DiskMeasure::LogsAndVolumes => {
-                usage.logs_bytes.saturating_add(usage.local_volume_bytes)
-            }
-            DiskMeasure::WritableLayers => usage.rootfs_bytes,
+    /// kubelet's `podDiskUsage` in bytes.
+    pub fn bytes(self, usage: &PodUsage) -> u64 {
+        self.sum(
+            usage.rootfs_bytes,
+            usage.logs_bytes,
+            usage.local_volume_bytes,
+        )
+    }
+
+    /// kubelet's `podDiskUsage` in inodes. A pod whose inodes are not
+    /// given apart ranks by its total wherever anything counts.
+    pub fn inodes(self, usage: &PodUsage) -> u64 {
+        let split = [
+            usage.rootfs_inodes,
+            usage.logs_inodes,
+            usage.local_volume_inodes,
+        ];
+        if split.iter().all(Option::is_none) {
+            return if self == Self::IMAGES {
+                0
+            } else {
+                usage.inodes
+            };
         }
+        self.sum(
+            usage.rootfs_inodes.unwrap_or(0),
+            usage.logs_inodes.unwrap_or(0),
+            usage.local_volume_inodes.unwrap_or(0),
+        )
+    }
+
+    fn sum(self, writable_layers: u64, logs: u64, local_volumes: u64) -> u64 {
+        [
+            (self.writable_layers, writable_layers),
+            (self.logs, logs),
+            (self.local_volumes, local_volumes),
+        ]
+        .into_iter()
+        .filter(|(counted, _)| *counted)
+        .fold(0u64, |total, (_, value)| total.saturating_add(value))
     }
 
     /// Whether the measure counts what evictd walks itself (logs and local
     /// volumes), and so whether a walk cut short leaves it a lower bound.
     fn counts_walked_usage(self) -> bool {
-        self != DiskMeasure::WritableLayers
+        self.logs || self.local_volumes
     }
 }
 
@@ -138,15 +202,11 @@ impl Ranked {
 /// pod it has no stats for (`exceedDiskRequests` and `disk`: "prioritize
 /// evicting the pod for which no stats were found"): before every measured
 /// pod, then by priority.
-pub fn rank<P: Borrow<PodSnapshot>>(
-    pods: &[P],
-    signal: Signal,
-    dedicated_imagefs: bool,
-) -> Vec<Ranked> {
+pub fn rank<P: Borrow<PodSnapshot>>(pods: &[P], signal: Signal, layout: DiskLayout) -> Vec<Ranked> {
     let mut entries: Vec<(Ranked, i64)> = pods
         .iter()
         .enumerate()
-        .map(|(index, pod)| measure(index, pod.borrow(), signal, dedicated_imagefs))
+        .map(|(index, pod)| measure(index, pod.borrow(), signal, layout))
         .collect();
     // A stable sort keeps the input order among equals: kubelet's
     // sort.Sort is not stable, so its tie order is arbitrary. Keys of plain
@@ -175,7 +235,7 @@ pub fn rank<P: Borrow<PodSnapshot>>(
 
 /// The pod's explanation and its sort key after "exceeds" and priority:
 /// usage over request (memory, disk) or the PID count.
-fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> (Ranked, i64) {
+fn measure(index: usize, pod: &PodSnapshot, signal: Signal, layout: DiskLayout) -> (Ranked, i64) {
     let saturate = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
     let resource = signal.resource();
     let mut usage_incomplete = false;
@@ -190,19 +250,19 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, dedicated: bool) -> 
             (usage, None, usage)
         }
         Resource::EphemeralStorage => {
-            let measure = DiskMeasure::for_signal(signal, dedicated);
+            let measure = DiskMeasure::for_signal(signal, layout);
             usage_incomplete = pod.usage.disk_incomplete && measure.counts_walked_usage();
-            let usage = saturate(measure.bytes(pod));
+            let usage = saturate(measure.bytes(&pod.usage));
             let request = pod.request(EPHEMERAL_STORAGE);
             (usage, Some(request), usage.saturating_sub(request))
         }
         // Nothing requests inodes, so any use exceeds the (zero) request;
         // kubelet still subtracts the ephemeral-storage request from the
-        // inode count for the last key, and so does evictd. Snapshots carry
-        // one inode total per pod, used whichever filesystem is starved.
+        // inode count for the last key, and so does evictd.
         Resource::Inodes => {
-            usage_incomplete = pod.usage.disk_incomplete;
-            let usage = saturate(pod.usage.inodes);
+            let measure = DiskMeasure::for_signal(signal, layout);
+            usage_incomplete = pod.usage.disk_incomplete && measure.counts_walked_usage();
+            let usage = saturate(measure.inodes(&pod.usage));
             let key = usage.saturating_sub(pod.request(EPHEMERAL_STORAGE));
             (usage, Some(0), key)
         }

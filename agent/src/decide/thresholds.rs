@@ -5,6 +5,8 @@ use std::{fmt, str::FromStr, time::Duration};
 
 use serde::Serialize;
 
+use crate::decide::layout::DiskLayout;
+
 /// An eviction signal, named as kubelet names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Signal {
@@ -231,4 +233,86 @@ pub struct EvictionConfig {
     /// `--eviction-pressure-transition-period`: how long a node condition
     /// stays after its last threshold stopped being met.
     pub pressure_transition_period: Duration,
+}
+
+/// kubelet's `UpdateContainerFsThresholds`, which it applies once it knows
+/// the layout: the containerfs thresholds are not the user's to choose.
+/// They are copies of nodefs's (one filesystem, or writable layers on
+/// nodefs beside a split imagefs) or of imagefs's (a dedicated imagefs,
+/// which holds the writable layers), hard from hard and soft from soft
+/// (with its grace period), bytes from bytes and inodes from inodes, with
+/// the value and minimum reclaim. A containerfs threshold the user set is
+/// replaced where it stands ([`containerfs_conflicts`] says so); the others
+/// are appended, in kubelet's order. Where the layout's source has no such
+/// threshold, kubelet copies an empty one: a value of 0, below which no
+/// filesystem's availability falls, so it is never met.
+///
+/// The list's length does not depend on the layout, so a threshold keeps
+/// its place when the layout becomes known.
+pub fn with_containerfs_thresholds(thresholds: &[Threshold], layout: DiskLayout) -> Vec<Threshold> {
+    let (bytes, inodes) = match layout {
+        DiskLayout::DedicatedImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
+        DiskLayout::Shared | DiskLayout::SplitImageFs => {
+            (Signal::NodeFsAvailable, Signal::NodeFsInodesFree)
+        }
+    };
+    let mut result = thresholds.to_vec();
+    for (target, source) in [
+        (Signal::ContainerFsAvailable, bytes),
+        (Signal::ContainerFsInodesFree, inodes),
+    ] {
+        for hard in [true, false] {
+            // kubelet's loop keeps the last of each kind it sees.
+            let copied = thresholds
+                .iter()
+                .rev()
+                .find(|t| t.signal == source && t.hard == hard);
+            let derived = match copied {
+                Some(source) => Threshold {
+                    signal: target,
+                    grace_period: if hard {
+                        Duration::ZERO
+                    } else {
+                        source.grace_period
+                    },
+                    ..source.clone()
+                },
+                None => Threshold {
+                    signal: target,
+                    operator: Operator::LessThan,
+                    value: ThresholdValue::Quantity(0),
+                    grace_period: Duration::ZERO,
+                    min_reclaim: ThresholdValue::Quantity(0),
+                    hard: true,
+                },
+            };
+            match thresholds
+                .iter()
+                .rposition(|t| t.signal == target && t.hard == hard)
+            {
+                Some(index) => result[index] = derived,
+                None => result.push(derived),
+            }
+        }
+    }
+    result
+}
+
+/// What kubelet's `UpdateContainerFsThresholds` reports of each containerfs
+/// threshold the user set, which it ignores: its error text, e.g. `found
+/// containerfs.available for hard eviction. ignoring`.
+pub fn containerfs_conflicts(thresholds: &[Threshold]) -> Vec<String> {
+    thresholds
+        .iter()
+        .filter(|t| {
+            matches!(
+                t.signal,
+                Signal::ContainerFsAvailable | Signal::ContainerFsInodesFree
+            )
+        })
+        .map(|t| {
+            let kind = if t.hard { "hard" } else { "soft" };
+            format!("found {} for {kind} eviction. ignoring", t.signal)
+        })
+        .collect()
 }

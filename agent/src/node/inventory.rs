@@ -12,7 +12,7 @@
 //! Containers are cgroups below the pod's; usage is read at the pod's level,
 //! which counts them all.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     fs, io,
     os::unix::fs::DirEntryExt,
     path::{Path, PathBuf},
@@ -355,12 +355,21 @@ impl Inventory {
     }
 
     /// Node-level reclaim through the runtime before a disk decision for
-    /// `signal` ([`RuntimeLink::reclaim`]).
+    /// `signal` ([`RuntimeLink::reclaim`]). A pod whose cgroup kubelet still
+    /// keeps is alive for kubelet's container GC, its sandbox up or not.
     pub fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
-        match &self.runtime {
-            Some(link) => link.reclaim(signal, dry_run, Instant::now()),
-            None => NodeReclaim::Unavailable,
-        }
+        let Some(link) = self.runtime.clone() else {
+            return NodeReclaim::Unavailable;
+        };
+        link.reclaim(signal, dry_run, Instant::now(), || {
+            match self.read_pods(Reads::MemoryBound) {
+                Ok(pods) => pods.iter().map(|pod| pod.uid.clone()).collect(),
+                Err(e) => {
+                    warn!(error = %e, "cannot list the pods alive: only the runtime says which keep their dead containers");
+                    BTreeSet::new()
+                }
+            }
+        })
     }
 
     /// The running pods over a local-storage limit

@@ -1,10 +1,11 @@
 //! Kubernetes' arithmetic on a pod's resources, as kubelet's eviction
-//! ranking and its QoS classes use it: a pod's request for a resource
-//! (`GetResourceRequestQuantity`, pkg/api/v1/resource/helpers.go, over
-//! component-helpers' `PodRequests`) and its QoS class (`ComputePodQOS`,
-//! pkg/apis/core/v1/helper/qos/qos.go), both with init containers,
-//! sidecars, pod overhead and pod-level resources (the `PodLevelResources`
-//! feature, on by default since Kubernetes 1.34).
+//! ranking, its local-storage limits and its QoS classes use it: a pod's
+//! request for a resource (`GetResourceRequestQuantity`,
+//! pkg/api/v1/resource/helpers.go, over component-helpers' `PodRequests`),
+//! its ephemeral-storage limit (component-helpers' `PodLimits`) and its QoS
+//! class (`ComputePodQOS`, pkg/apis/core/v1/helper/qos/qos.go), all with
+//! init containers, sidecars, pod overhead and pod-level resources (the
+//! `PodLevelResources` feature, on by default since Kubernetes 1.34).
 //!
 //! kubelet sees pods after the API server's defaulting (`SetDefaults_Pod`,
 //! pkg/apis/core/v1/defaults.go); a snapshot written by hand may not have
@@ -18,6 +19,7 @@ use crate::{
 const CPU: &str = "cpu";
 const MEMORY: &str = "memory";
 const HUGEPAGES_PREFIX: &str = "hugepages-";
+const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// An init container with this `restartPolicy` is a sidecar.
 const RESTART_ALWAYS: &str = "Always";
 
@@ -209,12 +211,36 @@ fn default_pod_requests(
 /// for a resource, what the pod needs while an init container runs: that
 /// container plus the sidecars declared (and so started) before it.
 fn aggregate_requests(containers: &[Container<'_>]) -> ResourceList {
+    aggregate(containers.iter().map(|c| (c.kind, &c.requests)))
+}
+
+/// The pod's ephemeral-storage limit as kubelet's `PodLimits` computes it
+/// for the pod-level local-storage check
+/// (`podEphemeralStorageLimitEviction`): the containers' limits aggregated
+/// as requests are (`AggregateContainerLimits`: regular containers and
+/// sidecars summed, each init container with the sidecars declared before
+/// it, the larger), then `spec.overhead` added when that is not zero.
+/// Limits are not defaulted from anything, and pod-level resources do not
+/// name ephemeral storage (`IsSupportedPodLevelResource`). `None` where no
+/// container limits it.
+pub fn ephemeral_storage_limit(pod: &PodSnapshot) -> Option<Quantity> {
+    let spec = DefaultedSpec::of(pod);
+    let limit =
+        aggregate(spec.containers.iter().map(|c| (c.kind, c.limits))).remove(EPHEMERAL_STORAGE)?;
+    match pod.overhead.get(EPHEMERAL_STORAGE) {
+        Some(overhead) if !limit.is_zero() => Some(limit.saturating_add(*overhead)),
+        _ => Some(limit),
+    }
+}
+
+/// The sidecar KEP's aggregate of one resource list per container, in
+/// spec order (regular containers first, then init containers).
+fn aggregate<'a>(containers: impl Iterator<Item = (Kind, &'a ResourceList)>) -> ResourceList {
     let mut running = ResourceList::new();
     let mut sidecars = ResourceList::new();
     let mut while_initialising = ResourceList::new();
-    for container in containers {
-        let resources = &container.requests;
-        match container.kind {
+    for (kind, resources) in containers {
+        match kind {
             Kind::Regular => add(&mut running, resources),
             Kind::Sidecar => {
                 add(&mut running, resources);

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    decide::layout::DiskLayout,
     node::{resources, runtime::local_storage::EmptyDirVolume},
     quantity::Quantity,
 };
@@ -55,6 +56,26 @@ impl NodeStats {
                 (Some(nodefs_device), Some(imagefs_device)) => nodefs_device != imagefs_device,
                 _ => nodefs != imagefs,
             },
+        }
+    }
+
+    /// The node's layout as kubelet decides it (shared/contracts/simulate.md):
+    /// a dedicated imagefs ([`NodeStats::dedicated_imagefs`]) is split from
+    /// the writable layers when containerfs is on another device
+    /// (`IsContainerFsSeparateFromImageFs`); without devices it is not.
+    pub fn disk_layout(&self) -> DiskLayout {
+        if !self.dedicated_imagefs() {
+            return DiskLayout::Shared;
+        }
+        let devices = (
+            self.imagefs.and_then(|fs| fs.device),
+            self.containerfs.and_then(|fs| fs.device),
+        );
+        match devices {
+            (Some(imagefs), Some(containerfs)) if imagefs != containerfs => {
+                DiskLayout::SplitImageFs
+            }
+            _ => DiskLayout::DedicatedImageFs,
         }
     }
 }
@@ -194,6 +215,8 @@ pub struct PodUsage {
     pub logs_bytes: u64,
     #[serde(default)]
     pub local_volume_bytes: u64,
+    /// The pod's inodes, all of them: what ranks it where the split below
+    /// is not given.
     #[serde(default)]
     pub inodes: u64,
     /// The walk of the pod's logs and volumes fell short (a directory
@@ -202,6 +225,14 @@ pub struct PodUsage {
     /// places the pod as kubelet places one it has no stats for, first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disk_incomplete: bool,
+    /// The inodes of its writable layers, its logs and its local volumes
+    /// apart, which inode signals rank by per filesystem as the bytes are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs_inodes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs_inodes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_volume_inodes: Option<u64>,
 }
 
 impl PodSnapshot {

@@ -26,7 +26,7 @@ use crate::{
         wake::{Clock, Wake, WakeCause},
     },
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
-    decide::thresholds::EvictionConfig,
+    decide::thresholds::{EvictionConfig, containerfs_conflicts},
     kernel::{
         bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Probes, Purpose},
         capabilities::Capabilities,
@@ -36,7 +36,10 @@ use crate::{
     node::{
         cgroupfs::CgroupFs,
         inventory::Inventory,
-        runtime::link::{LinkError, RuntimeLink},
+        runtime::{
+            link::{LinkError, RuntimeLink},
+            reclaim::ImageTracker,
+        },
     },
     report::{
         self,
@@ -51,6 +54,7 @@ use crate::{
         tripwires::MemcgLevels,
         zone::{FarTrigger, ZoneOptions},
     },
+    state::StateDir,
 };
 
 /// Why the agent stopped, naming the startup step that failed.
@@ -87,14 +91,23 @@ impl RunError {
 /// gives the pod 30 s (terminationGracePeriodSeconds in the DaemonSet).
 const REPORT_FLUSH: Duration = Duration::from_secs(10);
 
+/// What the command line and --config resolve to, checked before the
+/// agent touches anything.
+pub struct Settings {
+    pub eviction: EvictionConfig,
+    /// kubelet's `imageMinimumGCAge` (`--minimum-image-ttl-duration`).
+    pub image_minimum_gc_age: Duration,
+}
+
 /// Runs the agent until `shutdown` resolves. On return every program is
 /// detached and every map freed.
 pub async fn run(
     args: RunArgs,
-    config: EvictionConfig,
+    settings: Settings,
     mut inventory: Inventory,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), RunError> {
+    let config = settings.eviction;
     let started = Instant::now();
     // Before anything that can fail: a pod a killed agent left frozen must
     // not stay frozen because this one cannot start.
@@ -110,10 +123,22 @@ pub async fn run(
     // Held to the end: dropping it stops the runtime's thread.
     let _runtime_thread = match &args.inventory.container_runtime_endpoint {
         Some(endpoint) => {
+            let age = settings.image_minimum_gc_age;
+            // First sightings kept across restarts when the directory can
+            // be had; without it every image is new at startup, which
+            // only delays its removal.
+            let images = match StateDir::open(&args.state_dir) {
+                Ok(state) => ImageTracker::persisted(age, state),
+                Err(e) => {
+                    warn!(error = %e, "images first seen are not kept across restarts");
+                    ImageTracker::new(age)
+                }
+            };
             let (link, thread) = RuntimeLink::start(
                 endpoint.clone(),
                 args.inventory.nodefs_path.clone(),
                 metrics.clone(),
+                images,
             )
             .map_err(RunError::RuntimeLink)?;
             inventory.set_runtime(link);
@@ -149,6 +174,14 @@ pub async fn run(
     }
     if config.thresholds.is_empty() {
         warn!("no eviction thresholds: evictd reports but never evicts");
+    }
+    // kubelet derives them from nodefs or imagefs (UpdateContainerFsThresholds),
+    // with this line for each one set.
+    for error in containerfs_conflicts(&config.thresholds) {
+        warn!(
+            error,
+            "eviction manager: found conflicting containerfs eviction. Ignoring."
+        );
     }
 
     let check_interval = if args.mode.housekeeping() {

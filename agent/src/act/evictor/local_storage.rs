@@ -1,9 +1,10 @@
 //! kubelet's local-storage limit evictions in the loop
 //! (`localStorageEviction`): every [`LOCAL_STORAGE_INTERVAL`] the running
 //! pods that set a limit are held to it on the runtime's reading of their
-//! disk, before any threshold is decided, and a pod over one is killed at
-//! once with kubelet's message, whether or not the node is short of
-//! anything.
+//! disk, before any threshold is decided, and a pod over one is killed
+//! with kubelet's message and its one-second grace period, whether or not
+//! the node is short of anything. As in kubelet, a round that evicts for
+//! local storage decides no threshold.
 use std::{collections::BTreeSet, time::Duration};
 
 use tracing::{info, warn};
@@ -26,6 +27,21 @@ use crate::{
 /// local-storage limits, each time on a disk reading at most this old.
 const LOCAL_STORAGE_INTERVAL: Duration = Duration::from_secs(10);
 
+/// kubelet's `immediateEvictionGracePeriodSeconds`, what a local-storage
+/// eviction gives the pod: its containers get SIGTERM, and a second.
+pub(super) const IMMEDIATE_EVICTION_GRACE_PERIOD: Duration = Duration::from_secs(1);
+
+/// What a local-storage check leaves for the round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct LocalStorageRound {
+    /// When to look again: soon while the runtime reads the pods' disk, or
+    /// when the eviction budget has room again.
+    pub look_again: Option<Duration>,
+    /// A pod was evicted for its local storage: the round decides no
+    /// threshold (kubelet's synchronize returns there).
+    pub evicted: bool,
+}
+
 #[derive(Default)]
 pub(super) struct LocalStorageChecks {
     /// When the next check is due (CLOCK_MONOTONIC ns); the first run
@@ -38,30 +54,31 @@ pub(super) struct LocalStorageChecks {
 
 impl<I: Io> Evictor<I> {
     /// Kills the running pods over a local-storage limit, when a check is
-    /// due. Returns when to look again: soon while the runtime reads the
-    /// pods' disk, or when the eviction budget has room again.
+    /// due.
     pub(super) fn check_local_storage(
         &mut self,
         wake: &Wake,
         dedicated_imagefs: bool,
-    ) -> Option<Duration> {
+    ) -> LocalStorageRound {
+        let mut round = LocalStorageRound::default();
         let now_ns = self.clock.now_ns();
         if now_ns < self.local_storage.due_ns {
-            return None;
+            return round;
         }
         let result = self.node.local_storage_violations(dedicated_imagefs);
         if let Err(InventoryError::DiskUsagePending { wait }) = result {
-            return Some(wait);
+            round.look_again = Some(wait);
+            return round;
         }
         self.local_storage.due_ns = now_ns + nanos(LOCAL_STORAGE_INTERVAL);
         let found = match result {
             Ok(found) => found,
             // No pod is judged on no reading; the runtime's thread says
             // that it is down.
-            Err(InventoryError::DiskUsageUnknown) => return None,
+            Err(InventoryError::DiskUsageUnknown) => return round,
             Err(e) => {
                 warn!(error = %e, "cannot hold the pods to their local-storage limits");
-                return None;
+                return round;
             }
         };
         self.local_storage
@@ -82,9 +99,11 @@ impl<I: Io> Evictor<I> {
             }
             if acted && let Err(wait) = self.safeguards.room(now_ns, &self.metrics) {
                 self.local_storage.due_ns = now_ns + nanos(wait);
-                return Some(wait);
+                round.look_again = Some(wait);
+                return round;
             }
             self.announce_pod_limit(wake, &pod, &violation);
+            round.evicted = true;
             if !acted {
                 continue;
             }
@@ -97,7 +116,7 @@ impl<I: Io> Evictor<I> {
                 pod: pod.key(),
                 index: 0,
                 usage: i64::try_from(used_bytes).unwrap_or(i64::MAX),
-                grace_period: Duration::ZERO,
+                grace_period: IMMEDIATE_EVICTION_GRACE_PERIOD,
             };
             let decision = [victim.pod.clone()];
             self.start(
@@ -109,7 +128,7 @@ impl<I: Io> Evictor<I> {
                 &decision,
             );
         }
-        None
+        round
     }
 
     /// The eviction's one log line, and its count under kubelet's signal.
@@ -129,7 +148,7 @@ impl<I: Io> Evictor<I> {
             used_bytes,
             eviction_message = violation.message(),
             ?qos,
-            grace_seconds = 0,
+            grace_seconds = IMMEDIATE_EVICTION_GRACE_PERIOD.as_secs(),
             trigger = wake.cause.as_str(),
             at_ns = self.clock.now_ns(),
             dry_run = self.options.dry_run,

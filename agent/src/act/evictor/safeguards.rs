@@ -306,7 +306,7 @@ mod tests {
             node_conditions: Vec::new(),
             starvation: None,
             starved: Vec::new(),
-            dedicated_imagefs: false,
+            layout: crate::decide::layout::DiskLayout::Shared,
         };
         guards.release(&recovered, &metrics);
         assert_eq!(gauge.get(), 0);

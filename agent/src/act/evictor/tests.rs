@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use evictd_common::Band;
 
-use super::*;
+use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::wake::WakeCause,
     config::EvictionArgs,
@@ -549,37 +549,38 @@ fn writer(name: &str, mib: u64, disk_mib: u64) -> PodSnapshot {
     pod
 }
 
-fn disk_harness() -> Harness {
+/// A node short of nodefs under `eviction`'s thresholds, `memory_free_mib`
+/// MiB of memory available: `filler` fills the disk, `big-memory` holds
+/// the most memory.
+fn disk_node_harness(eviction: EvictionArgs, memory_free_mib: u64) -> Harness {
     let harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["nodefs.available<100Mi".into()],
-            ..EvictionArgs::default()
-        },
+        eviction,
         pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 400),
+        outside_pods: outside(510, memory_free_mib),
         ..HarnessOptions::default()
     });
     harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
     harness
 }
 
+fn hard(thresholds: &[&str]) -> EvictionArgs {
+    EvictionArgs {
+        eviction_hard: thresholds.iter().map(|t| (*t).to_owned()).collect(),
+        ..EvictionArgs::default()
+    }
+}
+
+fn disk_harness() -> Harness {
+    disk_node_harness(hard(&["nodefs.available<100Mi"]), 400)
+}
+
 /// [`disk_harness`]'s node short of memory too: the pod holding the most
 /// memory is the memory victim.
 fn disk_and_memory_harness() -> Harness {
-    let harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![
-                "nodefs.available<100Mi".into(),
-                "memory.available<100Mi".into(),
-            ],
-            ..EvictionArgs::default()
-        },
-        pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
-        outside_pods: outside(510, 20),
-        ..HarnessOptions::default()
-    });
-    harness.node.0.borrow_mut().nodefs = Some(nodefs(50));
-    harness
+    disk_node_harness(
+        hard(&["nodefs.available<100Mi", "memory.available<100Mi"]),
+        20,
+    )
 }
 
 #[tokio::test(start_paused = true)]
@@ -602,6 +603,74 @@ async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_u
     harness.evictor.evaluate(wake(&harness));
     harness.evictor.next_ended().await;
     assert_eq!(killed(&harness), [cgroup("filler")]);
+}
+
+/// [`disk_harness`] with a soft memory threshold too, its grace period a
+/// minute.
+fn disk_and_soft_memory_harness() -> Harness {
+    let eviction = EvictionArgs {
+        eviction_soft: vec!["memory.available<100Mi".into()],
+        eviction_soft_grace_period: vec!["memory.available=1m".into()],
+        ..hard(&["nodefs.available<100Mi"])
+    };
+    disk_node_harness(eviction, 400)
+}
+
+/// kubelet's `reclaimNodeLevelResources`: once the node's reclaim for
+/// nodefs is done, every threshold is held to its minimum reclaim on the
+/// node as it is then. All fine: nobody goes. nodefs fine but memory short
+/// (a soft threshold inside its grace period): kubelet still evicts in that
+/// round, the pod ranked for nodefs.
+#[tokio::test(start_paused = true)]
+async fn after_node_reclaim_every_threshold_is_looked_at_again() {
+    for (memory_free_mib, victims) in [(400, vec![]), (50, vec![cgroup("filler")])] {
+        let mut harness = disk_and_soft_memory_harness();
+        harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Pending);
+        harness.evictor.evaluate(wake(&harness));
+        assert!(killed(&harness).is_empty(), "nobody before the reclaim");
+        {
+            let mut model = harness.node.0.borrow_mut();
+            model.nodefs = Some(nodefs(500));
+            model.outside_pods = outside(510, memory_free_mib);
+            model.reclaim = Some(NodeReclaim::Done);
+        }
+        let (log, _guard) = LogCapture::start();
+        harness.settle(wake(&harness)).await;
+        assert_eq!(killed(&harness), victims, "{memory_free_mib} MiB free");
+        let relieved = log
+            .lines()
+            .iter()
+            .any(|line| line.contains("node-level reclaim brought every threshold back"));
+        assert_eq!(relieved, victims.is_empty(), "{:?}", log.lines());
+    }
+}
+
+/// One signal's reclaim at a time, as kubelet reclaims for one threshold
+/// per round: a second disk threshold waits for the first's.
+#[tokio::test(start_paused = true)]
+async fn one_disk_signal_is_reclaimed_for_at_a_time() {
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![
+                "nodefs.available<100Mi".into(),
+                "nodefs.inodesFree<1000".into(),
+            ],
+            ..EvictionArgs::default()
+        },
+        pods: vec![writer("filler", 10, 400)],
+        outside_pods: outside(10, 400),
+        ..HarnessOptions::default()
+    });
+    let mut starved = nodefs(50);
+    starved.inodes_free = 10;
+    harness.node.0.borrow_mut().nodefs = Some(starved);
+    harness.node.0.borrow_mut().reclaim = Some(NodeReclaim::Pending);
+    harness.evictor.evaluate(wake(&harness));
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.node.0.borrow().reclaims,
+        [Signal::NodeFsAvailable, Signal::NodeFsAvailable]
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -777,4 +846,41 @@ async fn a_dry_run_tells_of_a_pod_over_its_limit_once_and_kills_nothing() {
         .filter(|line| line.contains("eviction decided") && line.contains("emptydirfs.limit"))
         .count();
     assert_eq!(decided, 1, "{:?}", log.lines());
+}
+
+/// kubelet's synchronize returns once it evicted for local storage: no
+/// threshold is decided in that round; the next one, at once, decides the
+/// memory threshold. The pod over its limit gets kubelet's one second
+/// (`immediateEvictionGracePeriodSeconds`), so its containers see SIGTERM.
+#[tokio::test(start_paused = true)]
+async fn a_local_storage_eviction_ends_the_round_with_a_seconds_grace() {
+    let (mut harness, _api) = limits_harness(vec![scratch_writer("over", 8)], false);
+    // Short of memory too: `calm` (500 MiB) is the memory victim.
+    harness.node.0.borrow_mut().outside_pods = outside(510, 50);
+    let first = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.evictor.evictions_running(),
+        1,
+        "no threshold this round"
+    );
+    assert_eq!(first.action, Action::Requeue(CLOSE_WATCH_INTERVAL));
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 2);
+    while harness.evictor.evictions_running() > 0 {
+        let (id, ended) = harness.evictor.next_ended().await;
+        harness.evictor.end(id, ended);
+    }
+    let mut graces: Vec<(String, Duration)> = killed(&harness)
+        .into_iter()
+        .zip(harness.killer.graces.borrow().iter().copied())
+        .collect();
+    graces.sort();
+    assert_eq!(
+        graces,
+        [
+            (cgroup("calm"), Duration::ZERO),
+            (cgroup("over"), IMMEDIATE_EVICTION_GRACE_PERIOD),
+        ],
+        "a hard threshold's kill has none, as documented"
+    );
 }

@@ -657,3 +657,25 @@ fn a_soft_threshold_without_grace_is_hard_as_in_kubelet() {
         ]
     );
 }
+
+/// kubelet's `imageMinimumGCAge`, read where kubelet reads it; a zero one
+/// is kubelet's defaulting's to replace.
+#[test]
+fn the_image_minimum_age_comes_from_the_kubelet_config() {
+    let (_dir, args) = config_file("imageMinimumGCAge: 5m30s\n");
+    assert_eq!(
+        args.config_image_minimum_gc_age().unwrap(),
+        Some(Duration::from_secs(330))
+    );
+    let (_dir, args) = config_file("imageMinimumGCAge: 0s\n");
+    assert_eq!(args.config_image_minimum_gc_age().unwrap(), None);
+    let (_dir, args) = config_file("evictionHard: {}\n");
+    assert_eq!(args.config_image_minimum_gc_age().unwrap(), None);
+    let (_dir, args) = config_file("imageMinimumGCAge: soon\n");
+    let error = args.config_image_minimum_gc_age().unwrap_err();
+    assert!(
+        error.to_string().contains("imageMinimumGCAge in"),
+        "{error}"
+    );
+    assert!(error.to_string().contains("\"soon\""), "{error}");
+}

@@ -3,7 +3,10 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    decide::thresholds::{Operator, ThresholdValue},
+    decide::layout::DiskLayout,
+    decide::thresholds::{
+        Operator, ThresholdValue, containerfs_conflicts, with_containerfs_thresholds,
+    },
     node::snapshot::{FsStats, MemoryStats, PidStats, PodUsage},
 };
 
@@ -456,12 +459,16 @@ fn the_covering_set_reaches_threshold_plus_minimum_reclaim() {
 fn imagefs_is_dedicated_when_it_differs_from_nodefs() {
     let mut engine = Engine::new(config(Vec::new()));
     let mut node = memory_node(GI as i64);
-    assert!(!engine.observe(secs(0), &node).dedicated_imagefs);
+    let layout = |engine: &mut Engine, node: &NodeStats| engine.observe(secs(0), node).layout;
+    assert_eq!(layout(&mut engine, &node), DiskLayout::Shared);
     node.nodefs = Some(fs(100, 50));
     node.imagefs = node.nodefs;
-    assert!(!engine.observe(secs(0), &node).dedicated_imagefs);
+    assert_eq!(layout(&mut engine, &node), DiskLayout::Shared);
     node.imagefs = Some(fs(200, 50));
-    assert!(engine.observe(secs(0), &node).dedicated_imagefs);
+    assert_eq!(layout(&mut engine, &node), DiskLayout::DedicatedImageFs);
+    // Without devices a containerfs does not split it.
+    node.containerfs = Some(fs(300, 50));
+    assert_eq!(layout(&mut engine, &node), DiskLayout::DedicatedImageFs);
 }
 
 #[test]
@@ -475,9 +482,138 @@ fn imagefs_on_the_nodefs_device_is_not_dedicated_however_its_statistics_differ()
     // Read a moment apart, with a write in between.
     node.nodefs = Some(on(2049, 50));
     node.imagefs = Some(on(2049, 49));
-    assert!(!engine.observe(secs(0), &node).dedicated_imagefs);
+    assert_eq!(engine.observe(secs(0), &node).layout, DiskLayout::Shared);
     node.imagefs = Some(on(2065, 50));
-    assert!(engine.observe(secs(0), &node).dedicated_imagefs);
+    assert_eq!(
+        engine.observe(secs(0), &node).layout,
+        DiskLayout::DedicatedImageFs
+    );
+    // Writable layers on the imagefs's device, then apart from it (KEP-4191).
+    node.containerfs = Some(on(2065, 50));
+    assert_eq!(
+        engine.observe(secs(0), &node).layout,
+        DiskLayout::DedicatedImageFs
+    );
+    node.containerfs = Some(on(2049, 50));
+    assert_eq!(
+        engine.observe(secs(0), &node).layout,
+        DiskLayout::SplitImageFs
+    );
+}
+
+/// A node whose nodefs (device 1) has `nodefs_free` of 1000 bytes
+/// available, its imagefs `imagefs_free` on `imagefs_device`, and its
+/// containerfs on `containerfs_device` with `containerfs_free`.
+fn disk_node(
+    nodefs_free: u64,
+    (imagefs_device, imagefs_free): (u64, u64),
+    (containerfs_device, containerfs_free): (u64, u64),
+) -> NodeStats {
+    let on = |device, available| FsStats {
+        device: Some(device),
+        ..fs(1000, available)
+    };
+    NodeStats {
+        nodefs: Some(on(1, nodefs_free)),
+        imagefs: Some(on(imagefs_device, imagefs_free)),
+        containerfs: Some(on(containerfs_device, containerfs_free)),
+        ..memory_node(GI as i64)
+    }
+}
+
+/// kubelet's `UpdateContainerFsThresholds`: containerfs thresholds are
+/// nodefs's on one filesystem and beside a split imagefs, imagefs's with a
+/// dedicated one; a containerfs threshold the user set gives way to them.
+#[test]
+fn containerfs_thresholds_follow_the_layout() {
+    let user = vec![
+        hard(Signal::NodeFsAvailable, quantity(100)),
+        soft(Signal::ImageFsAvailable, quantity(300), secs(60)),
+        hard(Signal::ImageFsAvailable, quantity(200)),
+        hard(Signal::ContainerFsAvailable, quantity(900)),
+    ];
+    assert_eq!(
+        containerfs_conflicts(&user),
+        ["found containerfs.available for hard eviction. ignoring"]
+    );
+    let met = |layout_node: &NodeStats| {
+        let mut engine = Engine::new(config(user.clone()));
+        let assessment = engine.observe(secs(0), layout_node);
+        assessment
+            .thresholds_met
+            .iter()
+            .filter(|t| t.signal == Signal::ContainerFsAvailable)
+            .map(|t| (t.value, t.hard, t.grace_period))
+            .collect::<Vec<_>>()
+    };
+    // containerfs has 150 available: under nodefs's 100? No. Under
+    // imagefs's 200 (hard) and 300 (soft, with its grace period)? Yes.
+    // Never under the user's 900 as such.
+    let shared = disk_node(500, (1, 500), (1, 150));
+    assert_eq!(met(&shared), []);
+    let split = disk_node(500, (2, 500), (1, 150));
+    assert_eq!(met(&split), []);
+    let dedicated = disk_node(500, (2, 500), (2, 150));
+    assert_eq!(
+        met(&dedicated),
+        [
+            (quantity(200), true, Duration::ZERO),
+            (quantity(300), false, secs(60)),
+        ]
+    );
+    // Below nodefs's 100: met on one filesystem.
+    assert_eq!(
+        met(&disk_node(500, (1, 500), (1, 50))),
+        [(quantity(100), true, Duration::ZERO)]
+    );
+    // Without a source (no soft nodefs threshold, no inode ones), kubelet's
+    // copy is of an empty threshold, never met.
+    let derived = with_containerfs_thresholds(&user, DiskLayout::Shared);
+    assert_eq!(
+        derived.len(),
+        user.len() + 3,
+        "the user's replaced in place"
+    );
+    assert_eq!(derived[3].value, quantity(100));
+    assert!(
+        derived[4..]
+            .iter()
+            .all(|t| t.value == quantity(0) && t.hard)
+    );
+}
+
+/// kubelet's `reclaimNodeLevelResources`: once reclaim is done, every
+/// threshold is held to its value plus minimum reclaim on the node as it
+/// is now, whatever its grace period.
+#[test]
+fn after_reclaim_every_threshold_decides_whether_a_pod_still_goes() {
+    let nodefs = Threshold {
+        min_reclaim: quantity(50),
+        ..hard(Signal::NodeFsAvailable, quantity(100))
+    };
+    let memory = soft(Signal::MemoryAvailable, quantity(100 * MI), secs(60));
+    let mut engine = Engine::new(config(vec![nodefs, memory]));
+    // One filesystem: nodefs, imagefs and containerfs are the same.
+    let shared = |free| disk_node(free, (1, free), (1, free));
+    let asked = engine.observe(secs(0), &shared(80)).starvation.unwrap();
+    assert_eq!(asked.threshold.signal, Signal::NodeFsAvailable);
+    // Reclaim took nodefs past threshold + minimum reclaim; memory is fine.
+    let relieved = engine.observe(secs(1), &shared(160));
+    assert!(engine.after_reclaim(&asked, &relieved).is_none());
+    // Back past the threshold but inside the band: still nodefs's pod.
+    let in_band = engine.observe(secs(2), &shared(120));
+    let again = engine.after_reclaim(&asked, &in_band).unwrap();
+    assert_eq!(again.observation.available, 120);
+    assert_eq!(again.deficit(), 30);
+    // nodefs fine, but a soft memory threshold met, its grace period not
+    // over: kubelet's round still evicts, for nodefs.
+    let mut node = shared(500);
+    node.memory.working_set_bytes = node.memory.capacity_bytes - 50 * MI as u64;
+    let elsewhere = engine.observe(secs(3), &node);
+    assert!(elsewhere.starved.is_empty(), "memory waits out its grace");
+    let evict = engine.after_reclaim(&asked, &elsewhere).unwrap();
+    assert_eq!(evict.threshold.signal, Signal::NodeFsAvailable);
+    assert_eq!(evict.resource, Resource::EphemeralStorage);
 }
 
 fn arbitrary_pod() -> impl Strategy<Value = PodSnapshot> {

@@ -3,7 +3,7 @@ use rstest::rstest;
 use serde_json::json;
 
 use super::*;
-use crate::node::snapshot::{PodUsage, QosClass};
+use crate::node::snapshot::QosClass;
 
 const MI: u64 = 1 << 20;
 
@@ -117,7 +117,7 @@ fn memory_pods_above_their_request_go_before_higher_priority_ones_within() {
         memory_pod("within", 0, Some("200Mi"), 100 * MI),
         memory_pod("above", 1000, Some("100Mi"), 101 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["above", "within"]);
     assert_eq!(ranking[0].exceeds_request, Some(true));
     assert_eq!(ranking[1].exceeds_request, Some(false));
@@ -131,7 +131,11 @@ fn memory_pods_above_their_request_go_by_priority_then_excess() {
         memory_pod("big-excess", 0, Some("400Mi"), 600 * MI),
         memory_pod("best-effort", 0, None, 180 * MI),
     ];
-    let ranking = rank(&pods, Signal::AllocatableMemoryAvailable, false);
+    let ranking = rank(
+        &pods,
+        Signal::AllocatableMemoryAvailable,
+        DiskLayout::Shared,
+    );
     assert_eq!(
         names(&ranking, &pods),
         ["big-excess", "best-effort", "small-excess", "high"]
@@ -146,7 +150,7 @@ fn memory_pods_within_their_request_go_by_priority_then_usage_over_request() {
         memory_pod("important", 5, Some("200Mi"), 199 * MI),
         memory_pod("low", -5, Some("1Gi"), 0),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(
         names(&ranking, &pods),
         ["low", "near", "far-below", "important"]
@@ -165,7 +169,7 @@ fn a_memory_limit_without_request_is_the_request() {
         },
     );
     let pods = [limited, memory_pod("greedy", 0, Some("100Mi"), 110 * MI)];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["greedy", "limited"]);
     assert_eq!(ranking[1].request, Some(200 * MI as i64));
 }
@@ -177,7 +181,7 @@ fn ties_keep_the_input_order() {
         memory_pod("second", 0, Some("100Mi"), 150 * MI),
         memory_pod("third", 0, Some("200Mi"), 250 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["first", "second", "third"]);
 }
 
@@ -196,7 +200,7 @@ fn pid_pressure_ranks_by_priority_then_pid_count() {
         pids_pod("few", 0, 10),
         pids_pod("many", 0, 300),
     ];
-    let ranking = rank(&pods, Signal::PidAvailable, false);
+    let ranking = rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["many", "few", "important-forker"]);
     assert_eq!(ranking[0].request, None);
     assert_eq!(ranking[0].usage, 300);
@@ -221,15 +225,21 @@ fn disk_usage(rootfs: u64, logs: u64, volumes: u64) -> PodUsage {
     }
 }
 
+/// kubelet's `buildSignalToRankFunc(withImageFs, splitContainerImageFs)`,
+/// signal by signal, for the three layouts.
 #[rstest]
-#[case::shared_fs_counts_everything(Signal::NodeFsAvailable, false, ["layers", "logs"], 300)]
-#[case::shared_imagefs_counts_everything(Signal::ImageFsAvailable, false, ["layers", "logs"], 300)]
-#[case::dedicated_nodefs_counts_logs_and_volumes(Signal::NodeFsAvailable, true, ["logs", "layers"], 200)]
-#[case::dedicated_imagefs_counts_writable_layers(Signal::ImageFsAvailable, true, ["layers", "logs"], 250)]
-#[case::containerfs_follows_imagefs(Signal::ContainerFsAvailable, true, ["layers", "logs"], 250)]
+#[case::shared_nodefs_counts_everything(Signal::NodeFsAvailable, DiskLayout::Shared, ["layers", "logs"], 300)]
+#[case::shared_imagefs_counts_everything(Signal::ImageFsAvailable, DiskLayout::Shared, ["layers", "logs"], 300)]
+#[case::shared_containerfs_counts_everything(Signal::ContainerFsAvailable, DiskLayout::Shared, ["layers", "logs"], 300)]
+#[case::dedicated_nodefs_counts_logs_and_volumes(Signal::NodeFsAvailable, DiskLayout::DedicatedImageFs, ["logs", "layers"], 200)]
+#[case::dedicated_imagefs_counts_writable_layers(Signal::ImageFsAvailable, DiskLayout::DedicatedImageFs, ["layers", "logs"], 250)]
+#[case::dedicated_containerfs_follows_imagefs(Signal::ContainerFsAvailable, DiskLayout::DedicatedImageFs, ["layers", "logs"], 250)]
+#[case::split_nodefs_counts_logs_volumes_and_writable_layers(Signal::NodeFsAvailable, DiskLayout::SplitImageFs, ["layers", "logs"], 300)]
+#[case::split_containerfs_follows_nodefs(Signal::ContainerFsAvailable, DiskLayout::SplitImageFs, ["layers", "logs"], 300)]
+#[case::split_imagefs_counts_images_which_no_pod_holds(Signal::ImageFsAvailable, DiskLayout::SplitImageFs, ["logs", "layers"], 0)]
 fn disk_usage_measured_depends_on_the_filesystem(
     #[case] signal: Signal,
-    #[case] dedicated_imagefs: bool,
+    #[case] layout: DiskLayout,
     #[case] order: [&str; 2],
     #[case] first_usage_mi: i64,
 ) {
@@ -237,9 +247,65 @@ fn disk_usage_measured_depends_on_the_filesystem(
         disk_pod("logs", 0, None, disk_usage(0, 100, 100)),
         disk_pod("layers", 0, None, disk_usage(250, 30, 20)),
     ];
-    let ranking = rank(&pods, signal, dedicated_imagefs);
+    let ranking = rank(&pods, signal, layout);
     assert_eq!(names(&ranking, &pods), order);
     assert_eq!(ranking[0].usage, first_usage_mi * MI as i64);
+}
+
+/// Inodes counted apart (writable layer, logs, local volumes) as bytes
+/// are: a dedicated imagefs's inode signal ranks by writable-layer inodes,
+/// nodefs's by logs and volumes.
+#[rstest]
+#[case::shared_counts_every_inode(Signal::NodeFsInodesFree, DiskLayout::Shared, ["logs", "layers"], 1000)]
+#[case::dedicated_nodefs_counts_logs_and_volumes(Signal::NodeFsInodesFree, DiskLayout::DedicatedImageFs, ["logs", "layers"], 1000)]
+#[case::dedicated_imagefs_counts_writable_layers(Signal::ImageFsInodesFree, DiskLayout::DedicatedImageFs, ["layers", "logs"], 800)]
+#[case::dedicated_containerfs_counts_writable_layers(Signal::ContainerFsInodesFree, DiskLayout::DedicatedImageFs, ["layers", "logs"], 800)]
+#[case::split_nodefs_counts_every_inode(Signal::NodeFsInodesFree, DiskLayout::SplitImageFs, ["logs", "layers"], 1000)]
+#[case::split_imagefs_counts_none(Signal::ImageFsInodesFree, DiskLayout::SplitImageFs, ["logs", "layers"], 0)]
+fn inodes_measured_depend_on_the_filesystem(
+    #[case] signal: Signal,
+    #[case] layout: DiskLayout,
+    #[case] order: [&str; 2],
+    #[case] first_usage: i64,
+) {
+    let inodes = |rootfs, logs, volumes| PodUsage {
+        inodes: rootfs + logs + volumes,
+        rootfs_inodes: Some(rootfs),
+        logs_inodes: Some(logs),
+        local_volume_inodes: Some(volumes),
+        ..PodUsage::default()
+    };
+    let pods = [
+        disk_pod("logs", 0, None, inodes(0, 500, 500)),
+        disk_pod("layers", 0, None, inodes(800, 50, 50)),
+    ];
+    let ranking = rank(&pods, signal, layout);
+    assert_eq!(names(&ranking, &pods), order);
+    assert_eq!(ranking[0].usage, first_usage);
+}
+
+#[test]
+fn without_the_split_the_inode_total_ranks_wherever_anything_counts() {
+    let total = |count| PodUsage {
+        inodes: count,
+        ..PodUsage::default()
+    };
+    let pods = [
+        disk_pod("few", 0, None, total(10)),
+        disk_pod("many", 0, None, total(900)),
+    ];
+    for (signal, layout) in [
+        (Signal::NodeFsInodesFree, DiskLayout::DedicatedImageFs),
+        (Signal::ImageFsInodesFree, DiskLayout::DedicatedImageFs),
+        (Signal::ContainerFsInodesFree, DiskLayout::SplitImageFs),
+    ] {
+        let ranking = rank(&pods, signal, layout);
+        assert_eq!(names(&ranking, &pods), ["many", "few"], "{signal}");
+        assert_eq!(ranking[0].usage, 900);
+    }
+    // A split imagefs holds images alone, whatever the total says.
+    let ranking = rank(&pods, Signal::ImageFsInodesFree, DiskLayout::SplitImageFs);
+    assert_eq!(ranking[1].usage, 0);
 }
 
 #[test]
@@ -250,7 +316,7 @@ fn disk_ranks_above_request_then_priority_then_excess() {
         disk_pod("above-small", 0, Some("100Mi"), disk_usage(150, 0, 0)),
         disk_pod("above-big", 0, None, disk_usage(300, 0, 0)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsAvailable, false);
+    let ranking = rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
     assert_eq!(
         names(&ranking, &pods),
         ["above-big", "above-small", "above-important", "within"]
@@ -269,7 +335,7 @@ fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() 
         disk_pod("hider", 10, Some("1Gi"), hidden(0, 1)),
         disk_pod("hider-low", 0, None, hidden(500, 0)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsAvailable, false);
+    let ranking = rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
     // Before every measured pod, and among themselves by priority only.
     assert_eq!(names(&ranking, &pods), ["hider-low", "hider", "big"]);
     assert!(ranking[1].usage_incomplete);
@@ -281,17 +347,24 @@ fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() 
         ranking[1].reason()
     );
     assert_eq!(
-        names(&rank(&pods, Signal::NodeFsInodesFree, false), &pods)[..2],
+        names(
+            &rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared),
+            &pods
+        )[..2],
         ["hider-low", "hider"]
     );
     // With a dedicated imagefs, the imagefs signals rank by writable
     // layers, which the runtime measures: the walk does not count there.
-    let ranking = rank(&pods, Signal::ImageFsAvailable, true);
+    let ranking = rank(
+        &pods,
+        Signal::ImageFsAvailable,
+        DiskLayout::DedicatedImageFs,
+    );
     assert_eq!(names(&ranking, &pods), ["hider-low", "big", "hider"]);
     assert!(!ranking[0].usage_incomplete);
     // Memory never looks at it.
     assert!(
-        !rank(&pods, Signal::MemoryAvailable, false)
+        !rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared)
             .iter()
             .any(|r| r.usage_incomplete)
     );
@@ -308,7 +381,7 @@ fn any_inode_use_exceeds_the_zero_request_and_the_storage_request_is_subtracted(
         disk_pod("requested", 0, Some("1000"), inodes(1500)),
         disk_pod("unrequested", 0, None, inodes(1000)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsInodesFree, false);
+    let ranking = rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared);
     // 1500 - 1000 < 1000 - 0: the storage request counts against inodes,
     // as in kubelet.
     assert_eq!(names(&ranking, &pods), ["unrequested", "requested", "none"]);
@@ -320,7 +393,7 @@ fn explanations_say_why() {
     let mut critical = memory_pod("critical", SYSTEM_CRITICAL, Some("100Mi"), 200 * MI);
     critical.hosts_evictd = true;
     let pods = [critical, memory_pod("web", 0, Some("100Mi"), 50 * MI)];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(
         ranking[0].reason(),
         "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
@@ -350,7 +423,7 @@ proptest! {
                 memory_pod(&format!("p{i}"), priority, Some(&format!("{request}Mi")), usage * MI)
             })
             .collect();
-        let ranking = rank(&pods, Signal::MemoryAvailable, false);
+        let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
         prop_assert_eq!(ranking.len(), pods.len());
         let first_within = ranking.iter().position(|r| r.exceeds_request == Some(false));
         if let Some(first_within) = first_within {
@@ -370,13 +443,13 @@ fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
         memory_pod("guaranteed", 0, Some("500Mi"), 100 * MI),
         memory_pod("hog", 0, None, 300 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, false);
+    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["hog", "guaranteed", "stranger"]);
     assert!(
         ranking[2].reason().contains("metadata unknown"),
         "{}",
         ranking[2].reason()
     );
-    let pids = rank(&pods, Signal::PidAvailable, false);
+    let pids = rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
     assert_eq!(names(&pids, &pods).last(), Some(&"stranger"));
 }

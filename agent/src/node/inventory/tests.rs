@@ -522,7 +522,7 @@ fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
     let ranking = crate::decide::rank::rank(
         &pods,
         crate::decide::thresholds::Signal::MemoryAvailable,
-        false,
+        crate::decide::layout::DiskLayout::Shared,
     );
     assert_eq!(pods[ranking[0].index].key(), burstable.key());
 }

@@ -146,6 +146,9 @@ impl PodDiskUsage {
         usage.local_volume_bytes = volumes.bytes;
         usage.inodes = sum([rootfs, logs, volumes]).inodes;
         usage.disk_incomplete = self.incomplete.is_some();
+        usage.rootfs_inodes = Some(rootfs.inodes);
+        usage.logs_inodes = Some(logs.inodes);
+        usage.local_volume_inodes = Some(volumes.inodes);
     }
 
     /// The pod's ephemeral storage as kubelet's `calcEphemeralStorage`

@@ -13,6 +13,7 @@ use k8s_cri::v1::{FilesystemUsage, ImageFsInfoResponse};
 use serde::Serialize;
 
 use super::{RuntimeClient, RuntimeError};
+pub use crate::decide::layout::DiskLayout;
 use crate::{
     node::snapshot::FsStats,
     node::stats::{SignalsError, statvfs},
@@ -43,41 +44,6 @@ pub enum FilesystemsError {
         imagefs: u64,
         containerfs: u64,
     },
-}
-
-/// Where image layers and writable layers live against nodefs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DiskLayout {
-    /// One filesystem for everything: imagefs is nodefs.
-    Shared,
-    /// Images and writable layers on a filesystem of their own (kubelet's
-    /// `withImageFs`).
-    DedicatedImageFs,
-    /// Images on a filesystem of their own, writable layers on nodefs
-    /// (kubelet's `withImageFs && splitContainerImageFs`).
-    SplitImageFs,
-}
-
-impl DiskLayout {
-    /// From the filesystems' device numbers (`st_dev`).
-    pub fn from_devices(nodefs: u64, imagefs: u64, containerfs: u64) -> Option<Self> {
-        match (imagefs == nodefs, containerfs == imagefs) {
-            (true, true) => Some(Self::Shared),
-            (false, true) => Some(Self::DedicatedImageFs),
-            (false, false) if containerfs == nodefs => Some(Self::SplitImageFs),
-            // Writable layers on a third filesystem, or on a dedicated one
-            // while the images share nodefs: kubelet refuses both.
-            _ => None,
-        }
-    }
-
-    /// kubelet's `dedicatedImageFs`: an imagefs that is not nodefs. The
-    /// ranking's `dedicated_imagefs` and the container ephemeral-storage
-    /// check (writable layers count only without one) take this.
-    pub fn dedicated_imagefs(self) -> bool {
-        self != Self::Shared
-    }
 }
 
 /// One filesystem the runtime reported.
@@ -186,24 +152,6 @@ mod tests {
     use k8s_cri::v1::{FilesystemIdentifier, UInt64Value};
 
     use super::*;
-
-    #[test]
-    fn layouts_by_device() {
-        assert_eq!(DiskLayout::from_devices(1, 1, 1), Some(DiskLayout::Shared));
-        assert_eq!(
-            DiskLayout::from_devices(1, 2, 2),
-            Some(DiskLayout::DedicatedImageFs)
-        );
-        assert_eq!(
-            DiskLayout::from_devices(1, 2, 1),
-            Some(DiskLayout::SplitImageFs)
-        );
-        assert_eq!(DiskLayout::from_devices(1, 2, 3), None);
-        assert_eq!(DiskLayout::from_devices(1, 1, 3), None);
-        assert!(!DiskLayout::Shared.dedicated_imagefs());
-        assert!(DiskLayout::DedicatedImageFs.dedicated_imagefs());
-        assert!(DiskLayout::SplitImageFs.dedicated_imagefs());
-    }
 
     fn usage(mountpoint: &Path, used: u64) -> FilesystemUsage {
         FilesystemUsage {

@@ -24,11 +24,11 @@
 //! reading could not walk whole are said once each too.
 //!
 //! Node-level reclaim (kubelet's `reclaimNodeLevelResources`) runs here
-//! too, when a disk decision asks ([`RuntimeLink::reclaim`]): dead
-//! containers and unused images are removed, and the decision looks at the
-//! node again before it evicts anyone.
+//! too, when a disk decision asks ([`RuntimeLink::reclaim`]), one round per
+//! signal: dead containers and unused images are removed, and the decision
+//! looks at the node again before it evicts anyone.
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     path::PathBuf,
     sync::{
         Arc, Mutex, MutexGuard,
@@ -40,12 +40,13 @@ use std::{
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
+pub use super::reclaim::NodeReclaim;
 use super::{
     RuntimeClient, RuntimeError,
     disk_usage::{Incomplete, PodDiskUsage},
     filesystems::{DiskLayout, FilesystemsError, RuntimeFilesystems},
     reading::{DiskReading, FsPaths},
-    reclaim::{self, ImageTracker, ReclaimStep, Removal},
+    reclaim::{self, ImageTracker, ReclaimRequest, ReclaimRounds, ReclaimStep, Removal},
 };
 use crate::{decide::thresholds::Signal, report::metrics::Metrics};
 
@@ -120,7 +121,7 @@ struct State {
     late_told: bool,
     /// The last reading failed.
     usage_failed: bool,
-    reclaim: ReclaimState,
+    reclaims: ReclaimRounds,
 }
 
 /// One reading of the pods' disk usage, by pod uid, and when it was taken.
@@ -128,39 +129,6 @@ struct State {
 struct Reading {
     finished: Instant,
     pods: Arc<BTreeMap<String, PodDiskUsage>>,
-}
-
-/// Where node-level reclaim stands.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum ReclaimState {
-    #[default]
-    Idle,
-    /// Asked for; the thread takes it.
-    Requested {
-        steps: &'static [ReclaimStep],
-        dry_run: bool,
-    },
-    Running,
-    /// Finished at `at`; `seen` once a decision has been told, after which
-    /// it looked at the node again.
-    Done {
-        at: Instant,
-        seen: bool,
-    },
-}
-
-/// What node-level reclaim means for a disk decision now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeReclaim {
-    /// Nothing to reclaim for this signal and layout, or no runtime to
-    /// reclaim through: decide now.
-    Unavailable,
-    /// Under way, or just finished: look at the node again before
-    /// deciding.
-    Pending,
-    /// Done this round, and the node was looked at again since: the
-    /// threshold is still met, evict.
-    Done,
 }
 
 /// The pods' disk usage as a decision can have it now.
@@ -178,11 +146,12 @@ pub enum PodUsage {
 
 impl RuntimeLink {
     /// Starts the thread, which connects at once; `kubelet_root` is
-    /// `--nodefs-path`.
+    /// `--nodefs-path`, and `images` what node reclaim knows of the images.
     pub fn start(
         endpoint: String,
         kubelet_root: PathBuf,
         metrics: Arc<Metrics>,
+        images: ImageTracker,
     ) -> Result<(Self, LinkThread), LinkError> {
         let shared = Arc::new(Shared {
             endpoint,
@@ -199,7 +168,7 @@ impl RuntimeLink {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name("evictd-cri".into())
-            .spawn(move || runtime.block_on(serve(thread_shared, metrics)))
+            .spawn(move || runtime.block_on(serve(thread_shared, metrics, images)))
             .map_err(LinkError::Thread)?;
         Ok((
             Self {
@@ -231,10 +200,19 @@ impl RuntimeLink {
     }
 
     /// Node-level reclaim before a decision for `signal` at `now`: asks the
-    /// thread for one when none was done in the last [`USAGE_MAX_AGE`]
-    /// (kubelet reclaims on every synchronize round under pressure, every
-    /// 10 s). With `dry_run` the thread only logs what it would remove.
-    pub fn reclaim(&self, signal: Signal, dry_run: bool, now: Instant) -> NodeReclaim {
+    /// thread for a round of the signal's steps when none was done for it
+    /// in the last [`USAGE_MAX_AGE`] (kubelet reclaims on every synchronize
+    /// round under pressure, every 10 s). With `dry_run` the thread only
+    /// logs what it would remove; `live_pods` (asked only for a new round,
+    /// without the lock the thread takes) are the pods alive whose newest
+    /// dead containers stay.
+    pub fn reclaim(
+        &self,
+        signal: Signal,
+        dry_run: bool,
+        now: Instant,
+        live_pods: impl FnOnce() -> BTreeSet<String>,
+    ) -> NodeReclaim {
         let mut state = self.shared.state();
         if !state.connected {
             return NodeReclaim::Unavailable;
@@ -246,23 +224,19 @@ impl RuntimeLink {
         if steps.is_empty() {
             return NodeReclaim::Unavailable;
         }
-        match &mut state.reclaim {
-            ReclaimState::Requested { .. } | ReclaimState::Running => NodeReclaim::Pending,
-            ReclaimState::Done { seen, .. } if !*seen => {
-                *seen = true;
-                NodeReclaim::Pending
-            }
-            ReclaimState::Done { at, .. }
-                if now.saturating_duration_since(*at) <= USAGE_MAX_AGE =>
-            {
-                NodeReclaim::Done
-            }
-            _ => {
-                state.reclaim = ReclaimState::Requested { steps, dry_run };
-                self.shared.wake.notify_one();
-                NodeReclaim::Pending
-            }
+        if let Some(reclaim) = state.reclaims.status(signal, now, USAGE_MAX_AGE) {
+            return reclaim;
         }
+        drop(state);
+        let live_pods = live_pods();
+        self.shared.state().reclaims.request(ReclaimRequest {
+            signal,
+            steps,
+            dry_run,
+            live_pods,
+        });
+        self.shared.wake.notify_one();
+        NodeReclaim::Pending
     }
 
     /// Pod `uid`'s disk usage in the last reading, however old: what the
@@ -376,10 +350,10 @@ impl RuntimeLink {
     }
 
     /// The thread's part of a reclaim, without removing anything: takes
-    /// the request and finishes it at `at`. The steps it was asked for.
-    pub(crate) fn run_reclaim(&self, at: Instant) -> Option<(&'static [ReclaimStep], bool)> {
-        let request = self.shared.take_reclaim()?;
-        self.shared.finish_reclaim(at);
+    /// the request and finishes it at `at`. What it was asked for.
+    pub(crate) fn run_reclaim(&self, at: Instant) -> Option<ReclaimRequest> {
+        let request = self.shared.state().reclaims.take()?;
+        self.shared.state().reclaims.finish(request.signal, at);
         Some(request)
     }
 }
@@ -453,23 +427,6 @@ impl Shared {
             "the pods' disk usage reading is late: disk decisions use the last reading while it is at most a minute old, and wait for this one after that");
     }
 
-    /// A requested reclaim, now running: its steps and whether it is a dry
-    /// run.
-    fn take_reclaim(&self) -> Option<(&'static [ReclaimStep], bool)> {
-        let mut state = self.state();
-        let ReclaimState::Requested { steps, dry_run } = state.reclaim else {
-            return None;
-        };
-        state.reclaim = ReclaimState::Running;
-        Some((steps, dry_run))
-    }
-
-    /// The running reclaim finished at `at`: the next decision looks at the
-    /// node again before it evicts.
-    fn finish_reclaim(&self, at: Instant) {
-        self.state().reclaim = ReclaimState::Done { at, seen: false };
-    }
-
     /// Waits `period`, cut short only to stop (work asked for meanwhile is
     /// in the state, and taken after): a decision asking on every close
     /// watch must not turn the back-off into a busy loop. False once the
@@ -490,7 +447,7 @@ impl Shared {
 /// The thread's work: connect (again and again until the runtime answers),
 /// learn its filesystems, then read the pods' disk usage whenever a
 /// decision asks, until told to stop.
-async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
+async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>, mut images: ImageTracker) {
     let Some(mut client) = connect(&shared, &metrics).await else {
         return;
     };
@@ -506,13 +463,16 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
     // The filesystems at once (one CRI call, no walk): the imagefs and
     // containerfs signals need them before any disk decision.
     learn_filesystems(&shared, &metrics, &mut client).await;
-    let mut images = ImageTracker::default();
     track_images(&shared, &metrics, &mut client, &mut images).await;
     let mut incomplete = IncompletePods::default();
     while !shared.stopping() {
-        if let Some((steps, dry_run)) = shared.take_reclaim() {
-            reclaim_node(&shared, &metrics, &mut client, &mut images, steps, dry_run).await;
-            shared.finish_reclaim(Instant::now());
+        let request = shared.state().reclaims.take();
+        if let Some(request) = request {
+            reclaim_node(&shared, &metrics, &mut client, &mut images, &request).await;
+            shared
+                .state()
+                .reclaims
+                .finish(request.signal, Instant::now());
         }
         let started = Instant::now();
         if shared.begin_reading(started) {
@@ -524,7 +484,7 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>) {
         }
         let idle = {
             let state = shared.state();
-            !state.usage_wanted && !matches!(state.reclaim, ReclaimState::Requested { .. })
+            !state.usage_wanted && !state.reclaims.requested()
         };
         if idle {
             shared.wake.notified().await;
@@ -561,19 +521,27 @@ async fn reclaim_node(
     metrics: &Metrics,
     client: &mut RuntimeClient,
     images: &mut ImageTracker,
-    steps: &[ReclaimStep],
-    dry_run: bool,
+    request: &ReclaimRequest,
 ) {
-    for step in steps {
-        let removed = match (step, dry_run) {
-            (ReclaimStep::DeadContainers, false) => reclaim::remove_dead_containers(client).await,
-            (ReclaimStep::UnusedImages, false) => {
-                reclaim::remove_unused_images(client, images, SystemTime::now()).await
+    let live = &request.live_pods;
+    for step in request.steps {
+        let now = SystemTime::now();
+        let removed = match (step, request.dry_run) {
+            (ReclaimStep::DeadContainers, false) => {
+                reclaim::remove_dead_containers(client, live).await
             }
-            (_, true) => would_remove(client, images, *step).await,
+            (ReclaimStep::DeadContainers, true) => {
+                reclaim::would_remove_dead_containers(client, live).await
+            }
+            (ReclaimStep::UnusedImages, false) => {
+                reclaim::remove_unused_images(client, images, now).await
+            }
+            (ReclaimStep::UnusedImages, true) => {
+                reclaim::would_remove_unused_images(client, images, now).await
+            }
         };
         match removed {
-            Ok(removed) if dry_run => {
+            Ok(removed) if request.dry_run => {
                 for removal in &removed {
                     info!(step = ?step, removal = ?removal, "--dry-run: node reclaim would remove");
                 }
@@ -597,46 +565,6 @@ async fn reclaim_node(
             }
         }
     }
-}
-
-/// What a step would remove, removing nothing (`--dry-run`).
-async fn would_remove(
-    client: &mut RuntimeClient,
-    images: &mut ImageTracker,
-    step: ReclaimStep,
-) -> Result<Vec<Removal>, RuntimeError> {
-    let containers = client.list_containers().await?;
-    Ok(match step {
-        ReclaimStep::DeadContainers => {
-            let sandboxes = client.list_pod_sandboxes().await?;
-            reclaim::dead_containers(&sandboxes, &containers)
-                .into_iter()
-                .map(|c| Removal::Container {
-                    id: c.id.clone(),
-                    name: c
-                        .metadata
-                        .as_ref()
-                        .map(|m| m.name.clone())
-                        .unwrap_or_default(),
-                    pod_sandbox_id: c.pod_sandbox_id.clone(),
-                })
-                .collect()
-        }
-        ReclaimStep::UnusedImages => {
-            let listed = client.list_images().await?;
-            let sandbox_image = client.sandbox_image().await?;
-            images.observe(&listed, &containers, SystemTime::now());
-            images
-                .unused(&listed, &containers, sandbox_image.as_deref())
-                .into_iter()
-                .map(|i| Removal::Image {
-                    id: i.id.clone(),
-                    tags: i.repo_tags.clone(),
-                    size_bytes: i.size,
-                })
-                .collect()
-        }
-    })
 }
 
 async fn learn_filesystems(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) {
@@ -804,6 +732,7 @@ mod tests {
             socket.display().to_string(),
             dir.path().to_owned(),
             metrics.clone(),
+            ImageTracker::new(Duration::ZERO),
         )
         .unwrap();
         let errors = || {
@@ -984,8 +913,9 @@ mod tests {
     fn node_reclaim_is_asked_for_then_the_node_is_looked_at_again_before_evicting() {
         let start = Instant::now();
         let link = RuntimeLink::detached(true);
+        let live = || BTreeSet::from(["uid-a".to_owned()]);
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, false, start),
+            link.reclaim(Signal::NodeFsAvailable, false, start, BTreeSet::new),
             NodeReclaim::Unavailable,
             "the layout is not known yet"
         );
@@ -995,44 +925,51 @@ mod tests {
         };
         link.set_reading(start, paths, BTreeMap::new());
         assert_eq!(
-            link.reclaim(Signal::MemoryAvailable, false, start),
+            link.reclaim(Signal::MemoryAvailable, false, start, BTreeSet::new),
             NodeReclaim::Unavailable
         );
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, true, start),
+            link.reclaim(Signal::NodeFsAvailable, true, start, live),
             NodeReclaim::Pending
         );
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, true, start),
+            link.reclaim(Signal::NodeFsAvailable, true, start, live),
             NodeReclaim::Pending,
             "asked for once"
         );
         assert_eq!(
             link.run_reclaim(start),
-            Some((
-                &[ReclaimStep::DeadContainers, ReclaimStep::UnusedImages][..],
-                true
-            ))
+            Some(ReclaimRequest {
+                signal: Signal::NodeFsAvailable,
+                steps: &[ReclaimStep::DeadContainers, ReclaimStep::UnusedImages],
+                dry_run: true,
+                live_pods: live(),
+            })
         );
         // Just done: the decision looks at the node again first.
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, true, start),
+            link.reclaim(Signal::NodeFsAvailable, true, start, live),
             NodeReclaim::Pending
         );
         assert_eq!(link.run_reclaim(start), None, "nothing asked again");
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, true, start),
+            link.reclaim(Signal::NodeFsAvailable, true, start, live),
             NodeReclaim::Done
         );
         // The next round reclaims again.
         let later = start + USAGE_MAX_AGE + Duration::from_secs(1);
         assert_eq!(
-            link.reclaim(Signal::NodeFsAvailable, true, later),
+            link.reclaim(Signal::NodeFsAvailable, true, later, live),
             NodeReclaim::Pending
         );
         assert!(link.run_reclaim(later).is_some());
         assert_eq!(
-            RuntimeLink::detached(false).reclaim(Signal::NodeFsAvailable, false, start),
+            RuntimeLink::detached(false).reclaim(
+                Signal::NodeFsAvailable,
+                false,
+                start,
+                BTreeSet::new
+            ),
             NodeReclaim::Unavailable,
             "no runtime, no reclaim"
         );

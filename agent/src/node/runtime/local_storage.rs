@@ -6,13 +6,13 @@
 //!
 //! 1. an emptyDir volume using more than its `sizeLimit`;
 //! 2. the pod using more ephemeral storage (writable layers, logs, local
-//!    volumes, etc-hosts) than its containers' ephemeral-storage limits
-//!    add up to (kubelet's `PodLimits`);
+//!    volumes, etc-hosts) than its ephemeral-storage limit, as kubelet's
+//!    `PodLimits` aggregates it (init containers, sidecars, overhead);
 //! 3. a container whose logs (and writable layer, without a dedicated
 //!    imagefs) exceed its own ephemeral-storage limit.
 //!
-//! The first that applies evicts the pod, with no grace period
-//! (kubelet's `immediateEvictionGracePeriodSeconds`), even if the node is
+//! The first that applies evicts the pod, with kubelet's one-second grace
+//! period (`immediateEvictionGracePeriodSeconds`), even if the node is
 //! under no pressure at all.
 //!
 //! evictd adds one case kubelet does not have, because kubelet's walk has
@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::disk_usage::{Incomplete, PodDiskUsage};
 use crate::{
-    node::snapshot::{ContainerSpec, PodSnapshot},
+    node::{resources, snapshot::PodSnapshot},
     quantity::Quantity,
 };
 
@@ -185,26 +185,15 @@ fn go_quote(text: &str) -> String {
     quoted
 }
 
-/// kubelet's `PodLimits` for ephemeral storage over the pod's containers:
-/// the sum of the limits that are set; `None` when no container sets one.
-pub fn pod_limit(containers: &[ContainerSpec]) -> Option<Quantity> {
-    containers
-        .iter()
-        .filter_map(|c| c.limits.get(EPHEMERAL_STORAGE).copied())
-        .reduce(Quantity::saturating_add)
-}
-
 /// Whether `pod` sets a limit its local storage is held to: only such pods
-/// need their disk measured for [`evaluate`].
+/// need their disk measured for [`evaluate`]. A container's own limit is
+/// part of the pod's ([`resources::ephemeral_storage_limit`]).
 pub fn has_limit(pod: &PodSnapshot) -> bool {
     pod.empty_dirs
         .iter()
         .filter_map(|volume| volume.size_limit)
         .any(|limit| is_positive(&limit))
-        || pod
-            .containers
-            .iter()
-            .any(|container| container.limits.contains_key(EPHEMERAL_STORAGE))
+        || resources::ephemeral_storage_limit(pod).is_some()
 }
 
 /// The pods among `pods` over a local-storage limit, by the runtime's
@@ -218,12 +207,7 @@ pub fn violations(
     pods.into_iter()
         .filter_map(|pod| {
             let measured = usage.get(&pod.uid)?;
-            let violation = evaluate(
-                &pod.containers,
-                &pod.empty_dirs,
-                measured,
-                dedicated_imagefs,
-            )?;
+            let violation = evaluate(&pod, measured, dedicated_imagefs)?;
             Some(LocalStorageEviction { pod, violation })
         })
         .collect()
@@ -234,24 +218,22 @@ pub fn violations(
 /// than the limit) on what was measured, then the limits it could not be
 /// measured against whole ([`unmeasured`]). `dedicated_imagefs` is
 /// kubelet's: with one, writable layers do not count against a container's
-/// own limit.
+/// own limit, which only regular containers are held to
+/// (`containerEphemeralStorageLimitEviction`).
 pub fn evaluate(
-    containers: &[ContainerSpec],
-    empty_dirs: &[EmptyDirVolume],
+    pod: &PodSnapshot,
     usage: &PodDiskUsage,
     dedicated_imagefs: bool,
 ) -> Option<LocalStorageViolation> {
-    exceeded(containers, empty_dirs, usage, dedicated_imagefs)
-        .or_else(|| unmeasured(containers, empty_dirs, usage))
+    exceeded(pod, usage, dedicated_imagefs).or_else(|| unmeasured(pod, usage))
 }
 
 fn exceeded(
-    containers: &[ContainerSpec],
-    empty_dirs: &[EmptyDirVolume],
+    pod: &PodSnapshot,
     usage: &PodDiskUsage,
     dedicated_imagefs: bool,
 ) -> Option<LocalStorageViolation> {
-    for volume in empty_dirs {
+    for volume in &pod.empty_dirs {
         let (Some(limit), Some(used)) = (volume.size_limit, usage.empty_dir(&volume.name)) else {
             continue;
         };
@@ -263,7 +245,7 @@ fn exceeded(
             });
         }
     }
-    if let Some(limit) = pod_limit(containers) {
+    if let Some(limit) = resources::ephemeral_storage_limit(pod) {
         let used = usage.ephemeral_storage_bytes();
         if exceeds(used, &limit) {
             return Some(LocalStorageViolation::Pod {
@@ -273,7 +255,8 @@ fn exceeded(
         }
     }
     for measured in &usage.containers {
-        let Some(limit) = containers
+        let Some(limit) = pod
+            .containers
             .iter()
             .find(|c| c.name == measured.name)
             .and_then(|c| c.limits.get(EPHEMERAL_STORAGE))
@@ -298,16 +281,12 @@ fn exceeded(
 
 /// The first limit, in kubelet's order, that the pod's usage could not be
 /// measured against whole, unless only time cut the walk short.
-fn unmeasured(
-    containers: &[ContainerSpec],
-    empty_dirs: &[EmptyDirVolume],
-    usage: &PodDiskUsage,
-) -> Option<LocalStorageViolation> {
+fn unmeasured(pod: &PodSnapshot, usage: &PodDiskUsage) -> Option<LocalStorageViolation> {
     let reason = usage.incomplete.as_ref()?.shortfall.reason;
     if reason == Incomplete::Time {
         return None;
     }
-    for volume in empty_dirs {
+    for volume in &pod.empty_dirs {
         let Some(limit) = volume.size_limit.filter(is_positive) else {
             continue;
         };
@@ -320,7 +299,7 @@ fn unmeasured(
             });
         }
     }
-    pod_limit(containers).map(|limit| LocalStorageViolation::Unmeasured {
+    resources::ephemeral_storage_limit(pod).map(|limit| LocalStorageViolation::Unmeasured {
         volume: None,
         limit,
         used_bytes: usage.ephemeral_storage_bytes(),

@@ -7,8 +7,10 @@
 //!   filesystems, and whether they are dedicated (by device).
 //! - [`disk_usage`]: each pod's disk usage as kubelet's `podDiskUsage`
 //!   counts it (writable layers, logs, local volumes).
-//! - [`reclaim`]: kubelet's node-level reclaim (dead containers, unused
-//!   images, least recently used first) before any pod is evicted.
+//! - [`reclaim`]: kubelet's node-level reclaim (dead containers as its
+//!   container GC keeps them, unused images old enough, least recently
+//!   used first, never one a sandbox runs) before any pod is evicted, one
+//!   round per signal.
 //! - [`local_storage`]: kubelet's local-storage limit evictions (emptyDir
 //!   `sizeLimit`, ephemeral-storage limits) with kubelet's messages.
 //! - [`link`]: the live agent's connection, on a thread of its own.
@@ -34,9 +36,9 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::{
     Container, ContainerStats, ContainerStatus, ContainerStatusRequest, Image, ImageFsInfoRequest,
     ImageFsInfoResponse, ImageSpec, ListContainerStatsRequest, ListContainersRequest,
-    ListImagesRequest, ListPodSandboxRequest, PodSandbox, RemoveContainerRequest,
-    RemoveImageRequest, StatusRequest, VersionRequest, image_service_client::ImageServiceClient,
-    runtime_service_client::RuntimeServiceClient,
+    ListImagesRequest, ListPodSandboxRequest, PodSandbox, PodSandboxStatusRequest,
+    RemoveContainerRequest, RemoveImageRequest, StatusRequest, VersionRequest,
+    image_service_client::ImageServiceClient, runtime_service_client::RuntimeServiceClient,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -274,6 +276,27 @@ impl RuntimeClient {
             .get("config")
             .and_then(|config| serde_json::from_str::<serde_json::Value>(config).ok())
             .and_then(|config| config["sandboxImage"].as_str().map(str::to_owned)))
+    }
+
+    /// The image sandbox `id` runs, from its verbose status (the `image` of
+    /// the `info` containerd and CRI-O put there); `None` when the runtime
+    /// does not say.
+    pub async fn pod_sandbox_image(&mut self, id: &str) -> Result<Option<String>, RuntimeError> {
+        let reply = self
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_owned(),
+                verbose: true,
+            })
+            .await
+            .map_err(|e| self.call_error("PodSandboxStatus", e))?
+            .into_inner();
+        Ok(reply
+            .info
+            .get("info")
+            .and_then(|info| serde_json::from_str::<serde_json::Value>(info).ok())
+            .and_then(|info| info["image"].as_str().map(str::to_owned))
+            .filter(|image| !image.is_empty()))
     }
 
     fn call_error(&self, call: &'static str, status: tonic::Status) -> RuntimeError {

@@ -4,20 +4,29 @@
 //! the runtime, re-observe, and evict a pod only if a threshold (with its
 //! minimum reclaim) is still met.
 //!
-//! This module is the runtime half: which reclaim a signal calls for, what
-//! is dead or unused, and the removals (each logged). Re-observing and
-//! deciding whether a pod must still go is the decision loop's.
-use std::{
-    collections::{BTreeMap, HashMap, HashSet},
-    time::SystemTime,
-};
+//! This module is the runtime half: which reclaim a signal calls for
+//! ([`steps_for`]), what is dead ([`dead_containers`], kubelet's container
+//! GC) or unused ([`images`], kubelet's image GC), the removals (each
+//! logged), and where each signal's round stands ([`rounds`]). Deciding
+//! whether a pod must still go is the decision loop's.
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use k8s_cri::v1::{Container, ContainerState, Image, PodSandbox, PodSandboxState};
+use k8s_cri::v1::{Container, ContainerState, PodSandbox, PodSandboxState};
 use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{RuntimeClient, RuntimeError, filesystems::DiskLayout};
 use crate::decide::thresholds::Signal;
+
+pub mod images;
+pub mod rounds;
+
+pub use images::{ImageTracker, SandboxImages};
+pub use rounds::{NodeReclaim, ReclaimRequest, ReclaimRounds};
+
+/// The label kubelet puts on every container with its pod's uid
+/// (`types.KubernetesPodUIDLabel`), by which its container GC groups them.
+const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 
 /// One of kubelet's node reclaim functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -49,125 +58,69 @@ pub fn steps_for(signal: Signal, layout: DiskLayout) -> &'static [ReclaimStep] {
     }
 }
 
-/// The dead containers kubelet's container GC deletes under pressure:
-/// every exited container, except that a pod whose sandbox is still ready
-/// keeps the newest exited instance of each container name
-/// (`MaxPerPodContainer`, 1 by default, so `kubectl logs --previous` still
-/// works). Oldest first.
+/// The dead containers kubelet's container GC deletes under pressure
+/// (`DeleteAllUnusedContainers`: kuberuntime_gc.go `evictContainers` with
+/// every source ready and `evictNonDeletedPods`): every container not
+/// running, in kubelet's evict units, one per pod uid (its container's
+/// label, else its sandbox's) and container name, whichever sandbox it
+/// ran in. A pod kubelet would remove (`ShouldPodRuntimeBeRemoved`:
+/// terminated or unknown) loses every unit whole; a live pod keeps the
+/// newest container of each (`MaxPerPodContainer`, 1 by default), so
+/// `kubectl logs --previous` still works after its sandbox was recreated.
+///
+/// evictd does not see kubelet's pod workers: a pod counts as live when
+/// `live_pods` (the pods whose cgroup kubelet keeps) holds its uid, when
+/// one of its sandboxes is ready, or when one of its containers runs.
+/// Oldest first.
 pub fn dead_containers<'a>(
     sandboxes: &[PodSandbox],
     containers: &'a [Container],
+    live_pods: &BTreeSet<String>,
 ) -> Vec<&'a Container> {
-    let ready: HashSet<&str> = sandboxes
+    let sandbox_uid: BTreeMap<&str, &str> = sandboxes
         .iter()
-        .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
-        .map(|s| s.id.as_str())
+        .filter_map(|s| Some((s.id.as_str(), s.metadata.as_ref()?.uid.as_str())))
         .collect();
-    let mut exited: BTreeMap<(&str, &str), Vec<&Container>> = BTreeMap::new();
-    for container in containers
-        .iter()
-        .filter(|c| c.state == ContainerState::ContainerExited as i32)
-    {
+    let pod_uid = |container: &'a Container| {
+        container
+            .labels
+            .get(POD_UID_LABEL)
+            .map(String::as_str)
+            .or_else(|| sandbox_uid.get(container.pod_sandbox_id.as_str()).copied())
+            .unwrap_or_default()
+    };
+    let running = ContainerState::ContainerRunning as i32;
+    let mut live: HashSet<&str> = live_pods.iter().map(String::as_str).collect();
+    live.extend(
+        sandboxes
+            .iter()
+            .filter(|s| s.state == PodSandboxState::SandboxReady as i32)
+            .filter_map(|s| Some(s.metadata.as_ref()?.uid.as_str())),
+    );
+    live.extend(
+        containers
+            .iter()
+            .filter(|c| c.state == running)
+            .map(pod_uid),
+    );
+    let mut units: BTreeMap<(&str, &str), Vec<&Container>> = BTreeMap::new();
+    for container in containers.iter().filter(|c| c.state != running) {
         let name = container.metadata.as_ref().map_or("", |m| m.name.as_str());
-        exited
-            .entry((container.pod_sandbox_id.as_str(), name))
+        units
+            .entry((pod_uid(container), name))
             .or_default()
             .push(container);
     }
     let mut dead = Vec::new();
-    for ((sandbox, _), mut group) in exited {
-        group.sort_by_key(|c| c.created_at);
-        if ready.contains(sandbox) {
-            group.pop();
+    for ((uid, _), mut unit) in units {
+        unit.sort_by_key(|c| c.created_at);
+        if live.contains(uid) && !uid.is_empty() {
+            unit.pop();
         }
-        dead.extend(group);
+        dead.extend(unit);
     }
     dead.sort_by_key(|c| c.created_at);
     dead
-}
-
-/// When kubelet's image manager first saw an image and last saw it used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ImageRecord {
-    first_detected: SystemTime,
-    last_used: SystemTime,
-}
-
-/// kubelet's image GC bookkeeping (`realImageGCManager.detectImages`):
-/// each observation records when an image was first seen and the last time
-/// a container (running or not) used it. Kept across observations, so
-/// "least recently used" means what it means for kubelet.
-#[derive(Debug, Default)]
-pub struct ImageTracker {
-    records: HashMap<String, ImageRecord>,
-}
-
-impl ImageTracker {
-    /// Records `images` as seen at `now`, those used by `containers` as used
-    /// now; forgets images that are gone.
-    pub fn observe(&mut self, images: &[Image], containers: &[Container], now: SystemTime) {
-        let in_use = images_in_use(images, containers);
-        self.records
-            .retain(|id, _| images.iter().any(|i| i.id == *id));
-        for image in images {
-            let record = self.records.entry(image.id.clone()).or_insert(ImageRecord {
-                first_detected: now,
-                last_used: now,
-            });
-            if in_use.contains(image.id.as_str()) {
-                record.last_used = now;
-            }
-        }
-    }
-
-    /// The images kubelet's `DeleteUnusedImages` would delete, in its order
-    /// (`byLastUsedAndDetected`: least recently used first, then first
-    /// detected): used by no container, not pinned, not the sandbox image.
-    /// Call [`observe`](Self::observe) with the same lists first.
-    pub fn unused<'a>(
-        &self,
-        images: &'a [Image],
-        containers: &[Container],
-        sandbox_image: Option<&str>,
-    ) -> Vec<&'a Image> {
-        let in_use = images_in_use(images, containers);
-        let mut unused: Vec<(&Image, ImageRecord)> = images
-            .iter()
-            .filter(|image| !image.pinned && !in_use.contains(image.id.as_str()))
-            .filter(|image| !sandbox_image.is_some_and(|name| names(image).any(|n| n == name)))
-            .filter_map(|image| Some((image, *self.records.get(&image.id)?)))
-            .collect();
-        unused.sort_by_key(|(image, record)| (record.last_used, record.first_detected, &image.id));
-        unused.into_iter().map(|(image, _)| image).collect()
-    }
-}
-
-/// Every name an image answers to: id, tags, digests.
-fn names(image: &Image) -> impl Iterator<Item = &str> {
-    std::iter::once(image.id.as_str())
-        .chain(image.repo_tags.iter().map(String::as_str))
-        .chain(image.repo_digests.iter().map(String::as_str))
-}
-
-/// Ids of the images some container uses, matched by any of their names
-/// (containerd's `image_ref` is the id; other runtimes give a digest).
-fn images_in_use<'a>(images: &'a [Image], containers: &[Container]) -> HashSet<&'a str> {
-    let referenced: HashSet<&str> = containers
-        .iter()
-        .flat_map(|c| {
-            [
-                c.image_ref.as_str(),
-                c.image_id.as_str(),
-                c.image.as_ref().map_or("", |i| i.image.as_str()),
-            ]
-        })
-        .filter(|name| !name.is_empty())
-        .collect();
-    images
-        .iter()
-        .filter(|image| names(image).any(|name| referenced.contains(name)))
-        .map(|image| image.id.as_str())
-        .collect()
 }
 
 /// One thing removed to free disk.
@@ -187,39 +140,101 @@ pub enum Removal {
     },
 }
 
+impl Removal {
+    fn container(container: &Container) -> Self {
+        Self::Container {
+            id: container.id.clone(),
+            name: container
+                .metadata
+                .as_ref()
+                .map(|m| m.name.clone())
+                .unwrap_or_default(),
+            pod_sandbox_id: container.pod_sandbox_id.clone(),
+        }
+    }
+
+    fn image(image: &k8s_cri::v1::Image) -> Self {
+        Self::Image {
+            id: image.id.clone(),
+            tags: image.repo_tags.clone(),
+            size_bytes: image.size,
+        }
+    }
+}
+
+/// [`dead_containers`] as the runtime lists them now.
+async fn list_dead_containers(
+    client: &mut RuntimeClient,
+    live_pods: &BTreeSet<String>,
+) -> Result<Vec<Container>, RuntimeError> {
+    let sandboxes = client.list_pod_sandboxes().await?;
+    let containers = client.list_containers().await?;
+    Ok(dead_containers(&sandboxes, &containers, live_pods)
+        .into_iter()
+        .cloned()
+        .collect())
+}
+
+/// What [`remove_dead_containers`] would remove now, removing nothing.
+pub async fn would_remove_dead_containers(
+    client: &mut RuntimeClient,
+    live_pods: &BTreeSet<String>,
+) -> Result<Vec<Removal>, RuntimeError> {
+    let dead = list_dead_containers(client, live_pods).await?;
+    Ok(dead.iter().map(Removal::container).collect())
+}
+
 /// Removes [`dead_containers`] through the runtime, logging each; a
 /// container already gone is skipped. Returns what was removed.
 pub async fn remove_dead_containers(
     client: &mut RuntimeClient,
+    live_pods: &BTreeSet<String>,
 ) -> Result<Vec<Removal>, RuntimeError> {
-    let sandboxes = client.list_pod_sandboxes().await?;
-    let containers = client.list_containers().await?;
     let mut removed = Vec::new();
-    for container in dead_containers(&sandboxes, &containers) {
-        let name = container
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
+    for container in list_dead_containers(client, live_pods).await? {
         match client.remove_container(&container.id).await {
             Ok(()) => {
                 info!(
                     container = container.id,
-                    name,
+                    name = container.metadata.as_ref().map_or("", |m| m.name.as_str()),
                     sandbox = container.pod_sandbox_id,
                     "node reclaim: removed a dead container"
                 );
-                removed.push(Removal::Container {
-                    id: container.id.clone(),
-                    name,
-                    pod_sandbox_id: container.pod_sandbox_id.clone(),
-                });
+                removed.push(Removal::container(&container));
             }
             Err(RuntimeError::Call { source, .. }) if source.code() == tonic::Code::NotFound => {}
             Err(e) => return Err(e),
         }
     }
     Ok(removed)
+}
+
+/// [`ImageTracker::unused`] as the runtime lists the images, containers
+/// and sandboxes now; `tracker` observes the lists first.
+async fn list_unused_images(
+    client: &mut RuntimeClient,
+    tracker: &mut ImageTracker,
+    now: std::time::SystemTime,
+) -> Result<Vec<k8s_cri::v1::Image>, RuntimeError> {
+    let images = client.list_images().await?;
+    let containers = client.list_containers().await?;
+    let sandboxes = SandboxImages::ask(client).await?;
+    tracker.observe(&images, &containers, now);
+    Ok(tracker
+        .unused(&images, &containers, &sandboxes, now)
+        .into_iter()
+        .cloned()
+        .collect())
+}
+
+/// What [`remove_unused_images`] would remove now, removing nothing.
+pub async fn would_remove_unused_images(
+    client: &mut RuntimeClient,
+    tracker: &mut ImageTracker,
+    now: std::time::SystemTime,
+) -> Result<Vec<Removal>, RuntimeError> {
+    let unused = list_unused_images(client, tracker, now).await?;
+    Ok(unused.iter().map(Removal::image).collect())
 }
 
 /// Removes the unused images ([`ImageTracker::unused`]) least recently
@@ -229,23 +244,15 @@ pub async fn remove_dead_containers(
 pub async fn remove_unused_images(
     client: &mut RuntimeClient,
     tracker: &mut ImageTracker,
-    now: SystemTime,
+    now: std::time::SystemTime,
 ) -> Result<Vec<Removal>, RuntimeError> {
-    let images = client.list_images().await?;
-    let containers = client.list_containers().await?;
-    let sandbox_image = client.sandbox_image().await?;
-    tracker.observe(&images, &containers, now);
     let mut removed = Vec::new();
-    for image in tracker.unused(&images, &containers, sandbox_image.as_deref()) {
+    for image in list_unused_images(client, tracker, now).await? {
         match client.remove_image(&image.id).await {
             Ok(()) => {
                 info!(image = image.id, tags = ?image.repo_tags, size_bytes = image.size,
                     "node reclaim: removed an unused image");
-                removed.push(Removal::Image {
-                    id: image.id.clone(),
-                    tags: image.repo_tags.clone(),
-                    size_bytes: image.size,
-                });
+                removed.push(Removal::image(&image));
             }
             Err(RuntimeError::Call { source, .. }) if source.code() == tonic::Code::NotFound => {}
             Err(RuntimeError::Call { source, .. }) => {

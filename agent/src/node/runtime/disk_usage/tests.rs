@@ -82,6 +82,15 @@ fn pod_usage_fills_the_snapshot_fields_and_the_ephemeral_total() {
     assert_eq!(snapshot.logs_bytes, 15);
     assert_eq!(snapshot.local_volume_bytes, 1000);
     assert_eq!(snapshot.inodes, 10);
+    // Apart too, for the inode signals of each filesystem.
+    assert_eq!(
+        (
+            snapshot.rootfs_inodes,
+            snapshot.logs_inodes,
+            snapshot.local_volume_inodes
+        ),
+        (Some(3), Some(3), Some(4))
+    );
     assert_eq!(snapshot.memory_working_set_bytes, 7);
     assert_eq!(pod.ephemeral_storage_bytes(), 100 + 15 + 1000 + 4096);
     assert_eq!(pod.empty_dir("cache"), Some(usage(1000, 4)));
