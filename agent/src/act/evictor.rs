@@ -395,7 +395,7 @@ impl<I: Io> Evictor<I> {
             };
             match self.decide_for(wake, assessment, &starvation) {
                 Ok(action) => return action,
-                Err(look_again) => waiting = sooner(waiting, Some(look_again)),
+                Err(look_again) => waiting = sooner(waiting, look_again),
             }
         }
         waiting
@@ -404,23 +404,25 @@ impl<I: Io> Evictor<I> {
     /// Who goes for `starvation`; no decision, and when to look again,
     /// while the runtime's thread reads the pods' disk usage (the decision
     /// is made on it, not on none) or while the runtime cannot say what the
-    /// pods use (held); the next starved resource is decided meanwhile.
+    /// pods use (held), and none (the end of an eviction wakes the engine)
+    /// while every pod chosen is being evicted already; the next starved
+    /// resource is decided meanwhile.
     fn decide_for(
         &mut self,
         wake: &Wake,
         assessment: &Assessment,
         starvation: &Starvation,
-    ) -> Result<Action, Duration> {
+    ) -> Result<Action, Option<Duration>> {
         let ranking = match self.choose(assessment, starvation) {
             Ok(ranking) => ranking,
-            Err(InventoryError::DiskUsagePending { wait }) => return Err(wait),
+            Err(InventoryError::DiskUsagePending { wait }) => return Err(Some(wait)),
             Err(InventoryError::DiskUsageUnknown) => {
                 self.safeguards.hold_disk_unknown(
                     starvation.threshold.signal,
                     self.clock.now_ns(),
                     &self.metrics,
                 );
-                return Err(DISK_UNKNOWN_WAIT);
+                return Err(Some(DISK_UNKNOWN_WAIT));
             }
             Err(e) => {
                 warn!(error = %e, "cannot list the node's pods");
@@ -430,7 +432,7 @@ impl<I: Io> Evictor<I> {
         self.metrics
             .decision_latency
             .observe(self.clock.since(wake.at_ns).as_secs_f64());
-        Ok(self.start_evictions(wake, starvation, &ranking))
+        self.start_evictions(wake, starvation, &ranking).ok_or(None)
     }
 
     /// Ranks the pods for `starvation` and picks the victims, reading no
@@ -446,7 +448,9 @@ impl<I: Io> Evictor<I> {
     /// Only running pods can give anything back (kubelet ranks its active
     /// pods; a killed pod's empty cgroup may linger), and a pod whose last
     /// kill failed waits out its back-off while the next one is taken, as
-    /// kubelet's synchronize moves on to the next pod.
+    /// kubelet's synchronize moves on to the next pod. A pod being evicted
+    /// stays in the ranking: if it is the one to go, its eviction is
+    /// waited for, not doubled nor passed over for the next pod.
     fn choose(
         &mut self,
         assessment: &Assessment,
@@ -454,9 +458,7 @@ impl<I: Io> Evictor<I> {
     ) -> Result<Ranking, InventoryError> {
         let now_ns = self.clock.now_ns();
         let keep = |pod: &PodSnapshot, bounded: bool| {
-            (bounded || pod.usage.pids > 0)
-                && !self.safeguards.backing_off(pod, now_ns)
-                && !self.evictions.pod_limit_kill_of(&pod.uid)
+            (bounded || pod.usage.pids > 0) && !self.safeguards.backing_off(pod, now_ns)
         };
         let bounded = starvation.resource == Resource::Memory;
         let mut times = self.run_times;

@@ -150,16 +150,20 @@ impl Evictions {
             .any(|e| matches!(e.cause, Cause::PodLimit(_)))
     }
 
-    /// Whether pod `uid` is being killed for its local-storage limit.
-    pub(super) fn pod_limit_kill_of(&self, uid: &str) -> bool {
-        self.in_flight
-            .values()
-            .any(|e| e.uid == uid && matches!(e.cause, Cause::PodLimit(_)))
-    }
-
     /// Whether an eviction of pod `uid` is under way.
     pub(super) fn evicting(&self, uid: &str) -> bool {
         self.in_flight.values().any(|e| e.uid == uid)
+    }
+
+    /// Whether pod `uid` is being evicted already, for any reason, so that
+    /// a decision (`hard` or not) must not start another kill of it: a fork
+    /// bomb killed for memory still has its processes, and `pid.available`
+    /// would pick it again (a second kill, report and budget). Only a hard
+    /// decision may take over a soft eviction waiting out its grace period.
+    pub(super) fn being_evicted(&self, uid: &str, hard: bool) -> bool {
+        self.in_flight
+            .values()
+            .any(|e| e.uid == uid && (e.cause.hard() || !hard))
     }
 
     pub(super) fn reclaiming(&self, resource: Resource) -> bool {
@@ -261,43 +265,60 @@ impl<I: Io> Evictor<I> {
     }
 
     /// Announces the decision's victims and starts their evictions, within
-    /// the eviction budget. Returns what the loop does next.
+    /// the eviction budget. Returns what the loop does next; `None` when
+    /// every victim is being evicted already (its end wakes the engine,
+    /// which decides on this resource again then).
     pub(super) fn start_evictions(
         &mut self,
         wake: &Wake,
         starvation: &Starvation,
         ranking: &Ranking,
-    ) -> Action {
+    ) -> Option<Action> {
         let Ranking {
             pods,
             choice,
             exact,
             times,
         } = ranking;
+        let hard = starvation.threshold.hard;
+        let fresh: Vec<&Victim> = choice
+            .victims
+            .iter()
+            .filter(|victim| !self.evictions.being_evicted(&pods[victim.index].uid, hard))
+            .collect();
+        if fresh.is_empty() && !choice.victims.is_empty() {
+            return None;
+        }
         let candidates = explain(choice, pods, exact);
         let victims: Vec<String> = choice.victims.iter().map(|v| v.pod.clone()).collect();
         if self.unacted.as_ref() == Some(&victims) {
-            return self.soon();
+            return Some(self.soon());
         }
         if choice.victims.is_empty() {
             warn!(%candidates, "threshold met but no pod may be evicted (all critical, running evictd, backing off, or none running)");
             self.unacted = Some(victims);
-            return self.soon();
+            return Some(self.soon());
         }
+        // A hard eviction taking over a pod's soft one is no new eviction:
+        // the budget was spent on the pod already.
+        let (taking_over, new): (Vec<&Victim>, Vec<&Victim>) = fresh
+            .into_iter()
+            .partition(|victim| self.evictions.evicting(&pods[victim.index].uid));
         let now_ns = self.clock.now_ns();
-        let room = if self.options.dry_run {
-            choice.victims.len()
+        let room = if self.options.dry_run || new.is_empty() {
+            new.len()
         } else {
             match self.safeguards.room(now_ns, &self.metrics) {
                 Ok(room) => room,
-                Err(wait) => return Action::Requeue(wait),
+                Err(wait) if taking_over.is_empty() => return Some(Action::Requeue(wait)),
+                Err(_) => 0,
             }
         };
         if self.options.dry_run {
             self.unacted = Some(victims.clone());
         }
         let mut started = false;
-        for victim in choice.victims.iter().take(room) {
+        for victim in taking_over.into_iter().chain(new.into_iter().take(room)) {
             let pod = &pods[victim.index];
             self.announce(wake, starvation, victim, pod, &candidates, times);
             if self.options.dry_run {
@@ -311,12 +332,12 @@ impl<I: Io> Evictor<I> {
             self.start(wake, cause, victim, pod, cgroup, &victims);
             started = true;
         }
-        if started {
+        Some(if started {
             // The end of an eviction wakes the engine.
             Action::AwaitChange
         } else {
             self.soon()
-        }
+        })
     }
 
     /// The decision's one log line, and its count.
@@ -394,6 +415,7 @@ impl<I: Io> Evictor<I> {
             .filter(|(_, e)| e.uid == pod.uid && !e.cause.hard())
             .map(|(id, _)| *id)
             .collect();
+        let takes_over = !running.is_empty();
         for id in running {
             if let Some(soft) = self.evictions.in_flight.get(&id) {
                 info!(victim = %pod.key(), "a hard threshold takes over the soft eviction under way");
@@ -433,7 +455,10 @@ impl<I: Io> Evictor<I> {
         self.evictions.running.push(Box::pin(async move {
             (id, eviction.await.unwrap_or(Ended::Preempted))
         }));
-        self.safeguards.spend(self.clock.now_ns());
+        // One pod, one eviction: the one taken over spent the budget.
+        if !takes_over {
+            self.safeguards.spend(self.clock.now_ns());
+        }
         self.evictions.in_flight.insert(
             id,
             InFlight {

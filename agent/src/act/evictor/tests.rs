@@ -247,6 +247,52 @@ async fn a_failed_kill_backs_the_pod_off_and_takes_the_next_candidate() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_pod_past_two_thresholds_is_killed_once_and_the_other_resource_waits_for_it() {
+    // A fork bomb holding memory and tasks, past both hard thresholds.
+    let mut bomb = pod("bomb", 300);
+    bomb.usage.pids = 900;
+    let pods = vec![bomb, pod("web", 100)];
+    let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["memory.available<100Mi,pid.available<100".into()],
+            ..EvictionArgs::default()
+        },
+        pods,
+        outside_pods: outside(400, 50),
+        api: Some(api.clone()),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    // A second wake-up (a kernel record, the resync timer) while the kill
+    // runs: the bomb still has its processes then.
+    harness.evictor.evaluate(wake(&harness));
+    let second = harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        second.action,
+        Action::AwaitChange,
+        "the kill's end wakes the engine"
+    );
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("bomb")], "once, and web lives");
+    assert_eq!(api.0.borrow().reports.len(), 1, "one report");
+    let decided: u64 = ["memory.available", "pid.available"]
+        .into_iter()
+        .map(|signal| {
+            harness
+                .metrics
+                .evictions
+                .with_label_values(&[signal, "BestEffort"])
+                .get()
+        })
+        .sum();
+    assert_eq!(
+        decided, 1,
+        "one eviction decided, one spent from the budget"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_hard_threshold_takes_over_a_soft_eviction_waiting_out_its_grace() {
     let pods = vec![PodSnapshot {
         termination_grace_period_seconds: Some(30),
@@ -262,6 +308,8 @@ async fn a_hard_threshold_takes_over_a_soft_eviction_waiting_out_its_grace() {
         },
         pods,
         outside_pods: outside(300, 300),
+        // The soft eviction spends it: taking it over is no new eviction.
+        budget: "1/1m".parse().unwrap(),
         ..HarnessOptions::default()
     });
     let soft = harness.evictor.evaluate(wake(&harness));
