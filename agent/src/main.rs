@@ -16,6 +16,9 @@ use tracing_subscriber::EnvFilter;
 /// Exit status for invalid configuration or input, as clap and the
 /// simulate contract use it.
 const USAGE_ERROR: u8 = 2;
+/// How long the exit waits for the runtime's blocking threads: a reaper
+/// finishes in milliseconds unless its victim's memory is locked.
+const BLOCKING_THREADS_AT_EXIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -82,9 +85,13 @@ fn main() -> ExitCode {
         eviction: config,
         image_minimum_gc_age,
     };
-    match runtime.block_on(evictd::run::daemon::run(
+    let result = runtime.block_on(evictd::run::daemon::run(
         args, settings, inventory, shutdown,
-    )) {
+    ));
+    // A reaper still blocked on a victim's mmap lock (act::kill) must not
+    // hold the exit: dropping the runtime would wait for it forever.
+    runtime.shutdown_timeout(BLOCKING_THREADS_AT_EXIT);
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_input_error() => usage_error(e),
         Err(e) => {

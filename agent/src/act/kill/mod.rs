@@ -48,7 +48,7 @@ use std::{
     collections::BTreeSet,
     io,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
 
@@ -66,7 +66,9 @@ use pidfd::PidFd;
 use tree::Freezer;
 
 /// How long a hard kill may take before it is reported as failed: tasks in
-/// uninterruptible sleep (a stuck NFS read, say) can hold a pod that long.
+/// uninterruptible sleep (a stuck NFS read, say) can hold a pod that long,
+/// and a victim's memory locked that long can hold its reapers. The whole
+/// kill is bounded by it, reapers included.
 pub const DEFAULT_KILL_DEADLINE: Duration = Duration::from_secs(10);
 /// How long to wait for a v1 freezer to report `FROZEN`; a task that will
 /// not freeze (in uninterruptible sleep) must not stop the kill, which then
@@ -140,6 +142,19 @@ pub enum KillError {
     Timeout {
         cgroup: String,
         pids: Vec<u32>,
+        waited: Duration,
+    },
+    /// process_mrelease waits for the victim's mmap lock, which a task of
+    /// the victim can hold in uninterruptible sleep for as long as it
+    /// sleeps: the kill gives up at its deadline, the threads are left to
+    /// end when the lock is free.
+    #[error(
+        "cgroup {cgroup:?}: {stuck} process_mrelease threads still blocked {waited:?} after the kill began (the memory of pids {victims:?} is locked, e.g. by a task stuck in the kernel holding its mmap lock)"
+    )]
+    ReapersStuck {
+        cgroup: String,
+        stuck: usize,
+        victims: Vec<u32>,
         waited: Duration,
     },
 }
@@ -229,6 +244,10 @@ pub struct Killer {
     /// Reaper threads a kill uses at most: one per CPU the agent may run
     /// on, counted once (each count reads the cgroup's CPU quota files).
     reapers: usize,
+    /// The processes reaper threads work on now, shared by every kill: a
+    /// kill tried again after one whose reaper stayed blocked on its
+    /// victim's memory starts no second thread to block beside it.
+    reaping: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 impl Killer {
@@ -237,6 +256,7 @@ impl Killer {
             cgroupfs,
             deadline: DEFAULT_KILL_DEADLINE,
             reapers: std::thread::available_parallelism().map_or(1, usize::from),
+            reaping: Arc::default(),
         }
     }
 
@@ -282,6 +302,7 @@ impl Killer {
             cgroup,
             dirs: self.listed_dirs(cgroup),
             reapers: self.reapers,
+            reaping: Arc::clone(&self.reaping),
         };
         // Listing refuses a pod holding the agent, before anything is
         // frozen or signalled.
@@ -311,7 +332,8 @@ impl Killer {
         match method {
             KillMethod::CgroupKill => {
                 report.sigkill_sent = u32::try_from(alive).unwrap_or(u32::MAX);
-                pod.cgroup_kill(&cgroup_kill, started, &mut report).await?;
+                pod.cgroup_kill(&cgroup_kill, started, deadline, &mut report)
+                    .await?;
             }
             KillMethod::Signals => {
                 let freezer = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at);
@@ -378,6 +400,8 @@ struct Pod<'a> {
     dirs: Vec<PathBuf>,
     /// See [`Killer::reapers`].
     reapers: usize,
+    /// See [`Killer::reaping`].
+    reaping: Arc<Mutex<BTreeSet<u32>>>,
 }
 
 impl Pod<'_> {
@@ -460,6 +484,13 @@ impl Pod<'_> {
     /// blocking thread per CPU, in parallel with each other and with the
     /// processes' own exits.
     fn reap(&self, pidfds: Vec<PidFd>) -> Reaping {
+        let pidfds: Vec<PidFd> = {
+            let mut reaping = lock(&self.reaping);
+            pidfds
+                .into_iter()
+                .filter(|pidfd| reaping.insert(pidfd.pid))
+                .collect()
+        };
         let reapers = self.reapers.min(pidfds.len());
         let mut shares: Vec<Vec<PidFd>> = (0..reapers).map(|_| Vec::new()).collect();
         for (i, pidfd) in pidfds.into_iter().enumerate() {
@@ -477,25 +508,34 @@ impl Pod<'_> {
         for share in shares {
             let (begin, begun) = oneshot::channel();
             reaping.begun.push(begun);
-            reaping.threads.push(tokio::task::spawn_blocking(move || {
+            let pids = share.iter().map(|pidfd| pidfd.pid).collect();
+            let being_reaped = Arc::clone(&self.reaping);
+            let thread = tokio::task::spawn_blocking(move || {
                 let _off_victim_cpu = share
                     .first()
                     .and_then(|pidfd| OffVictimCpu::enter(pidfd.pid));
                 let _ = begin.send(());
                 share
                     .iter()
-                    .map(|pidfd| (pidfd.pid, pidfd.release_memory()))
+                    .map(|pidfd| {
+                        let released = pidfd.release_memory();
+                        lock(&being_reaped).remove(&pidfd.pid);
+                        (pidfd.pid, released)
+                    })
                     .collect::<Vec<_>>()
-            }));
+            });
+            reaping.threads.push((pids, thread));
         }
         reaping
     }
 
-    /// `cgroup.kill`, then the memory of what it killed reaped at once.
+    /// `cgroup.kill`, then the memory of what it killed reaped at once,
+    /// until `deadline`.
     async fn cgroup_kill(
         &self,
         file: &Path,
         started: Instant,
+        deadline: Instant,
         report: &mut KillReport,
     ) -> Result<(), KillError> {
         // The kill first: nothing below (a file limit, a pid gone) may keep
@@ -531,8 +571,7 @@ impl Pod<'_> {
                 }
             }
         }
-        self.reap(pidfds).finish(started, report).await;
-        Ok(())
+        self.reap(pidfds).finish(started, deadline, report).await
     }
 
     /// Freeze, SIGKILL all, release memory, thaw; again until the subtree
@@ -587,7 +626,7 @@ impl Pod<'_> {
                 .is_some()
                 .then(|| resident_pages(&reaping.first_victims))
                 .flatten();
-            reaping.begun().await;
+            reaping.begun(deadline).await;
             if let Some(resident) = resident {
                 reapers_hold(&reaping.first_victims, resident).await;
             }
@@ -597,7 +636,7 @@ impl Pod<'_> {
                 drop(thaw);
                 report.thawed_after.get_or_insert(started.elapsed());
             }
-            reaping.finish(started, report).await;
+            reaping.finish(started, deadline, report).await?;
             let round_end = deadline.min(Instant::now() + ROUND_WAIT);
             if self.wait_empty(round_end).await? || Instant::now() >= deadline {
                 return Ok(());
@@ -750,30 +789,47 @@ struct Reaping {
     first_victims: Vec<u32>,
     /// Each thread says when it begins its calls.
     begun: Vec<oneshot::Receiver<()>>,
-    threads: Vec<tokio::task::JoinHandle<Vec<Reaped>>>,
+    /// Each thread, with the processes it reaps.
+    threads: Vec<(Vec<u32>, tokio::task::JoinHandle<Vec<Reaped>>)>,
 }
 
 /// A victim's pid and what `process_mrelease` answered.
 type Reaped = (u32, io::Result<()>);
 
 impl Reaping {
-    /// Returns once every thread has begun.
-    async fn begun(&mut self) {
+    /// Returns once every thread has begun, or at `deadline`.
+    async fn begun(&mut self, deadline: Instant) {
         for begun in self.begun.drain(..) {
-            // A thread that ended early is reported by `finish`.
-            let _ = begun.await;
+            // A thread that ended early, or never began, is reported by
+            // `finish`.
+            let _ = tokio::time::timeout_at(deadline, begun).await;
         }
     }
 
-    /// Waits for every call; counts them in `report` (failures only count:
-    /// mostly a victim that had exited).
-    async fn finish(self, started: Instant, report: &mut KillReport) {
-        for thread in self.threads {
-            let results = match thread.await {
-                Ok(results) => results,
-                Err(error) => {
+    /// Waits for every call until `deadline`; counts them in `report`
+    /// (failures only count: mostly a victim that had exited). Threads
+    /// still blocked then are left to end on their own: nothing can cut a
+    /// `process_mrelease` short, and they hold nothing but their victims'
+    /// pidfds.
+    async fn finish(
+        self,
+        started: Instant,
+        deadline: Instant,
+        report: &mut KillReport,
+    ) -> Result<(), KillError> {
+        let mut stuck = 0;
+        let mut victims = Vec::new();
+        for (pids, thread) in self.threads {
+            let results = match tokio::time::timeout_at(deadline, thread).await {
+                Ok(Ok(results)) => results,
+                Ok(Err(error)) => {
                     warn!(cgroup = self.cgroup, %error, "a process_mrelease thread failed");
                     report.mrelease_failed += 1;
+                    continue;
+                }
+                Err(_) => {
+                    stuck += 1;
+                    victims.extend(pids);
                     continue;
                 }
             };
@@ -787,8 +843,22 @@ impl Reaping {
                 }
             }
         }
+        if stuck > 0 {
+            return Err(KillError::ReapersStuck {
+                cgroup: self.cgroup,
+                stuck,
+                victims,
+                waited: started.elapsed(),
+            });
+        }
         report.released_after.get_or_insert(started.elapsed());
+        Ok(())
     }
+}
+
+/// A panic elsewhere while holding the lock leaves plain data behind.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Whether `pid` is a pod sandbox's `pause` process. A process gone

@@ -147,6 +147,7 @@ fn lists_the_subtree_in_every_v1_hierarchy_once() {
         cgroup: "/pod1",
         dirs,
         reapers: 1,
+        reaping: Arc::default(),
     };
     assert_eq!(
         pod.pids().unwrap().into_iter().collect::<Vec<_>>(),
@@ -237,6 +238,7 @@ async fn a_pod_removed_before_its_freeze_is_no_error() {
         cgroup: "/pod1",
         dirs: vec![memory, dir],
         reapers: 1,
+        reaping: Arc::default(),
     };
     let (log, _guard) = LogCapture::start();
     let mut report = KillReport::new(KillMethod::Signals, 0);
@@ -267,6 +269,7 @@ async fn a_pod_removed_while_freezing_ends_the_wait_quietly() {
         cgroup: "/pod1",
         dirs: vec![dir],
         reapers: 1,
+        reaping: Arc::default(),
     };
     let (log, _guard) = LogCapture::start();
     let started = Instant::now();
@@ -296,6 +299,7 @@ async fn a_freeze_that_does_not_complete_names_the_tasks_it_waits_on() {
         cgroup: "/pod1",
         dirs: vec![dir],
         reapers: 1,
+        reaping: Arc::default(),
     };
     let (log, _guard) = LogCapture::start();
     let mut holdouts = Vec::new();
