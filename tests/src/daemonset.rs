@@ -3,7 +3,8 @@
 //! bounding set, as a container runtime does), under the seccomp profile
 //! it names (applied as a runtime applies a Localhost profile), and, where
 //! a test asks, in a memory cgroup limited as the container's resources
-//! limit it.
+//! limit it, or with every cgroup filesystem read-only but the pods'
+//! cgroups, as its volume mounts have it.
 use std::{
     io,
     path::{Path, PathBuf},
@@ -121,5 +122,71 @@ pub fn start_as_daemonset(
         ])
         .args(&line)
         .env("EVICTD_CGROUP_PROCS", procs.join(" "));
+    Agent::spawn(command)
+}
+
+/// A shell that, in a mount namespace of its own (gone when the agent
+/// exits), makes every cgroup filesystem read-only except `writable` (a
+/// path relative to each hierarchy's root, where it exists), checks that
+/// `read_only_file` is not writable any more, then runs `command`.
+fn in_narrowed_cgroupfs(writable: &str, read_only_file: &Path, command: &[String]) -> Command {
+    let script = r#"
+set -eu
+writable=$1 probe=$2; shift 2
+for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+  mount -o remount,bind,ro "$target"
+done
+for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
+  if [ -d "$target/$writable" ]; then
+    mount --bind "$target/$writable" "$target/$writable"
+    mount -o remount,bind,rw "$target/$writable"
+  fi
+done
+if [ -w "$probe" ]; then echo "$probe is still writable" >&2; exit 97; fi
+exec "$@"
+"#;
+    let mut shell = Command::new("unshare");
+    shell
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(writable)
+        .arg(read_only_file)
+        .args(command);
+    shell
+}
+
+/// The agent with `args` on the node of `node_cgroup` (relative to the
+/// hierarchy root), confined as the DaemonSet confines it: its
+/// capabilities, its profile (applied by `seccomp_launcher`, the
+/// `evictd-seccomp` test tool), and every cgroup filesystem read-only but
+/// the node's pods' cgroups, as its volume mounts have it.
+/// `node_memory_dir` is the node cgroup in the memory hierarchy, whose
+/// `cgroup.procs` must end up read-only.
+pub fn confined_agent(
+    seccomp_launcher: &Path,
+    node_cgroup: &str,
+    node_memory_dir: &Path,
+    args: &[String],
+) -> io::Result<Agent> {
+    let container = agent_container()?;
+    let mut agent_line = vec![
+        seccomp_launcher.display().to_string(),
+        daemonset_seccomp_profile(&container).display().to_string(),
+        agent_binary().display().to_string(),
+    ];
+    agent_line.extend(args.iter().cloned());
+    let command = in_narrowed_cgroupfs(
+        &format!("{}/kubepods", node_cgroup.trim_start_matches('/')),
+        &node_memory_dir.join("cgroup.procs"),
+        &with_capabilities(&daemonset_capabilities(&container), &agent_line),
+    );
     Agent::spawn(command)
 }

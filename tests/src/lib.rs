@@ -26,6 +26,7 @@ mod cgroup_tree;
 mod containerd;
 mod cri_node;
 mod daemonset;
+mod fuse;
 mod layout;
 mod memory;
 mod oci_image;
@@ -45,9 +46,10 @@ pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PID
 pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use daemonset::{
-    agent_container, daemonset_capabilities, daemonset_memory_limit, daemonset_seccomp_profile,
-    start_as_daemonset, with_capabilities,
+    agent_container, confined_agent, daemonset_capabilities, daemonset_memory_limit,
+    daemonset_seccomp_profile, start_as_daemonset, with_capabilities,
 };
+pub use fuse::StuckFile;
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
 pub use oci_image::OciImage;

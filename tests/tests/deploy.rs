@@ -14,8 +14,8 @@
 use std::process::Command;
 
 use evictd_integration::{
-    Agent, Controller, SandboxNode, agent_binary, agent_container, daemonset_capabilities,
-    daemonset_seccomp_profile, memory_pods, with_capabilities,
+    Agent, Controller, SandboxNode, agent_binary, agent_container, confined_agent,
+    daemonset_capabilities, daemonset_seccomp_profile, memory_pods, with_capabilities,
 };
 use serde_json::Value;
 
@@ -23,66 +23,20 @@ const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const MIB: u64 = 1 << 20;
 
-/// A shell that, in a mount namespace of its own (gone when the agent
-/// exits), makes every cgroup filesystem read-only except `writable` (a
-/// path relative to each hierarchy's root, where it exists), checks that
-/// `read_only_file` is not writable any more, then runs `command`.
-fn in_narrowed_cgroupfs(writable: &str, read_only_file: &str, command: &[String]) -> Command {
-    let script = r#"
-set -eu
-writable=$1 probe=$2; shift 2
-for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
-  mount -o remount,bind,ro "$target"
-done
-for target in $(findmnt -rn -t cgroup,cgroup2 -o TARGET); do
-  if [ -d "$target/$writable" ]; then
-    mount --bind "$target/$writable" "$target/$writable"
-    mount -o remount,bind,rw "$target/$writable"
-  fi
-done
-if [ -w "$probe" ]; then echo "$probe is still writable" >&2; exit 97; fi
-exec "$@"
-"#;
-    let mut shell = Command::new("unshare");
-    shell
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "--",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .args([writable, read_only_file])
-        .args(command);
-    shell
-}
-
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
-    let container = agent_container().unwrap();
-    let capabilities = daemonset_capabilities(&container);
-    assert!(!capabilities.is_empty());
-    let profile = daemonset_seccomp_profile(&container);
     let mut node = SandboxNode::new(memory_pods(), 512 * MIB, WORKLOAD).unwrap();
-    let mut agent_line = vec![
-        SECCOMP.to_owned(),
-        profile.display().to_string(),
-        agent_binary().display().to_string(),
-    ];
-    agent_line.extend(node.agent_args());
-    agent_line.extend(["--eviction-hard".into(), "memory.available<96Mi".into()]);
+    let mut args = node.agent_args();
+    args.extend(["--eviction-hard".into(), "memory.available<96Mi".into()]);
     let node_cgroup = node.node_cgroup();
-    let node_dir = node.tree.dir(Controller::Memory, "node");
-    let command = in_narrowed_cgroupfs(
-        &format!("{}/kubepods", node_cgroup.trim_start_matches('/')),
-        &node_dir.join("cgroup.procs").display().to_string(),
-        &with_capabilities(&capabilities, &agent_line),
-    );
-    let mut agent = Agent::spawn(command).unwrap();
+    let mut agent = confined_agent(
+        SECCOMP.as_ref(),
+        &node_cgroup,
+        &node.tree.dir(Controller::Memory, "node"),
+        &args,
+    )
+    .unwrap();
     agent.log.expect("eBPF programs attached", &[]);
     assert!(
         agent

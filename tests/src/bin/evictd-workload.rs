@@ -37,6 +37,10 @@
 //!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
 //! - `log BYTES`: write BYTES of text to stderr (a container's log);
 //!   `ok <bytes>`.
+//! - `map-shared PATH`: open PATH and map one page of it shared, on a
+//!   thread of its own, which holds the process's mmap lock for as long as
+//!   the mapping takes (the integration tests' `StuckFile` makes that
+//!   forever); answers `ok mapping` at once.
 //! - `touch BYTES`: map BYTES of fresh anonymous memory (4 KiB pages: no
 //!   transparent huge pages) and write one byte of every page, so each page
 //!   is one page fault and one charge; answers `ok <ns the touching took>`.
@@ -402,6 +406,30 @@ fn hop(until: Instant) -> ! {
     }
 }
 
+/// Maps one page of `file` shared on a thread that then waits for good:
+/// the mapping and the file live until the process ends. The thread is
+/// spawned, not run here, because the mmap may never return.
+fn map_shared_aside(file: File) {
+    std::thread::spawn(move || {
+        // SAFETY: a new shared read-only mapping of an open file at an
+        // address the kernel picks; nothing reads it. Its result does not
+        // matter: the tests look at where the thread waits.
+        let _ = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        loop {
+            std::thread::park();
+        }
+    });
+}
+
 /// Writes `bytes` of non-zero data (no sparse file) to `path` and syncs it.
 fn write_file(path: &str, bytes: usize) -> io::Result<()> {
     let mut file = File::create(path)?;
@@ -619,6 +647,12 @@ impl Workload {
                 let bytes = amount()?;
                 write_log(bytes).map_err(|e| format!("log: {e}"))?;
                 bytes.to_string()
+            }
+            "map-shared" => {
+                let path = words.next().ok_or("map-shared needs a path")?;
+                let file = File::open(path).map_err(|e| format!("map-shared {path}: {e}"))?;
+                map_shared_aside(file);
+                "mapping".to_owned()
             }
             "touch" => {
                 if self.touched.is_some() {
