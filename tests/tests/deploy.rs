@@ -11,7 +11,7 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::process::Command;
+use std::{fs, os::unix::fs::PermissionsExt as _, process::Command};
 
 use evictd_integration::{
     Agent, Controller, SandboxNode, agent_binary, agent_container, confined_agent,
@@ -182,4 +182,43 @@ fn the_probes_have_a_port_of_their_own_that_only_the_node_reaches() {
         .map(|port| &port["port"])
         .collect();
     assert_eq!(admitted, [&Value::from("metrics")]);
+}
+
+#[test]
+#[ignore = "needs root: run with cargo xtask test"]
+fn under_the_profile_a_state_file_is_written_safely_and_a_failed_write_cleans_up() {
+    let container = agent_container().unwrap();
+    let capabilities = daemonset_capabilities(&container);
+    let profile = daemonset_seccomp_profile(&container);
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    // As a hostPath volume's DirectoryOrCreate leaves it.
+    fs::create_dir(&state).unwrap();
+    fs::set_permissions(&state, fs::Permissions::from_mode(0o755)).unwrap();
+    // A directory where the file goes: the write's rename fails after its
+    // temporary file is made.
+    fs::create_dir_all(state.join("evictd.json/in-the-way")).unwrap();
+    let line = with_capabilities(
+        &capabilities,
+        &[
+            SECCOMP.to_owned(),
+            profile.display().to_string(),
+            agent_binary().display().to_string(),
+            "seccomp-profile".to_owned(),
+            "--install".to_owned(),
+            state.display().to_string(),
+        ],
+    );
+    let output = Command::new(&line[0]).args(&line[1..]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("evictd.json"), "{stderr}");
+    assert!(
+        !state.join(".evictd.json.tmp").exists(),
+        "the temporary file was left behind: {stderr}"
+    );
+    assert_eq!(
+        fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
 }

@@ -50,6 +50,11 @@ mod tests {
             "sched_setaffinity",
             // A decision's time on and off the CPU.
             "getrusage",
+            // A state file's failed write removes its temporary file; the
+            // state directory, the agent's own, is brought to mode 0700.
+            "unlink",
+            "geteuid",
+            "fchmod",
         ] {
             assert!(allowed.contains(&needed), "{needed} is not allowed");
         }

@@ -258,7 +258,9 @@ fn load(dir: &StateDir) -> Vec<Pending> {
     let bytes = match dir.read(FILE) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return Vec::new(),
-        Err(e @ StateError::TooLarge { .. }) => return set_aside(dir, &e.to_string()),
+        Err(e @ (StateError::TooLarge { .. } | StateError::NotRegular { .. })) => {
+            return set_aside(dir, &e.to_string());
+        }
         Err(e) => {
             warn!(error = %e, "cannot read the eviction report journal; starting without it");
             return Vec::new();
