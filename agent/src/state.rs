@@ -69,13 +69,24 @@ impl StateDir {
     /// agent's user; its mode is brought to 0700 (a hostPath volume's
     /// `DirectoryOrCreate` makes it 0755).
     pub fn open(path: &Path) -> Result<Self, StateError> {
+        Self::open_with(path, Some(DIR_MODE))
+    }
+
+    /// A directory others read too (kubelet's seccomp directory, where the
+    /// agent's profile is installed): created 0755 if missing, its mode
+    /// left as it is; its files are written as the state directory's.
+    pub fn open_shared(path: &Path) -> Result<Self, StateError> {
+        Self::open_with(path, None)
+    }
+
+    fn open_with(path: &Path, mode: Option<u32>) -> Result<Self, StateError> {
         let open_error = |source| StateError::Open {
             path: path.to_owned(),
             source,
         };
         fs::DirBuilder::new()
             .recursive(true)
-            .mode(DIR_MODE)
+            .mode(mode.unwrap_or(0o755))
             .create(path)
             .map_err(open_error)?;
         let unsafe_dir = |problem: String| StateError::UnsafeDir {
@@ -101,8 +112,10 @@ impl StateDir {
                 metadata.uid()
             )));
         }
-        if metadata.mode() & 0o777 != DIR_MODE {
-            dir.set_permissions(fs::Permissions::from_mode(DIR_MODE))
+        if let Some(mode) = mode
+            && metadata.mode() & 0o777 != mode
+        {
+            dir.set_permissions(fs::Permissions::from_mode(mode))
                 .map_err(open_error)?;
         }
         Ok(Self {

@@ -16,7 +16,7 @@ pub const FILE_NAME: &str = "evictd.json";
 /// Writes the profile into `dir` (created if missing), atomically: kubelet
 /// starting a container at the same moment reads the old file or the new.
 pub fn install(dir: &Path) -> Result<PathBuf, StateError> {
-    let dir = StateDir::open(dir)?;
+    let dir = StateDir::open_shared(dir)?;
     dir.write(FILE_NAME, PROFILE.as_bytes())?;
     Ok(dir.path().join(FILE_NAME))
 }
@@ -72,9 +72,13 @@ mod tests {
     }
 
     #[test]
-    fn install_writes_the_profile_whole() {
+    fn install_writes_the_profile_whole_and_leaves_kubelets_directory_as_it_is() {
+        use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().unwrap();
-        let path = install(&dir.path().join("seccomp")).unwrap();
+        let seccomp = dir.path().join("seccomp");
+        let path = install(&seccomp).unwrap();
         assert_eq!(std::fs::read_to_string(path).unwrap(), PROFILE);
+        let mode = std::fs::metadata(&seccomp).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o755);
     }
 }
