@@ -4,7 +4,9 @@
 //! reporter goes on, and a restarted agent replays what is left. Each
 //! report remembers how far it got (the status patch or delete, then the
 //! node event, then the pod event), so a replay repeats no step that the
-//! API already confirmed.
+//! API already confirmed. The file names the node it was written on: a
+//! state directory moved to another node (or a renamed node) must not
+//! replay reports about pods that are not this node's.
 use std::collections::BTreeMap;
 
 use clap::ValueEnum as _;
@@ -21,8 +23,8 @@ use crate::{
 
 const FILE: &str = "reports.json";
 /// Bumped when the file's meaning changes; a journal of another version is
-/// set aside, not misread.
-const FORMAT: u32 = 1;
+/// set aside, not misread. 2: the node it belongs to.
+const FORMAT: u32 = 2;
 
 /// Reports kept at most. A node evicts a few pods a minute at most; 256
 /// outlasts an API outage of hours, and keeps the file far below the state
@@ -81,6 +83,8 @@ struct Record {
 #[serde(deny_unknown_fields)]
 struct JournalFile {
     format: u32,
+    /// The node whose reports these are.
+    node: String,
     reports: Vec<Record>,
 }
 
@@ -91,6 +95,7 @@ pub struct Full;
 pub struct Journal {
     /// None: no usable state directory; reports live in memory only.
     dir: Option<StateDir>,
+    node: String,
     reports: Vec<Pending>,
     next_id: u64,
     /// A failed write is warned about once, not on every change.
@@ -98,10 +103,11 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Reads what a previous agent left in `dir`. A file that cannot be
-    /// understood is set aside with a warning.
-    pub fn open(dir: Option<StateDir>) -> Self {
-        let reports = dir.as_ref().map(load).unwrap_or_default();
+    /// Reads what a previous agent on `node` left in `dir`. A file that
+    /// cannot be understood, or another node's, is set aside with a
+    /// warning.
+    pub fn open(dir: Option<StateDir>, node: &str) -> Self {
+        let reports = dir.as_ref().map(|dir| load(dir, node)).unwrap_or_default();
         let next_id = reports.iter().map(|r| r.id + 1).max().unwrap_or(0);
         if !reports.is_empty() {
             info!(
@@ -111,6 +117,7 @@ impl Journal {
         }
         Self {
             dir,
+            node: node.to_owned(),
             reports,
             next_id,
             write_failed: false,
@@ -174,6 +181,7 @@ impl Journal {
         };
         let file = JournalFile {
             format: FORMAT,
+            node: self.node.clone(),
             reports: self.reports.iter().map(record).collect(),
         };
         let result = serde_json::to_vec(&file)
@@ -253,8 +261,8 @@ fn pending(record: Record) -> Option<Pending> {
 }
 
 /// The reports in `dir`'s journal; none (with a warning, the file set
-/// aside) when it cannot be understood.
-fn load(dir: &StateDir) -> Vec<Pending> {
+/// aside) when it cannot be understood or is another node's.
+fn load(dir: &StateDir, node: &str) -> Vec<Pending> {
     let bytes = match dir.read(FILE) {
         Ok(Some(bytes)) => bytes,
         Ok(None) => return Vec::new(),
@@ -274,6 +282,15 @@ fn load(dir: &StateDir) -> Vec<Pending> {
         return set_aside(
             dir,
             &format!("format {} (this agent reads {FORMAT})", file.format),
+        );
+    }
+    if file.node != node {
+        return set_aside(
+            dir,
+            &format!(
+                "written on node {:?}, not this one ({node:?}): its pods are not this node's",
+                file.node
+            ),
         );
     }
     let total = file.reports.len();
@@ -326,7 +343,7 @@ mod tests {
     fn reports_and_their_progress_survive_a_restart() {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
-        let mut journal = Journal::open(Some(state.clone()));
+        let mut journal = Journal::open(Some(state.clone()), "node-a");
         journal
             .add(notice("web"), EvictionAction::Status, Timestamp::now())
             .unwrap();
@@ -340,7 +357,7 @@ mod tests {
         let web = journal.first().unwrap().id;
         journal.advance(web, Some(Stage::PodEvent));
 
-        let reopened = Journal::open(Some(state.clone()));
+        let reopened = Journal::open(Some(state.clone()), "node-a");
         assert_eq!(reopened.reports, journal.reports);
         assert_eq!(reopened.reports[0].stage, Stage::PodEvent);
         assert_eq!(reopened.reports[1].action, EvictionAction::Delete);
@@ -350,12 +367,12 @@ mod tests {
         reopened.advance(web, None);
         let db = reopened.first().unwrap().id;
         reopened.advance(db, None);
-        assert!(Journal::open(Some(state)).first().is_none());
+        assert!(Journal::open(Some(state), "node-a").first().is_none());
     }
 
     #[test]
     fn a_report_the_eviction_api_made_final_needs_only_its_events() {
-        let mut journal = Journal::open(None);
+        let mut journal = Journal::open(None, "node-a");
         let evicted = EvictionNotice {
             evicted_by_api: true,
             ..notice("web")
@@ -371,17 +388,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
         state
-            .write(FILE, br#"{"format": 1, "reports": [{"id": 0, "namesp"#)
+            .write(
+                FILE,
+                br#"{"format": 2, "node": "node-a", "reports": [{"id": 0, "namesp"#,
+            )
             .unwrap();
-        let journal = Journal::open(Some(state.clone()));
+        let journal = Journal::open(Some(state.clone()), "node-a");
         assert!(journal.first().is_none());
         assert!(dir.path().join("reports.json.corrupt").is_file());
         assert_eq!(state.read(FILE).unwrap(), None);
     }
 
     #[test]
+    fn another_nodes_journal_is_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let mut journal = Journal::open(Some(state.clone()), "node-a");
+        journal
+            .add(notice("web"), EvictionAction::Status, Timestamp::now())
+            .unwrap();
+        // The state directory moved, or the node was renamed.
+        let moved = Journal::open(Some(state.clone()), "node-b");
+        assert!(moved.first().is_none());
+        assert!(dir.path().join("reports.json.corrupt").is_file());
+        assert_eq!(state.read(FILE).unwrap(), None);
+    }
+
+    #[test]
     fn the_journal_is_bounded() {
-        let mut journal = Journal::open(None);
+        let mut journal = Journal::open(None, "node-a");
         for n in 0..CAPACITY {
             journal
                 .add(

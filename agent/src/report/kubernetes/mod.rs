@@ -155,7 +155,7 @@ impl Kubernetes {
                         context.clone(),
                         eviction_queue,
                     ));
-                    let journal = journal::Journal::open(state);
+                    let journal = journal::Journal::open(state, &context.node_name);
                     report::serve_reports(client, context, report_queue, journal).await;
                 });
                 let _ = finished_tx.send(());
