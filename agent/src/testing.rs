@@ -98,7 +98,7 @@ pub(crate) mod fakes {
 
     use crate::{
         act::{
-            evictor::{Evaluation, EvictionBudget, Evictor, EvictorOptions, Parts},
+            evictor::{Evaluation, EvictionBudget, Evictor, EvictorOptions, Parts, SpentBudget},
             io::{EvictionApi, Io, KernelRecords, NodeSource, PodKiller},
             kill::{KillError, KillMethod, KillReport},
             wake::{Clock, Wake, WakeCause},
@@ -586,6 +586,8 @@ pub(crate) mod fakes {
         pub budget: EvictionBudget,
         /// Precise memory hooks near thresholds only.
         pub zone: Option<ZoneOptions>,
+        /// The state directory that keeps the budget spent.
+        pub state_dir: Option<PathBuf>,
     }
 
     impl Default for HarnessOptions {
@@ -605,6 +607,7 @@ pub(crate) mod fakes {
                     period: Duration::from_secs(60),
                 },
                 zone: None,
+                state_dir: None,
             }
         }
     }
@@ -661,6 +664,9 @@ pub(crate) mod fakes {
                     killer: killer.clone(),
                     api: options.api,
                     monitor,
+                    spent_budget: options
+                        .state_dir
+                        .and_then(|dir| SpentBudget::new(&dir, "node-a")),
                 },
                 metrics.clone(),
                 Clock::new(),

@@ -39,6 +39,10 @@ pub struct Agent {
     child: Child,
     pub log: AgentLog,
     reader: Option<JoinHandle<()>>,
+    /// The agent's own --state-dir when the command named none (the
+    /// default, /var/lib/evictd, would carry one test's eviction budget
+    /// into the next), removed with the agent.
+    state_dir: Option<PathBuf>,
 }
 
 impl Agent {
@@ -60,9 +64,18 @@ impl Agent {
     }
 
     /// Starts `command` (the agent, maybe behind a wrapper such as setpriv),
-    /// adding JSON logs and free metrics and probe ports. Logs at info unless the
-    /// command sets RUST_LOG; never dumps core (see [`Agent::signal`]).
+    /// adding JSON logs, free metrics and probe ports and, unless it names
+    /// one, a state directory of its own. Logs at info unless the command
+    /// sets RUST_LOG; never dumps core (see [`Agent::signal`]).
     pub fn spawn(mut command: Command) -> io::Result<Self> {
+        let names_state_dir = command.get_args().any(|arg| {
+            arg.to_str()
+                .is_some_and(|arg| arg == "--state-dir" || arg.starts_with("--state-dir="))
+        });
+        let state_dir = (!names_state_dir).then(private_state_dir);
+        if let Some(dir) = &state_dir {
+            command.arg("--state-dir").arg(dir);
+        }
         if !command.get_envs().any(|(key, _)| key == "RUST_LOG") {
             command.env("RUST_LOG", "info");
         }
@@ -93,6 +106,7 @@ impl Agent {
             child,
             log,
             reader: Some(reader),
+            state_dir,
         })
     }
 
@@ -148,7 +162,18 @@ impl Drop for Agent {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        if let Some(dir) = &self.state_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+/// A state directory for one agent, not made yet (the agent makes it when
+/// it first writes).
+fn private_state_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("evictd-agent-state-{}-{n}", std::process::id()))
 }
 
 /// Log lines of the agent, parsed from its JSON output.

@@ -10,7 +10,7 @@
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
 )]
-use std::{fs, time::Duration};
+use std::{fs, os::unix::fs::PermissionsExt as _, time::Duration};
 
 use evictd::node::cgroupfs::CgroupFs;
 use evictd_integration::{
@@ -75,6 +75,10 @@ fn a_pod_past_memory_and_pid_thresholds_at_once_is_killed_and_reported_once() {
     // Five sandboxes and five workloads, then the hog's children.
     node.tree.set_pids_limit("node", 200).unwrap();
     let server = ApiServer::start(api_pods, Faults::default()).unwrap();
+    // As a hostPath volume's DirectoryOrCreate leaves it: the confined
+    // agent makes it its own.
+    fs::create_dir_all(node.state_dir()).unwrap();
+    fs::set_permissions(node.state_dir(), fs::Permissions::from_mode(0o755)).unwrap();
     let mut args = node.runtime_api_agent_args(NODE_NAME, server.kubeconfig());
     // Soft thresholds: the hog's eviction lasts its 2 s grace period (it
     // ignores SIGTERM), so the engine surely runs again while the hog is
@@ -160,6 +164,17 @@ fn a_pod_past_memory_and_pid_thresholds_at_once_is_killed_and_reported_once() {
         .count();
     assert_eq!((patches, evicted_events), (1, 1), "{writes:#?}");
     assert_eq!(server.failed_transitions(), 1);
+    // The budget was spent once, and a restarted agent would know it.
+    let budget = fs::read_to_string(node.state_dir().join("budget.json")).unwrap();
+    let budget: Value = serde_json::from_str(&budget).unwrap();
+    assert_eq!(budget["node"], NODE_NAME, "{budget}");
+    assert_eq!(
+        budget["spent"].as_array().map(Vec::len),
+        Some(1),
+        "{budget}"
+    );
+    let mode = fs::metadata(node.state_dir()).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
     let problems = unexpected_problems(&mut log, &[]);
     assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -8,8 +8,9 @@ use std::fs;
 
 use evictd_integration::{
     AGENT_DEADLINE, CgroupLayout, CgroupVersion, Controller, PodSpec, SandboxNode, Workload,
-    http_get, memory_pods, systemd_path, wait_until,
+    http_get, memory_pods, metric, systemd_path, wait_until,
 };
+use nix::sys::signal::Signal;
 use serde_json::json;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -350,5 +351,67 @@ fn a_leak_outside_the_pods_costs_at_most_the_budget_and_evictd_says_why_it_stopp
     }
     assert!(node.alive("node-exporter"));
     let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn a_crash_looping_agent_keeps_the_eviction_budget_it_spent() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[
+        ("db", 48 * MIB),
+        ("web", 32 * MIB),
+        ("batch", 48 * MIB),
+        ("node-exporter", 24 * MIB),
+    ])
+    .unwrap();
+    let state_dir = node.state_dir().display().to_string();
+    let args = [
+        "--eviction-hard",
+        "memory.available<96Mi",
+        "--eviction-budget",
+        "1/1h",
+        "--state-dir",
+        &state_dir,
+    ];
+    let mut first = node.start_agent(&args).unwrap();
+    first
+        .log
+        .expect("watching scope", &[("scope", &node.node_cgroup())]);
+    node.grow_until_stopped("hog", 16 * MIB, NODE_MEMORY)
+        .unwrap();
+    first.log.expect_eviction("default/hog", "memory");
+    let budget = node.state_dir().join("budget.json");
+    wait_until(AGENT_DEADLINE, "the budget spent on disk", || {
+        budget.exists()
+    })
+    .unwrap();
+    // It dies, as an agent in a crash loop does, and comes back.
+    first.signal(Signal::SIGKILL).unwrap();
+    first.wait_exit().unwrap();
+    let mut second = node.start_agent(&args).unwrap();
+    let carried = second.log.expect(
+        "the evictions the last agent started count in this one's budget",
+        &[],
+    );
+    assert_eq!(carried["spent"], 1, "{carried}");
+    second
+        .log
+        .expect("watching scope", &[("scope", &node.node_cgroup())]);
+    // batch goes past the threshold, short of the node's limit.
+    node.alloc(&[("batch", 320 * MIB)]).unwrap();
+    second.log.expect(
+        "eviction budget spent: no more evictions until the oldest leaves the period (--eviction-budget)",
+        &[],
+    );
+    assert!(second.log.all("eviction decided").is_empty());
+    assert!(
+        node.alive("batch"),
+        "the budget spent before the restart let batch be killed"
+    );
+    let metrics = http_get(&second.log.metrics_address(), "/metrics").unwrap();
+    let held = metric(&metrics, r#"evictd_evictions_held_total{reason="budget"}"#);
+    assert!(held.is_some_and(|held| held >= 1.0), "{metrics}");
+    let (status, _) = second.stop().unwrap();
     assert!(status.success());
 }

@@ -14,13 +14,21 @@ mod eviction;
 mod local_storage;
 mod precise;
 mod safeguards;
+mod spent;
 
-use std::{borrow::Cow, collections::BTreeMap, rc::Rc, sync::Arc, time::Duration};
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use tracing::{info, warn};
 
 pub use eviction::Ended;
 pub use safeguards::EvictionBudget;
+pub use spent::SpentBudget;
 
 use crate::{
     act::{
@@ -154,6 +162,8 @@ pub struct Evictor<I: Io> {
     unacted: Option<Vec<String>>,
     evictions: eviction::Evictions,
     safeguards: safeguards::Safeguards,
+    /// The budget on disk, for the next agent (`--state-dir`).
+    spent_budget: Option<SpentBudget>,
     zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
     /// Disk thresholds whose node-level reclaim is under way: each is
@@ -169,6 +179,9 @@ pub struct Parts<I: Io> {
     pub killer: I::Killer,
     pub api: Option<I::Api>,
     pub monitor: Monitor<I::Bands>,
+    /// Where the budget spent is kept across restarts; none in a dry run,
+    /// which spends nothing.
+    pub spent_budget: Option<SpentBudget>,
 }
 
 impl<I: Io> Evictor<I> {
@@ -179,6 +192,15 @@ impl<I: Io> Evictor<I> {
         clock: Clock,
         options: EvictorOptions,
     ) -> Self {
+        let mut safeguards = safeguards::Safeguards::new(options.budget);
+        if let Some(file) = &parts.spent_budget {
+            let ago = file.load(SystemTime::now());
+            safeguards.restore(&ago, clock.now_ns());
+            if !ago.is_empty() {
+                info!(spent = ago.len(), budget = %options.budget,
+                    "the evictions the last agent started count in this one's budget");
+            }
+        }
         Self {
             engine: Engine::new(config.clone()),
             config,
@@ -192,7 +214,8 @@ impl<I: Io> Evictor<I> {
             conditions: Vec::new(),
             unacted: None,
             evictions: eviction::Evictions::default(),
-            safeguards: safeguards::Safeguards::new(options.budget),
+            safeguards,
+            spent_budget: parts.spent_budget,
             zone: options.zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
             reclaim_asked: BTreeMap::new(),

@@ -19,7 +19,10 @@ use tracing::{error, info, warn};
 
 use crate::{
     act::{
-        evictor::{Action, Ended, Evaluation, Evictor, EvictorOptions, Parts, thaw_abandoned_pods},
+        evictor::{
+            Action, Ended, Evaluation, Evictor, EvictorOptions, Parts, SpentBudget,
+            thaw_abandoned_pods,
+        },
         io::{Io, KernelRecords, KernelSide, Live},
         kill::Killer,
         timer::Pacer,
@@ -291,6 +294,15 @@ pub async fn run(
             // Shadow mode writes nothing to the API.
             api: kubernetes.filter(|_| !args.dry_run),
             monitor,
+            // Nor spends any budget.
+            spent_budget: if args.dry_run {
+                None
+            } else {
+                SpentBudget::new(
+                    &args.state_dir,
+                    args.kubernetes.node_name.as_deref().unwrap_or_default(),
+                )
+            },
         },
         metrics.clone(),
         Clock::new(),

@@ -2,7 +2,13 @@
 //! beside the loop (the Eviction API where `--eviction-action evict` asks
 //! for it, else the local kill, with a soft eviction's grace period); its
 //! end reported; then the victim's resource watched until it is back.
-use std::{collections::BTreeMap, future::Future, pin::Pin, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
 
 use futures::{
     StreamExt as _,
@@ -457,7 +463,11 @@ impl<I: Io> Evictor<I> {
         }));
         // One pod, one eviction: the one taken over spent the budget.
         if !takes_over {
-            self.safeguards.spend(self.clock.now_ns());
+            let now_ns = self.clock.now_ns();
+            self.safeguards.spend(now_ns);
+            if let Some(file) = &self.spent_budget {
+                file.save(self.safeguards.spent_ago(now_ns), SystemTime::now());
+            }
         }
         self.evictions.in_flight.insert(
             id,

@@ -137,6 +137,24 @@ impl Safeguards {
         self.spent.push_back(now_ns);
     }
 
+    /// Counts evictions a previous agent started `ago` before `now_ns`
+    /// (oldest first), those within the budget's period, as if this agent
+    /// had started them.
+    pub(super) fn restore(&mut self, ago: &[Duration], now_ns: u64) {
+        for ago in ago.iter().filter(|ago| **ago < self.budget.period) {
+            let ago = u64::try_from(ago.as_nanos()).unwrap_or(u64::MAX);
+            self.spent.push_back(now_ns.saturating_sub(ago));
+        }
+    }
+
+    /// How long before `now_ns` each eviction counted in the budget
+    /// started, oldest first.
+    pub(super) fn spent_ago(&self, now_ns: u64) -> impl Iterator<Item = Duration> + '_ {
+        self.spent
+            .iter()
+            .map(move |&at| Duration::from_nanos(now_ns.saturating_sub(at)))
+    }
+
     /// A kill of pod `uid` failed: it is left alone for a back-off that
     /// doubles with each failure. Returns the back-off.
     pub(super) fn failed(&mut self, uid: &str, now_ns: u64) -> Duration {

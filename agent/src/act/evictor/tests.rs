@@ -92,6 +92,30 @@ async fn the_eviction_budget_bounds_a_runaway() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_budget_an_agent_spent_is_spent_for_the_agent_restarted_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = || HarnessOptions {
+        pods: (0..20).map(|i| pod(&format!("p{i}"), 1)).collect(),
+        outside_pods: NODE_CAPACITY - 30 * MIB,
+        budget: "3/1m".parse().unwrap(),
+        state_dir: Some(dir.path().join("evictd")),
+        ..HarnessOptions::default()
+    };
+    let mut first = Harness::new(options());
+    first.settle(wake(&first)).await;
+    assert_eq!(killed(&first).len(), 3);
+    drop(first);
+    // A crash loop: the agent starts again on the same node, under the
+    // same pressure.
+    let (log, _guard) = LogCapture::start();
+    let mut restarted = Harness::new(options());
+    restarted.settle(wake(&restarted)).await;
+    assert!(killed(&restarted).is_empty(), "the budget is still spent");
+    assert!(log.contains("eviction budget spent"), "{:?}", log.lines());
+    assert!(log.contains("the evictions the last agent started count in this one's budget"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn pressure_outside_the_pods_stops_evictions_instead_of_draining_them() {
     let mut harness = Harness::new(HarnessOptions {
         pods: vec![pod("a", 300), pod("b", 200), pod("c", 100)],
