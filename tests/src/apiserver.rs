@@ -5,8 +5,9 @@
 //! changes the stored pod, a delete removes it, uid preconditions and
 //! duplicate event names are 409s), records every request with its answer,
 //! and fails on demand: 403 for a route, 429 for evictions (a
-//! PodDisruptionBudget), no answer for a while, or down altogether
-//! (connections refused) until it comes back on the same address.
+//! PodDisruptionBudget), 500 for one path (a webhook that fails for one
+//! pod), no answer for a while, or down altogether (connections refused)
+//! until it comes back on the same address.
 use std::{
     collections::HashSet,
     convert::Infallible,
@@ -55,6 +56,9 @@ pub struct Faults {
     pub forbidden: Vec<(&'static str, &'static str)>,
     /// Evictions refused with 429, as a PodDisruptionBudget refuses them.
     pub budget_refuses_evictions: bool,
+    /// Path suffixes answered 500 Internal Error, whatever the method, as
+    /// an admission webhook that fails for one object makes the API answer.
+    pub failing: Vec<&'static str>,
     /// Every answer waits this long: an overloaded API server.
     pub delay: Duration,
 }
@@ -349,6 +353,15 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
             method.as_str().to_lowercase()
         );
         return json_response(403, status_failure(403, "Forbidden", &message));
+    }
+    if shared
+        .faults
+        .failing
+        .iter()
+        .any(|suffix| path.ends_with(suffix))
+    {
+        let message = format!("Internal error occurred: failed calling webhook for {path}");
+        return json_response(500, status_failure(500, "InternalError", &message));
     }
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let mut state = lock(&shared.state);

@@ -251,6 +251,64 @@ fn a_forbidden_request_is_one_clear_error_and_is_not_retried() {
 
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_report_the_api_keeps_failing_holds_up_no_other_report() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.alloc(&[("db", 48 * MIB), ("web", 32 * MIB), ("batch", 48 * MIB)])
+        .unwrap();
+    // Every write about the hog fails, as behind a webhook broken for it.
+    let server = api_server(
+        &node,
+        Faults {
+            failing: vec!["/pods/hog/status"],
+            ..Faults::default()
+        },
+    );
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &["--eviction-hard", "memory.available<96Mi"],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    run_hog_until_stopped(&mut node);
+    agent.log.expect_eviction("default/hog", "memory");
+    let waits = agent.log.expect(
+        "eviction report waits for the Kubernetes API; retrying with backoff",
+        &[("pod", "default/hog")],
+    );
+    assert_eq!(waits["code"], 500, "{waits}");
+    // A second eviction, reported behind the first.
+    node.grow_until_stopped("batch", 16 * MIB, NODE_MEMORY)
+        .unwrap();
+    agent.log.expect_eviction("default/batch", "memory");
+    server
+        .wait_for_request(REPORT_DEADLINE, "batch's Evicted event", |r| {
+            r.method == "POST"
+                && r.body["reason"] == "Evicted"
+                && r.body["involvedObject"]["name"] == "batch"
+                && r.status == 201
+        })
+        .unwrap();
+    let batch = server.pod("default", "batch").unwrap();
+    assert_eq!(batch["status"]["reason"], "Evicted");
+    // The hog's report is still tried, not given up.
+    let hog_patches: Vec<u16> = server
+        .writes()
+        .iter()
+        .filter(|r| r.path.ends_with("/pods/hog/status"))
+        .map(|r| r.status)
+        .collect();
+    assert!(hog_patches.len() >= 2, "{hog_patches:?}");
+    assert!(
+        hog_patches
+            .iter()
+            .all(|&status| status == 500 || status == 0)
+    );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     let kubeconfig = write_kubeconfig(&format!("http://{}", closed_port().unwrap())).unwrap();

@@ -161,6 +161,16 @@ impl Journal {
         Ok(())
     }
 
+    /// Puts report `id` behind every other: its step failed, and the
+    /// others are tried before it is again.
+    pub fn defer(&mut self, id: u64) {
+        if let Some(at) = self.reports.iter().position(|r| r.id == id) {
+            let report = self.reports.remove(at);
+            self.reports.push(report);
+            self.save();
+        }
+    }
+
     /// Records that report `id` is through `stage`; removes it after its
     /// last one.
     pub fn advance(&mut self, id: u64, next: Option<Stage>) {
@@ -397,6 +407,24 @@ mod tests {
         assert!(journal.first().is_none());
         assert!(dir.path().join("reports.json.corrupt").is_file());
         assert_eq!(state.read(FILE).unwrap(), None);
+    }
+
+    #[test]
+    fn a_deferred_report_goes_behind_the_others_also_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::open(dir.path()).unwrap();
+        let mut journal = Journal::open(Some(state.clone()), "node-a");
+        for name in ["hog", "batch"] {
+            journal
+                .add(notice(name), EvictionAction::Status, Timestamp::now())
+                .unwrap();
+        }
+        let hog = journal.first().unwrap().id;
+        journal.defer(hog);
+        assert_eq!(journal.first().unwrap().notice.name, "batch");
+        let reopened = Journal::open(Some(state), "node-a");
+        assert_eq!(reopened.first().unwrap().notice.name, "batch");
+        assert_eq!(reopened.len(), 2);
     }
 
     #[test]

@@ -5,10 +5,16 @@
 //! pod. Runs on the API thread, after the kill, one request at a time (an
 //! API outage costs one retrying request, not a storm). The step that stops
 //! the pod being restarted in place goes first and is retried, with
-//! backoff, until the API takes it or the pod is gone; every report is in
-//! the on-disk journal until its last step is done, so neither an outage
-//! nor an agent restart loses one.
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+//! backoff, until the API takes it or the pod is gone; a report whose step
+//! fails goes behind the others, so one the API keeps refusing (a webhook
+//! failing for that pod) holds up no other. Every report is in the on-disk
+//! journal until its last step is done, so neither an outage nor an agent
+//! restart loses one.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use k8s_openapi::{
     api::{
@@ -32,11 +38,12 @@ use super::{
 };
 use crate::{config::EvictionAction, report::metrics::Metrics};
 
-/// While the API does not answer, or answers 5xx/429, a report's step is
-/// tried again after a wait doubling from [`FIRST_RETRY`] to
-/// [`LONGEST_RETRY`], for as long as it takes: a returning API server sees
-/// one request per node every 16 s at most, and a report is final within
-/// 16 s of its return.
+/// While the API does not answer, or answers 5xx/429, the reporter waits
+/// after each failed step, doubling from [`FIRST_RETRY`] to
+/// [`LONGEST_RETRY`] while steps keep failing, for as long as it takes: an
+/// API server that is down sees one request per node every 16 s at most,
+/// and a report is final within 16 s of its return. The failed report
+/// waits behind the others, which a step that succeeds lets go at once.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LONGEST_RETRY: Duration = Duration::from_secs(16);
 
@@ -97,8 +104,9 @@ pub(super) async fn serve_reports(
     mut journal: Journal,
 ) {
     let mut wait = FIRST_RETRY;
-    // The report whose step is failing, so its trouble is logged once.
-    let mut failing: Option<u64> = None;
+    // The reports whose step is failing, so each one's trouble is logged
+    // once.
+    let mut failing: BTreeSet<u64> = BTreeSet::new();
     loop {
         while let Ok(notice) = queue.try_recv() {
             accept(&mut journal, &context, notice);
@@ -119,11 +127,11 @@ pub(super) async fn serve_reports(
         let result = step(&client, &context, &report).await;
         match result {
             Err(failure) if failure.retryable() => {
-                if failing != Some(report.id) {
-                    failing = Some(report.id);
+                if failing.insert(report.id) {
                     warn!(pod = %pod_key(&report.notice), step = ?report.stage, code = failure.code,
                         "eviction report waits for the Kubernetes API; retrying with backoff");
                 }
+                journal.defer(report.id);
                 let sleep = tokio::time::sleep(wait);
                 tokio::pin!(sleep);
                 // New reports join the journal meanwhile; a shutdown ends
@@ -145,7 +153,7 @@ pub(super) async fn serve_reports(
             }
             _ => {
                 wait = FIRST_RETRY;
-                failing = None;
+                failing.remove(&report.id);
             }
         }
         let next = match report.stage {
