@@ -501,6 +501,65 @@ fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
 
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn an_eviction_api_forbidden_to_evictd_is_a_loud_configuration_error_not_a_pod_left_running() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    // What deploy/admission.yaml's evictd-no-eviction-api answers.
+    let server = api_server(
+        &node,
+        Faults {
+            forbidden: vec![("POST", "/eviction")],
+            ..Faults::default()
+        },
+    );
+    let mut agent = start_agent(
+        &node,
+        server.kubeconfig(),
+        &[
+            "--eviction-hard",
+            "",
+            "--eviction-soft",
+            "memory.available<256Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=1s",
+            "--eviction-action",
+            "evict",
+        ],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    let forbidden = agent.log.expect(
+        "the Kubernetes API forbids evictd's Evictions: --eviction-action evict cannot work as deployed (deploy/admission.yaml's evictd-no-eviction-api refuses them; rbac.yaml grants no pods/eviction); killing locally, as with --eviction-action status",
+        &[],
+    );
+    assert_eq!(forbidden["level"], "ERROR");
+    agent.log.expect_eviction("default/hog", "memory");
+    agent.log.expect(
+        "eviction reported to the Kubernetes API",
+        &[("pod", "default/hog"), ("action", "evict")],
+    );
+    let hog = server.pod("default", "hog").unwrap();
+    assert_eq!(hog["status"]["reason"], "Evicted");
+    assert!(
+        agent
+            .log
+            .all("the Eviction API refused the soft eviction; the pod stays")
+            .is_empty()
+    );
+    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"evictd_kube_api_errors_total{reason="Forbidden",resource="pods/eviction",verb="create"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn dry_run_reads_the_api_and_writes_nothing() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     let server = api_server(&node, Faults::default());

@@ -442,6 +442,13 @@ impl<I: Io> Evictor<I> {
                 match api.evict(notice, grace).await {
                     EvictOutcome::Evicted => return Ended::ByApi,
                     EvictOutcome::Refused(reason) => return Ended::Refused(reason),
+                    EvictOutcome::Forbidden(reason) => {
+                        error!(
+                            cgroup = kill_cgroup,
+                            %reason,
+                            "the Kubernetes API forbids evictd's Evictions: --eviction-action evict cannot work as deployed (deploy/admission.yaml's evictd-no-eviction-api refuses them; rbac.yaml grants no pods/eviction); killing locally, as with --eviction-action status"
+                        );
+                    }
                     EvictOutcome::Unanswered => {
                         warn!(
                             cgroup = kill_cgroup,

@@ -233,6 +233,27 @@ async fn an_unanswered_eviction_falls_back_to_the_local_kill() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_forbidden_eviction_is_a_configuration_error_said_loudly_and_the_pod_killed_locally() {
+    let (mut harness, api) = soft_harness(EvictOutcome::Forbidden(
+        "Forbidden: evictd may not use the Eviction API".into(),
+    ))
+    .await;
+    let (log, _guard) = LogCapture::start();
+    harness.settle(wake(&harness)).await;
+    assert!(
+        log.contains("the Kubernetes API forbids evictd's Evictions"),
+        "{:?}",
+        log.lines()
+    );
+    assert!(!log.contains("the pod stays"));
+    assert_eq!(api.0.borrow().evictions, 1);
+    assert_eq!(killed(&harness), [cgroup("hog")], "not left running");
+    let reports = &api.0.borrow().reports;
+    assert_eq!(reports.len(), 1, "reported as a local kill");
+    assert!(!reports[0].evicted_by_api);
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_accepted_eviction_is_left_to_the_api() {
     let (mut harness, api) = soft_harness(EvictOutcome::Evicted).await;
     harness.settle(wake(&harness)).await;

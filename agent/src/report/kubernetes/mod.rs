@@ -378,15 +378,7 @@ impl ApiErrors {
         code: u16,
         reason: &str,
     ) -> Failure {
-        let reason = match (reason, code) {
-            ("", 0) => "Unreachable",
-            ("", _) => "Unknown",
-            (reason, _) => reason,
-        };
-        self.metrics
-            .kube_api_errors
-            .with_label_values(&[verb, resource, reason])
-            .inc();
+        self.count(verb, resource, code, reason);
         let forbidden = code == 403;
         if forbidden {
             let first = self
@@ -403,6 +395,20 @@ impl ApiErrors {
             }
         }
         Failure { code, forbidden }
+    }
+
+    /// Counts a failed request in `evictd_kube_api_errors_total`, logging
+    /// nothing: for a caller that says what the failure means itself.
+    pub fn count(&self, verb: &'static str, resource: &'static str, code: u16, reason: &str) {
+        let reason = match (reason, code) {
+            ("", 0) => "Unreachable",
+            ("", _) => "Unknown",
+            (reason, _) => reason,
+        };
+        self.metrics
+            .kube_api_errors
+            .with_label_values(&[verb, resource, reason])
+            .inc();
     }
 }
 

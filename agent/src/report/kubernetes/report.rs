@@ -71,9 +71,14 @@ pub struct EvictionNotice {
 pub enum EvictOutcome {
     /// Accepted: the API server deletes the pod with its grace period.
     Evicted,
-    /// Refused (a PodDisruptionBudget: 429, or RBAC, or the pod is gone),
-    /// with the server's reason.
+    /// Refused (a PodDisruptionBudget: 429, or the pod is gone), with the
+    /// server's reason.
     Refused(String),
+    /// Forbidden (403): evictd may not use the Eviction API at all, which
+    /// is a configuration error, not the pod's answer (the shipped
+    /// admission policy refuses every Eviction evictd sends), with the
+    /// server's reason.
+    Forbidden(String),
     /// No answer within --api-timeout: the caller kills locally.
     Unanswered,
 }
@@ -279,6 +284,14 @@ async fn evict(
     );
     match tokio::time::timeout(context.api_timeout, request).await {
         Ok(Ok(_)) => EvictOutcome::Evicted,
+        Ok(Err(kube::Error::Api(status))) if status.code == 403 => {
+            // Said by the eviction itself, at every one: the generic line
+            // would blame RBAC alone.
+            context
+                .errors
+                .count("create", "pods/eviction", status.code, &status.reason);
+            EvictOutcome::Forbidden(format!("{}: {}", status.reason, status.message))
+        }
         Ok(Err(kube::Error::Api(status))) if status.code != 0 && status.code < 500 => {
             context
                 .errors
