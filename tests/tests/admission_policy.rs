@@ -3,8 +3,10 @@
 //! interpreter against admission requests shaped as the API server builds
 //! them (AdmissionRequest attributes, the Pod, the Event, the Eviction), the
 //! way a ValidatingAdmissionPolicy is applied: match constraints, match
-//! conditions, variables in order, then every validation. For each verb
-//! evictd uses there is a request the policies allow and one they deny.
+//! conditions, then for each param its binding selects (or once, for a
+//! policy without params) variables in order and every validation. For
+//! each verb evictd uses there is a request the policies allow and one they
+//! deny.
 //!
 //! What the interpreter does not model, and why it does not matter here:
 //! Kubernetes declares `request` as a typed object, so an unset string field
@@ -40,9 +42,11 @@ impl Decision {
     }
 }
 
-/// The objects of deploy/admission.yaml.
+/// The objects of deploy/admission.yaml, and the pods the cluster stores
+/// (what a binding with a Pod `paramKind` selects from).
 struct Policies {
     objects: Vec<Value>,
+    pods: Vec<Value>,
 }
 
 impl Policies {
@@ -52,7 +56,15 @@ impl Policies {
             .map(|document| Value::deserialize(document).unwrap())
             .filter(|object| !object.is_null())
             .collect();
-        Self { objects }
+        Self {
+            objects,
+            pods: Vec::new(),
+        }
+    }
+
+    /// The same policies in a cluster that stores `pods`.
+    fn with_pods(self, pods: Vec<Value>) -> Self {
+        Self { pods, ..self }
     }
 
     fn of_kind(&self, kind: &str) -> impl Iterator<Item = &Value> {
@@ -66,16 +78,33 @@ impl Policies {
         let mut messages = Vec::new();
         for policy in self.of_kind("ValidatingAdmissionPolicy") {
             let name = &policy["metadata"]["name"];
-            let enforced = self
+            let binding = self
                 .of_kind("ValidatingAdmissionPolicyBinding")
-                .any(|binding| {
+                .find(|binding| {
                     binding["spec"]["policyName"] == *name
                         && binding["spec"]["validationActions"] == json!(["Deny"])
                 });
-            assert!(enforced, "policy {name} has no Deny binding");
-            if let Some(policy_messages) = evaluate(&policy["spec"], attributes) {
-                matched = true;
-                messages.extend(policy_messages);
+            let Some(binding) = binding else {
+                panic!("policy {name} has no Deny binding");
+            };
+            let spec = &policy["spec"];
+            if !matches(spec, attributes) {
+                continue;
+            }
+            matched = true;
+            let params = if spec["paramKind"].is_null() {
+                vec![Value::Null]
+            } else {
+                self.params(spec, &binding["spec"]["paramRef"], attributes)
+            };
+            if params.is_empty() {
+                match binding["spec"]["paramRef"]["parameterNotFoundAction"].as_str() {
+                    Some("Allow") => continue,
+                    _ => messages.push(format!("{name}: no params found")),
+                }
+            }
+            for param in &params {
+                messages.extend(validate(spec, attributes, param));
             }
         }
         match (matched, messages.is_empty()) {
@@ -86,43 +115,96 @@ impl Policies {
     }
 }
 
-/// One policy: `None` when it does not match the request, else the
-/// messages of the validations that failed (an expression that errors
-/// fails, as `failurePolicy: Fail` has it).
-fn evaluate(spec: &Value, attributes: &Value) -> Option<Vec<String>> {
-    assert_eq!(spec["failurePolicy"], "Fail");
-    let request = &attributes["request"];
-    if !matches_rules(&spec["matchConstraints"]["resourceRules"], request) {
-        return None;
+impl Policies {
+    /// The pods a binding's `paramRef` selects for a request: those of the
+    /// request's namespace (`namespace` unset) or of its `namespace`, with
+    /// every label of its selector's `matchLabels`.
+    fn params(&self, spec: &Value, param_ref: &Value, attributes: &Value) -> Vec<Value> {
+        assert_eq!(
+            spec["paramKind"],
+            json!({"apiVersion": "v1", "kind": "Pod"})
+        );
+        let selector = &param_ref["selector"];
+        assert!(
+            selector["matchExpressions"].is_null(),
+            "only matchLabels is modelled"
+        );
+        let namespace = param_ref["namespace"]
+            .as_str()
+            .unwrap_or_else(|| attributes["request"]["namespace"].as_str().unwrap());
+        self.pods
+            .iter()
+            .filter(|pod| pod["metadata"]["namespace"] == namespace)
+            .filter(|pod| {
+                selector["matchLabels"]
+                    .as_object()
+                    .into_iter()
+                    .flatten()
+                    .all(|(key, value)| pod["metadata"]["labels"][key] == *value)
+            })
+            .cloned()
+            .collect()
     }
-    let env = Arc::new(Env::stdlib());
+}
+
+fn run(env: &Env, expression: &str, context: &Context) -> Result<CelValue, String> {
+    let program: Program = env
+        .compile(expression)
+        .map_err(|e| format!("{expression}: {e}"))?;
+    program
+        .execute(context)
+        .map_err(|e| format!("{expression}: {e}"))
+}
+
+/// The request, its object and old object, and `params`, as variables.
+fn request_context(
+    env: &Arc<Env>,
+    attributes: &Value,
+    params: &Value,
+) -> Context<'static, 'static> {
     let mut context = Context::with_env(env.clone());
     for name in ["request", "object", "oldObject"] {
         context.add_variable(name, &attributes[name]).unwrap();
     }
-    let run = |expression: &str, context: &Context| -> Result<CelValue, String> {
-        let program: Program = env
-            .compile(expression)
-            .map_err(|e| format!("{expression}: {e}"))?;
-        program
-            .execute(context)
-            .map_err(|e| format!("{expression}: {e}"))
-    };
-    for condition in spec["matchConditions"].as_array().into_iter().flatten() {
-        let expression = condition["expression"].as_str().unwrap();
-        if run(expression, &context) != Ok(CelValue::Bool(true)) {
-            return None;
-        }
+    context.add_variable("params", params).unwrap();
+    context
+}
+
+/// Whether a policy applies to the request: its match constraints and
+/// every match condition.
+fn matches(spec: &Value, attributes: &Value) -> bool {
+    assert_eq!(spec["failurePolicy"], "Fail");
+    if !matches_rules(
+        &spec["matchConstraints"]["resourceRules"],
+        &attributes["request"],
+    ) {
+        return false;
     }
+    let env = Arc::new(Env::stdlib());
+    let context = request_context(&env, attributes, &Value::Null);
+    spec["matchConditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|condition| {
+            let expression = condition["expression"].as_str().unwrap();
+            run(&env, expression, &context) == Ok(CelValue::Bool(true))
+        })
+}
+
+/// One evaluation of a policy that matches, with `params` (null for a
+/// policy without): the messages of the validations that failed (an
+/// expression that errors fails, as `failurePolicy: Fail` has it).
+fn validate(spec: &Value, attributes: &Value, params: &Value) -> Vec<String> {
+    let env = Arc::new(Env::stdlib());
+    let mut context = request_context(&env, attributes, params);
+    let run = |expression: &str, context: &Context| run(&env, expression, context);
     // Variables are evaluated in order; each may use the ones before it.
     let mut variables = serde_json::Map::new();
     for variable in spec["variables"].as_array().into_iter().flatten() {
         let name = variable["name"].as_str().unwrap();
         let expression = variable["expression"].as_str().unwrap();
-        let mut scope = Context::with_env(env.clone());
-        for key in ["request", "object", "oldObject"] {
-            scope.add_variable(key, &attributes[key]).unwrap();
-        }
+        let mut scope = request_context(&env, attributes, params);
         scope
             .add_variable("variables", Value::Object(variables.clone()))
             .unwrap();
@@ -153,7 +235,7 @@ fn evaluate(spec: &Value, attributes: &Value) -> Option<Vec<String>> {
         };
         failed.push(message);
     }
-    Some(failed)
+    failed
 }
 
 /// The variables the policies define are strings and bools.
@@ -423,7 +505,7 @@ fn an_eviction_is_refused_because_it_names_no_node() {
 
 #[test]
 fn events_are_allowed_about_the_tokens_node_and_reported_by_it() {
-    let policies = Policies::load();
+    let policies = Policies::load().with_pods(vec![pod("web", "node-a"), pod("db", "node-a")]);
     let node_event = event(
         "default",
         node_ref("node-a"),
@@ -461,6 +543,48 @@ fn events_are_allowed_about_the_tokens_node_and_reported_by_it() {
         policies.decide(&other_reason.by_evictd_on("node-a")),
         Decision::Denied(_)
     ));
+}
+
+#[test]
+fn an_evicted_event_is_allowed_only_about_a_pod_bound_to_the_tokens_node() {
+    let policies = Policies::load().with_pods(vec![pod("web", "node-a"), pod("db", "node-b")]);
+    let own = event("shop", pod_ref("web"), "Evicted", "node-a");
+    assert_eq!(
+        policies.decide(&own.by_evictd_on("node-a")),
+        Decision::Allowed
+    );
+    // A pod on another node: as its status may not be written, no event
+    // may say it was evicted.
+    let other = event("shop", pod_ref("db"), "Evicted", "node-a");
+    let denied = policies.decide(&other.by_evictd_on("node-a"));
+    assert!(
+        denied.denied_with(
+            "evictd on node node-a may post events only about pods bound to it, not shop/db"
+        ),
+        "{denied:?}"
+    );
+    // Posted in another namespace, where the pod cannot be looked up, or
+    // naming no uid (it would attach to any pod of that name): refused.
+    let elsewhere = event("kube-system", pod_ref("db"), "Evicted", "node-a");
+    let no_uid = {
+        let mut reference = pod_ref("db");
+        reference.as_object_mut().unwrap().remove("uid");
+        event("shop", reference, "Evicted", "node-a")
+    };
+    for request in [elsewhere, no_uid] {
+        let denied = policies.decide(&request.by_evictd_on("node-a"));
+        assert!(
+            denied.denied_with("Evicted on pods of the same namespace named by uid"),
+            "{denied:?}"
+        );
+    }
+    // A pod deleted meanwhile (--eviction-action=delete) is nobody's to
+    // see the event on.
+    let gone = event("shop", pod_ref("batch"), "Evicted", "node-a");
+    assert_eq!(
+        policies.decide(&gone.by_evictd_on("node-a")),
+        Decision::Allowed
+    );
 }
 
 #[test]
