@@ -100,7 +100,7 @@ pub(crate) mod fakes {
         act::{
             evictor::{Evaluation, EvictionBudget, Evictor, EvictorOptions, Parts, SpentBudget},
             io::{EvictionApi, Io, KernelRecords, NodeSource, PodKiller},
-            kill::{KillError, KillMethod, KillReport},
+            kill::{KillError, KillMethod, KillReport, Sandbox},
             wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
@@ -181,6 +181,8 @@ pub(crate) mod fakes {
         pub pod_disk: BTreeMap<String, PodDiskUsage>,
         /// Pods held to their local-storage limits.
         pub local_storage_checks: usize,
+        /// The runtime's sandbox ids by pod uid; none: no runtime.
+        pub sandboxes: Option<BTreeMap<String, Vec<String>>>,
     }
 
     impl NodeModel {
@@ -343,6 +345,16 @@ pub(crate) mod fakes {
             model.reclaim.unwrap_or(NodeReclaim::Unavailable)
         }
 
+        fn sandbox_of(&self, uid: &str) -> impl Future<Output = Option<Vec<String>>> + 'static {
+            let ids = self
+                .0
+                .borrow()
+                .sandboxes
+                .as_ref()
+                .map(|sandboxes| sandboxes.get(uid).cloned().unwrap_or_default());
+            std::future::ready(ids)
+        }
+
         fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
             let model = self.0.borrow();
             Ok(model
@@ -372,14 +384,22 @@ pub(crate) mod fakes {
         /// Cgroups asked to be killed, in order, and the grace each got.
         pub killed: Rc<RefCell<Vec<String>>>,
         pub graces: Rc<RefCell<Vec<Duration>>>,
+        /// What each kill was told of the pod's sandbox, in order.
+        pub sandboxes: Rc<RefCell<Vec<Sandbox>>>,
     }
 
     impl PodKiller for FakeKiller {
         /// A soft eviction's processes ignore SIGTERM: the kill takes the
         /// whole grace period.
-        async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
+        async fn kill_pod(
+            &self,
+            cgroup: &str,
+            grace: Duration,
+            sandbox: &Sandbox,
+        ) -> Result<KillReport, KillError> {
             self.killed.borrow_mut().push(cgroup.to_owned());
             self.graces.borrow_mut().push(grace);
+            self.sandboxes.borrow_mut().push(sandbox.clone());
             tokio::time::sleep(grace).await;
             if *self.fail.borrow() {
                 return Err(KillError::Timeout {

@@ -17,7 +17,7 @@ use evictd_integration::{
     Agent, ApiServer, Controller, CriNode, Faults, StuckFile, Workload, api_pod, confined_agent,
     http_get, memory_pods, metric, wait_until,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
@@ -306,4 +306,54 @@ fn wait_for_line(agent: &mut Agent, message: &str) -> Value {
     })
     .unwrap();
     found.unwrap()
+}
+
+#[test]
+#[ignore = "needs root, cgroups, a BPF-capable kernel and containerd: run with cargo xtask test"]
+fn a_soft_eviction_spares_the_sandbox_the_runtime_names_its_sigterm() {
+    let mut pods = memory_pods();
+    for pod in &mut pods {
+        pod.metadata["termination_grace_period_seconds"] = json!(30);
+    }
+    let Some(mut node) = CriNode::new(pods, NODE_MEMORY, WORKLOAD.as_ref()).unwrap() else {
+        return;
+    };
+    // As pid 1 of its container the workload gets SIGTERM only with a
+    // handler for it; this one exits 143. The sandbox's process (this
+    // image's, not named `pause`) exits at SIGTERM too.
+    node.workload("hog")
+        .unwrap()
+        .command("exit-on-sigterm")
+        .unwrap();
+    node.workload("batch").unwrap().alloc(48 * MIB).unwrap();
+    let mut args = node.runtime_agent_args();
+    args.extend(
+        [
+            "--eviction-hard=",
+            "--eviction-soft",
+            "memory.available<256Mi",
+            "--eviction-soft-grace-period",
+            "memory.available=1s",
+            "--eviction-max-pod-grace-period",
+            "20",
+        ]
+        .map(str::to_owned),
+    );
+    let mut agent = confined(&node, &args);
+    agent.log.expect("container runtime connected", &[]);
+    // 224 MiB more leaves less than 256Mi: past the soft threshold, which
+    // evicts once it has stayed met for 1 s.
+    node.workload("hog").unwrap().alloc(224 * MIB).unwrap();
+    let killed = agent.log.expect("pod killed", &[("victim", "default/hog")]);
+    assert_eq!(killed["sigterm"], 1, "the container alone: {killed}");
+    assert_eq!(killed["sigkill"], 1, "then the sandbox: {killed}");
+    let status = node.wait_exited("hog").unwrap();
+    assert_eq!(status.exit_code, 128 + 15, "{status:?}");
+    for name in ["db", "web", "batch", "node-exporter"] {
+        assert!(node.alive(name), "{name} was killed");
+    }
+    let (status, mut log) = agent.stop().unwrap();
+    assert!(status.success());
+    let problems = unexpected_problems(&mut log, &[]);
+    assert!(problems.is_empty(), "{problems:#?}");
 }

@@ -11,7 +11,7 @@
 use std::{fs, os::unix::process::ExitStatusExt as _, path::PathBuf, sync::mpsc, time::Duration};
 
 use evictd::{
-    act::kill::{KillError, KillMethod, KillReport, Killer, freeze_holdouts},
+    act::kill::{KillError, KillMethod, KillReport, Killer, Sandbox, freeze_holdouts},
     node::cgroupfs::CgroupFs,
 };
 use evictd_integration::{
@@ -34,13 +34,22 @@ fn killer() -> Killer {
 }
 
 /// On a runtime like the agent's: the kill's short polls wait on a
-/// timerfd, which needs the runtime's I/O driver.
+/// timerfd, which needs the runtime's I/O driver. No sandbox is known.
 fn kill_pod(tree: &PrivateCgroupTree, rel: &str, grace: Duration) -> Result<KillReport, KillError> {
+    kill_pod_with(tree, rel, grace, &Sandbox::Unknown)
+}
+
+fn kill_pod_with(
+    tree: &PrivateCgroupTree,
+    rel: &str,
+    grace: Duration,
+    sandbox: &Sandbox,
+) -> Result<KillReport, KillError> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(killer().kill_pod(&tree.relative_path(rel), grace))
+    runtime.block_on(killer().kill_pod(&tree.relative_path(rel), grace, sandbox))
 }
 
 fn has_freezer(tree: &PrivateCgroupTree) -> bool {
@@ -360,7 +369,8 @@ fn pods_that_end_and_vanish_while_being_killed_are_no_error() {
             });
             loop {
                 let finished = remover.is_finished();
-                let report = runtime.block_on(killer.kill_pod(&path, Duration::ZERO));
+                let report =
+                    runtime.block_on(killer.kill_pod(&path, Duration::ZERO, &Sandbox::Unknown));
                 kills += 1;
                 if let Err(e) = report {
                     panic!("{path}, kill {kills}: {e}");
@@ -416,28 +426,43 @@ fn a_pod_with_more_processes_than_the_soft_file_limit_is_emptied() {
 
 #[test]
 #[ignore = "needs root and cgroups: run with --ignored --test-threads=1"]
-fn a_soft_eviction_spares_the_sandbox_its_sigterm_and_ends_it_once_the_containers_are_gone() {
+fn a_soft_eviction_spares_the_sandbox_the_runtime_names_its_sigterm_and_ends_it_once_the_containers_are_gone()
+ {
     let tree = PrivateCgroupTree::new().unwrap();
-    tree.create("kubepods/pod-web/sandbox").unwrap();
-    tree.create("kubepods/pod-web/app").unwrap();
-    // A pod sandbox's process is the runtime's `pause`: its command name.
+    tree.create("kubepods/pod-web/sandbox-id").unwrap();
+    tree.create("kubepods/pod-web/app-id").unwrap();
+    // Named `pause` to show the name counts for nothing: the runtime's
+    // word does.
     let dir = tempfile_dir("sandbox");
     let pause = dir.join("pause");
     std::os::unix::fs::symlink(WORKLOAD, &pause).unwrap();
-    let mut sandbox = Workload::spawn_in(&tree, "kubepods/pod-web/sandbox", &pause).unwrap();
-    let mut app = Workload::spawn_in(&tree, "kubepods/pod-web/app", WORKLOAD).unwrap();
+    let mut sandbox = Workload::spawn_in(&tree, "kubepods/pod-web/sandbox-id", WORKLOAD).unwrap();
+    let mut app = Workload::spawn_in(&tree, "kubepods/pod-web/app-id", &pause).unwrap();
 
     let grace = Duration::from_secs(10);
+    for known in [
+        Sandbox::Named(vec!["sandbox-id".into()]),
+        // No runtime: the API's containers say the same.
+        Sandbox::NotContaining(vec!["app-id".into()]),
+    ] {
+        let report = kill_pod_with(&tree, "kubepods/pod-web", grace, &known).unwrap();
+        eprintln!("{report:?}");
+        assert_eq!(report.sigterm_sent, 1, "only the container: {report:?}");
+        assert!(
+            report.empty_after < grace,
+            "no wait for the sandbox: {report:?}"
+        );
+        assert_eq!(death_signal(&mut app), Some(libc::SIGTERM));
+        assert_eq!(death_signal(&mut sandbox), Some(libc::SIGKILL));
+        assert_empty(&tree, "kubepods/pod-web");
+        sandbox = Workload::spawn_in(&tree, "kubepods/pod-web/sandbox-id", WORKLOAD).unwrap();
+        app = Workload::spawn_in(&tree, "kubepods/pod-web/app-id", &pause).unwrap();
+    }
+    // Nothing known: the SIGTERM goes to both.
     let report = kill_pod(&tree, "kubepods/pod-web", grace).unwrap();
-    eprintln!("{report:?}");
-    assert_eq!(report.sigterm_sent, 1, "only the container: {report:?}");
-    assert!(
-        report.empty_after < grace,
-        "no wait for the sandbox: {report:?}"
-    );
+    assert_eq!(report.sigterm_sent, 2, "{report:?}");
     assert_eq!(death_signal(&mut app), Some(libc::SIGTERM));
-    assert_eq!(death_signal(&mut sandbox), Some(libc::SIGKILL));
-    assert_empty(&tree, "kubepods/pod-web");
+    assert_eq!(death_signal(&mut sandbox), Some(libc::SIGTERM));
     fs::remove_dir_all(dir).unwrap();
 }
 

@@ -5,7 +5,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use crate::{
-    act::kill::{KillError, KillReport, Killer},
+    act::kill::{KillError, KillReport, Killer, Sandbox},
     config::EvictionAction,
     decide::thresholds::{Resource, Signal},
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
@@ -87,6 +87,12 @@ pub trait NodeSource {
     ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
         Ok(Vec::new())
     }
+    /// The container runtime's sandbox ids for pod `uid`, asked now (the
+    /// runtime's thread answers); `None` without a runtime, or when it
+    /// cannot say.
+    fn sandbox_of(&self, _uid: &str) -> impl Future<Output = Option<Vec<String>>> + 'static {
+        std::future::ready(None)
+    }
     /// A cgroup's working set now; 0 once the cgroup is gone.
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
     /// Each container's working set (by name), found below the pod's cgroup
@@ -100,12 +106,13 @@ pub trait NodeSource {
 
 /// Ends a pod's processes.
 pub trait PodKiller {
-    /// Kills every process of `cgroup`'s subtree, after SIGTERM and up to
-    /// `grace` when that is not zero.
+    /// Kills every process of `cgroup`'s subtree, after SIGTERM (to all but
+    /// `sandbox`'s processes) and up to `grace` when that is not zero.
     fn kill_pod(
         &self,
         cgroup: &str,
         grace: Duration,
+        sandbox: &Sandbox,
     ) -> impl Future<Output = Result<KillReport, KillError>>;
     /// Thaws the pods among `cgroups` a killed agent left frozen; returns
     /// them.
@@ -190,6 +197,11 @@ impl NodeSource for Inventory {
             .unwrap_or_default()
     }
 
+    fn sandbox_of(&self, uid: &str) -> impl Future<Output = Option<Vec<String>>> + 'static {
+        let lookup = self.runtime().map(|link| link.pod_sandboxes(uid));
+        async move { lookup?.await }
+    }
+
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {
         match self.cgroupfs().read_memory(cgroup) {
             Ok(memory) => Ok(memory.working_set_bytes()),
@@ -208,8 +220,13 @@ impl NodeSource for Inventory {
 }
 
 impl PodKiller for Killer {
-    async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
-        Killer::kill_pod(self, cgroup, grace).await
+    async fn kill_pod(
+        &self,
+        cgroup: &str,
+        grace: Duration,
+        sandbox: &Sandbox,
+    ) -> Result<KillReport, KillError> {
+        Killer::kill_pod(self, cgroup, grace, sandbox).await
     }
 
     fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {

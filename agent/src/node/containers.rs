@@ -39,16 +39,20 @@ pub fn working_sets(
         .collect()
 }
 
-/// The child of a pod cgroup that holds container `id`: `<id>` (cgroupfs
-/// driver) or `<runtime>-<id>.scope` (systemd driver).
+/// The child of a pod cgroup that holds container `id`.
 fn container_cgroup<'a>(children: &'a [String], id: &str) -> Option<&'a String> {
-    children.iter().find(|child| {
-        *child == id
-            || child
-                .strip_suffix(".scope")
-                .and_then(|stem| stem.strip_suffix(id))
-                .is_some_and(|runtime| runtime.ends_with('-'))
-    })
+    children.iter().find(|child| is_cgroup_of(child, id))
+}
+
+/// Whether `child`, a child of a pod cgroup, holds the container (or pod
+/// sandbox) of runtime id `id`: `<id>` (cgroupfs driver) or
+/// `<runtime>-<id>.scope` (systemd driver).
+pub fn is_cgroup_of(child: &str, id: &str) -> bool {
+    child == id
+        || child
+            .strip_suffix(".scope")
+            .and_then(|stem| stem.strip_suffix(id))
+            .is_some_and(|runtime| runtime.ends_with('-'))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use super::{Action, CANDIDATES_LOGGED, DecisionTimes, Evictor, Ranking};
 use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
-        kill::{KillError, KillReport, describe_holdouts},
+        kill::{KillError, KillReport, Sandbox, describe_holdouts},
         wake::{ThreadUsage, Wake},
     },
     config::EvictionAction,
@@ -32,6 +32,12 @@ use crate::{
     node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
     report::kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
 };
+
+/// How long a soft eviction waits for the container runtime to say which
+/// cgroups hold the pod's sandbox before it goes by the API's containers
+/// instead: CRI answers a listing in milliseconds, and a runtime that is
+/// stuck (or whose thread is busy) must not hold the SIGTERM back longer.
+const SANDBOX_LOOKUP: Duration = Duration::from_secs(1);
 
 /// How often a killed pod's memory is looked at again until it is back.
 const MEMORY_POLL_INTERVAL: Duration = Duration::from_millis(5);
@@ -437,6 +443,9 @@ impl<I: Io> Evictor<I> {
         let grace = victim.grace_period;
         let kill_cgroup = cgroup.clone();
         let api_notice = notice.clone();
+        // Only a soft eviction spares the sandbox its SIGTERM.
+        let sandbox_lookup = (!grace.is_zero()).then(|| self.node.sandbox_of(&pod.uid));
+        let fallback = self.api_sandbox(&pod.uid);
         let eviction = async move {
             if let (Some(api), Some(notice)) = (api, api_notice) {
                 match api.evict(notice, grace).await {
@@ -457,7 +466,14 @@ impl<I: Io> Evictor<I> {
                     }
                 }
             }
-            match killer.kill_pod(&kill_cgroup, grace).await {
+            let sandbox = match sandbox_lookup {
+                Some(lookup) => match tokio::time::timeout(SANDBOX_LOOKUP, lookup).await {
+                    Ok(Some(ids)) => Sandbox::Named(ids),
+                    _ => fallback,
+                },
+                None => Sandbox::Unknown,
+            };
+            match killer.kill_pod(&kill_cgroup, grace, &sandbox).await {
                 Ok(report) => Ended::Killed(report),
                 Err(e) => Ended::Failed(e),
             }
@@ -491,6 +507,18 @@ impl<I: Io> Evictor<I> {
                 started_ns: self.clock.now_ns(),
             },
         );
+    }
+
+    /// The pod's sandbox as far as the Kubernetes API can tell without a
+    /// runtime: whatever holds none of the containers it lists.
+    fn api_sandbox(&self, uid: &str) -> Sandbox {
+        let known = self.api.as_ref().and_then(|api| api.known(uid));
+        match known {
+            Some(known) if !known.container_ids.is_empty() => {
+                Sandbox::NotContaining(known.container_ids.into_iter().map(|(_, id)| id).collect())
+            }
+            _ => Sandbox::Unknown,
+        }
     }
 
     /// What the API is to be told about the eviction of `pod`, with each

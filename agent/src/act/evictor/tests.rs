@@ -6,7 +6,7 @@ use evictd_common::Band;
 
 use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
-    act::wake::WakeCause,
+    act::{kill::Sandbox, wake::WakeCause},
     config::EvictionArgs,
     kernel::bpf::ScopeKind,
     node::runtime::{
@@ -251,6 +251,56 @@ async fn a_forbidden_eviction_is_a_configuration_error_said_loudly_and_the_pod_k
     let reports = &api.0.borrow().reports;
     assert_eq!(reports.len(), 1, "reported as a local kill");
     assert!(!reports[0].evicted_by_api);
+}
+
+/// The sandbox each kill of a hog past a soft threshold, with a 30 s grace
+/// period, is told of, with the runtime naming `sandboxes` (none: no
+/// runtime) and the API listing the hog's `containers`.
+async fn sandboxes_told(
+    sandboxes: Option<BTreeMap<String, Vec<String>>>,
+    containers: Vec<(String, String)>,
+) -> Vec<Sandbox> {
+    let hog = PodSnapshot {
+        termination_grace_period_seconds: Some(30),
+        ..pod("hog", 300)
+    };
+    let api = FakeApi::evicting(std::slice::from_ref(&hog), EvictOutcome::Unanswered);
+    if let Some(known) = api.0.borrow_mut().known.get_mut(&hog.uid) {
+        known.container_ids = containers;
+    }
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![String::new()],
+            eviction_soft: vec!["memory.available<100Mi".into()],
+            eviction_soft_grace_period: vec!["memory.available=1s".into()],
+            eviction_max_pod_grace_period: Some("30".into()),
+            ..EvictionArgs::default()
+        },
+        pods: vec![hog],
+        outside_pods: outside(300, 50),
+        api: Some(api),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().sandboxes = sandboxes;
+    harness.evictor.evaluate(wake(&harness));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    harness.settle(wake(&harness)).await;
+    harness.killer.sandboxes.borrow().clone()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_soft_kill_spares_the_sandbox_the_runtime_names_or_else_what_the_api_does_not_list() {
+    let containers = vec![("main".to_owned(), "container-1".to_owned())];
+    let runtime = BTreeMap::from([("uid-hog".to_owned(), vec!["sandbox-1".to_owned()])]);
+    assert_eq!(
+        sandboxes_told(Some(runtime), containers.clone()).await,
+        [Sandbox::Named(vec!["sandbox-1".into()])]
+    );
+    assert_eq!(
+        sandboxes_told(None, containers).await,
+        [Sandbox::NotContaining(vec!["container-1".into()])]
+    );
+    assert_eq!(sandboxes_told(None, Vec::new()).await, [Sandbox::Unknown]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -23,8 +23,9 @@
 //!   reaper beside it would take turns with its exit instead of freeing
 //!   at the same time.
 //! - Soft evictions first SIGTERM the containers' processes (not the pod
-//!   sandbox's `pause`, whose end would take the pod's network down during
-//!   its grace period) and wait up to the grace period for them to exit.
+//!   sandbox's, whose end would take the pod's network down during their
+//!   grace period: [`Sandbox`] says which they are) and wait up to the
+//!   grace period for them to exit.
 //!
 //! Signals go through pidfds opened [`SIGNAL_BATCH`] at a time, so a pod
 //! with more processes than the agent may open files (a fork bomb under a
@@ -42,6 +43,7 @@
 mod cpu;
 mod holdout;
 mod pidfd;
+mod sandbox;
 mod tree;
 
 use std::{
@@ -63,6 +65,7 @@ use crate::{
 use cpu::OffVictimCpu;
 pub use holdout::{Holdout, describe_holdouts, freeze_holdouts};
 use pidfd::PidFd;
+pub use sandbox::Sandbox;
 use tree::Freezer;
 
 /// How long a hard kill may take before it is reported as failed: tasks in
@@ -109,9 +112,6 @@ const _: () = assert!(2 * SIGNAL_BATCH as u64 <= crate::node::inventory::FILES_L
 /// end: for good, so the threads [`Killer::ready_threads`] starts are
 /// there at the first kill, however far off.
 pub const BLOCKING_THREADS_KEEP_ALIVE: Duration = Duration::MAX;
-/// The command of a pod sandbox's process (the `pause` image of every
-/// CRI runtime), spared the SIGTERM of a soft eviction.
-const SANDBOX_COMMAND: &str = "pause";
 
 #[derive(Debug, thiserror::Error)]
 pub enum KillError {
@@ -291,10 +291,16 @@ impl Killer {
 
     /// Kills every process in `cgroup` (a path from the hierarchy root, e.g.
     /// `/kubepods/burstable/pod<uid>`) and its descendants. With `grace` >
-    /// 0 the processes first get SIGTERM and up to `grace` to exit. Returns
-    /// once the subtree holds no process. Runs on a runtime with its I/O and
-    /// time drivers (its short polls wait on a timerfd).
-    pub async fn kill_pod(&self, cgroup: &str, grace: Duration) -> Result<KillReport, KillError> {
+    /// 0 the processes first get SIGTERM, all but `sandbox`'s, and up to
+    /// `grace` to exit. Returns once the subtree holds no process. Runs on
+    /// a runtime with its I/O and time drivers (its short polls wait on a
+    /// timerfd).
+    pub async fn kill_pod(
+        &self,
+        cgroup: &str,
+        grace: Duration,
+        sandbox: &Sandbox,
+    ) -> Result<KillReport, KillError> {
         tree::validate(cgroup)?;
         let started = Instant::now();
         let started_at_ns = monotonic_now_ns();
@@ -315,12 +321,13 @@ impl Killer {
         let mut report = KillReport::new(method, started_at_ns);
         let mut alive = pids.len();
         if !grace.is_zero() && !pids.is_empty() {
-            let containers: BTreeSet<u32> =
-                pids.into_iter().filter(|&pid| !is_sandbox(pid)).collect();
+            let spared = sandbox.pids(&self.cgroupfs.memory_dir(cgroup))?;
+            let containers: BTreeSet<u32> = pids.difference(&spared).copied().collect();
             report.sigterm_sent = pod.signal_batched(&containers, libc::SIGTERM)?.0;
             // As kubelet stops the containers, then the sandbox: once only
             // the sandbox is left, the hard kill below ends it at once.
-            pod.wait_only_sandboxes(started + grace).await?;
+            pod.wait_for(started + grace, |left| left.is_subset(&spared))
+                .await?;
             let left = pod.pids()?;
             if left.is_empty() {
                 report.empty_after = started.elapsed();
@@ -694,14 +701,6 @@ impl Pod<'_> {
         self.wait_for(until, |pids| pids.is_empty()).await
     }
 
-    /// Polls until the subtree holds no process but sandboxes' or `until`
-    /// passes.
-    async fn wait_only_sandboxes(&self, until: Instant) -> Result<(), KillError> {
-        self.wait_for(until, |pids| pids.iter().all(|&pid| is_sandbox(pid)))
-            .await?;
-        Ok(())
-    }
-
     async fn wait_for(
         &self,
         until: Instant,
@@ -859,13 +858,6 @@ impl Reaping {
 /// A panic elsewhere while holding the lock leaves plain data behind.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Whether `pid` is a pod sandbox's `pause` process. A process gone
-/// meanwhile is not.
-fn is_sandbox(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .is_ok_and(|comm| comm.trim_end() == SANDBOX_COMMAND)
 }
 
 /// Thaws the pod when a round ends, however it ends (an error included):

@@ -82,7 +82,7 @@ async fn v2_writes_cgroup_kill_once_for_the_subtree() {
     fixture.cgroup("unified/kubepods/pod1/c1", "");
     fs::write(pod.join("cgroup.kill"), "").unwrap();
     let report = Killer::new(fixture.v2())
-        .kill_pod("/kubepods/pod1", Duration::ZERO)
+        .kill_pod("/kubepods/pod1", Duration::ZERO, &Sandbox::Unknown)
         .await
         .unwrap();
     assert_eq!(read(&pod.join("cgroup.kill")), "1");
@@ -107,7 +107,7 @@ async fn v2_without_cgroup_kill_falls_back_to_signals() {
     let fixture = Fixture::new("v2-old");
     let pod = fixture.cgroup("unified/pod1", "");
     let report = Killer::new(fixture.v2())
-        .kill_pod("/pod1", Duration::ZERO)
+        .kill_pod("/pod1", Duration::ZERO, &Sandbox::Unknown)
         .await
         .unwrap();
     assert_eq!(report.method, KillMethod::Signals);
@@ -121,7 +121,7 @@ async fn an_empty_v1_pod_is_frozen_then_thawed_and_reported_empty() {
     fixture.cgroup("memory/pod1/c1", "");
     let freezer = fixture.freezer("freezer/pod1");
     let report = Killer::new(fixture.v1())
-        .kill_pod("/pod1", Duration::from_secs(30))
+        .kill_pod("/pod1", Duration::from_secs(30), &Sandbox::Unknown)
         .await
         .unwrap();
     assert_eq!(report.method, KillMethod::Signals);
@@ -165,7 +165,7 @@ async fn refuses_a_pod_that_holds_the_agent_before_freezing_it() {
     let freezer = fixture.freezer("freezer/pod1");
     fs::write(freezer.join("freezer.state"), "UNTOUCHED").unwrap();
     let err = Killer::new(fixture.v1())
-        .kill_pod("/pod1", Duration::from_secs(1))
+        .kill_pod("/pod1", Duration::from_secs(1), &Sandbox::Unknown)
         .await
         .unwrap_err();
     assert!(
@@ -181,7 +181,10 @@ async fn refuses_paths_beyond_one_pod() {
     let fixture = Fixture::new("paths");
     let killer = Killer::new(fixture.v1());
     for bad in ["", "/", "/kubepods/../.."] {
-        let err = killer.kill_pod(bad, Duration::ZERO).await.unwrap_err();
+        let err = killer
+            .kill_pod(bad, Duration::ZERO, &Sandbox::Unknown)
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, KillError::UnsafePath { .. }),
             "{bad:?}: {err}"
@@ -201,7 +204,7 @@ async fn a_pod_that_never_empties_times_out_naming_what_is_left_and_is_thawed() 
     let deadline = Duration::from_millis(50);
     let err = Killer::new(fixture.v1())
         .with_deadline(deadline)
-        .kill_pod("/pod1", Duration::ZERO)
+        .kill_pod("/pod1", Duration::ZERO, &Sandbox::Unknown)
         .await
         .unwrap_err();
     match &err {
@@ -400,7 +403,7 @@ async fn a_pid_that_left_the_pod_before_its_pidfd_was_checked_is_not_signalled()
         })
     };
     let report = Killer::new(fixture.v2())
-        .kill_pod("/pod1", Duration::ZERO)
+        .kill_pod("/pod1", Duration::ZERO, &Sandbox::Unknown)
         .await
         .unwrap();
     // Let the writer see the stop: a reader keeps its last open from

@@ -143,7 +143,7 @@ fn thaw(dir: &Path) -> Result<(), KillError> {
 }
 
 /// The sub-cgroups of `dir`; none if it is gone.
-fn child_dirs(dir: &Path) -> Result<Vec<PathBuf>, KillError> {
+pub(super) fn child_dirs(dir: &Path) -> Result<Vec<PathBuf>, KillError> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if is_gone(&e) => return Ok(Vec::new()),

@@ -37,7 +37,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tracing::{debug, info, warn};
 
 pub use super::reclaim::NodeReclaim;
@@ -122,6 +122,8 @@ struct State {
     /// The last reading failed.
     usage_failed: bool,
     reclaims: ReclaimRounds,
+    /// Pods (by uid) whose sandbox ids a soft eviction waits for.
+    sandbox_requests: Vec<(String, oneshot::Sender<Option<Vec<String>>>)>,
 }
 
 /// One reading of the pods' disk usage, by pod uid, and when it was taken.
@@ -237,6 +239,29 @@ impl RuntimeLink {
         });
         self.shared.wake.notify_one();
         NodeReclaim::Pending
+    }
+
+    /// The ids of pod `uid`'s sandboxes, as the runtime lists them now,
+    /// answered by the thread between its other work; `None` when the
+    /// runtime is down or fails to answer.
+    pub fn pod_sandboxes(&self, uid: &str) -> impl Future<Output = Option<Vec<String>>> + 'static {
+        let (reply, answer) = oneshot::channel();
+        let asked = {
+            let mut state = self.shared.state();
+            state.connected && {
+                state.sandbox_requests.push((uid.to_owned(), reply));
+                true
+            }
+        };
+        if asked {
+            self.shared.wake.notify_one();
+        }
+        async move {
+            if !asked {
+                return None;
+            }
+            answer.await.ok().flatten()
+        }
     }
 
     /// Pod `uid`'s disk usage in the last reading, however old: what the
@@ -466,6 +491,7 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>, mut images: ImageTrac
     track_images(&shared, &metrics, &mut client, &mut images).await;
     let mut incomplete = IncompletePods::default();
     while !shared.stopping() {
+        answer_sandbox_requests(&shared, &metrics, &mut client).await;
         let request = shared.state().reclaims.take();
         if let Some(request) = request {
             reclaim_node(&shared, &metrics, &mut client, &mut images, &request).await;
@@ -484,11 +510,38 @@ async fn serve(shared: Arc<Shared>, metrics: Arc<Metrics>, mut images: ImageTrac
         }
         let idle = {
             let state = shared.state();
-            !state.usage_wanted && !state.reclaims.requested()
+            !state.usage_wanted && !state.reclaims.requested() && state.sandbox_requests.is_empty()
         };
         if idle {
             shared.wake.notified().await;
         }
+    }
+}
+
+/// Tells each soft eviction waiting which sandboxes its pod has: one
+/// listing for all of them.
+async fn answer_sandbox_requests(shared: &Shared, metrics: &Metrics, client: &mut RuntimeClient) {
+    let requests = std::mem::take(&mut shared.state().sandbox_requests);
+    if requests.is_empty() {
+        return;
+    }
+    let sandboxes = match client.list_pod_sandboxes().await {
+        Ok(sandboxes) => Some(sandboxes),
+        Err(e) => {
+            failed(shared, metrics, &e);
+            None
+        }
+    };
+    for (uid, reply) in requests {
+        let ids = sandboxes.as_ref().map(|sandboxes| {
+            sandboxes
+                .iter()
+                .filter(|sandbox| sandbox.metadata.as_ref().is_some_and(|m| m.uid == uid))
+                .map(|sandbox| sandbox.id.clone())
+                .collect()
+        });
+        // The eviction may have stopped waiting.
+        let _ = reply.send(ids);
     }
 }
 
