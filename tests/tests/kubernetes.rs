@@ -429,19 +429,14 @@ fn a_slow_api_holds_up_no_kill() {
     assert!(status.success());
 }
 
-#[test]
-#[ignore = "needs root and cgroups: run with cargo xtask test"]
-fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
-    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    let server = api_server(
-        &node,
-        Faults {
-            budget_refuses_evictions: true,
-            ..Faults::default()
-        },
-    );
+/// The stand-in API server with `faults`, and an agent that has listed its
+/// pods and evicts softly through the Eviction API (memory.available<256Mi
+/// met for 1 s), with the hog already past that threshold, far from the
+/// node's limit.
+fn evicting_softly(node: &mut SandboxNode, faults: Faults) -> (ApiServer, Agent) {
+    let server = api_server(node, faults);
     let mut agent = start_agent(
-        &node,
+        node,
         server.kubeconfig(),
         &[
             "--eviction-hard",
@@ -455,8 +450,21 @@ fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
         ],
     );
     agent.log.expect("pods listed from the Kubernetes API", &[]);
-    // Past the soft threshold, far from the node's limit.
     node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
+    (server, agent)
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    let (server, mut agent) = evicting_softly(
+        &mut node,
+        Faults {
+            budget_refuses_evictions: true,
+            ..Faults::default()
+        },
+    );
     let eviction = server
         .wait_for_request(REPORT_DEADLINE, "the Eviction request", |r| {
             r.path.ends_with("/eviction")
@@ -504,29 +512,13 @@ fn a_disruption_budget_stops_a_soft_eviction_through_the_eviction_api() {
 fn an_eviction_api_forbidden_to_evictd_is_a_loud_configuration_error_not_a_pod_left_running() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     // What deploy/admission.yaml's evictd-no-eviction-api answers.
-    let server = api_server(
-        &node,
+    let (server, mut agent) = evicting_softly(
+        &mut node,
         Faults {
             forbidden: vec![("POST", "/eviction")],
             ..Faults::default()
         },
     );
-    let mut agent = start_agent(
-        &node,
-        server.kubeconfig(),
-        &[
-            "--eviction-hard",
-            "",
-            "--eviction-soft",
-            "memory.available<256Mi",
-            "--eviction-soft-grace-period",
-            "memory.available=1s",
-            "--eviction-action",
-            "evict",
-        ],
-    );
-    agent.log.expect("pods listed from the Kubernetes API", &[]);
-    node.workload("hog").unwrap().alloc(320 * MIB).unwrap();
     let forbidden = agent.log.expect(
         "the Kubernetes API forbids evictd's Evictions: --eviction-action evict cannot work as deployed (deploy/admission.yaml's evictd-no-eviction-api refuses them; rbac.yaml grants no pods/eviction); killing locally, as with --eviction-action status",
         &[],

@@ -349,14 +349,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn reports_and_their_progress_survive_a_restart() {
+    /// A journal of node-a in a fresh state directory, holding a status
+    /// report for each of `pods`.
+    fn journal_of(pods: &[&str]) -> (tempfile::TempDir, StateDir, Journal) {
         let dir = tempfile::tempdir().unwrap();
         let state = StateDir::open(dir.path()).unwrap();
         let mut journal = Journal::open(Some(state.clone()), "node-a");
-        journal
-            .add(notice("web"), EvictionAction::Status, Timestamp::now())
-            .unwrap();
+        for pod in pods {
+            journal
+                .add(notice(pod), EvictionAction::Status, Timestamp::now())
+                .unwrap();
+        }
+        (dir, state, journal)
+    }
+
+    #[test]
+    fn reports_and_their_progress_survive_a_restart() {
+        let (_dir, state, mut journal) = journal_of(&["web"]);
         let over_its_limit = EvictionNotice {
             pod_limit: true,
             ..notice("db")
@@ -411,14 +420,7 @@ mod tests {
 
     #[test]
     fn a_deferred_report_goes_behind_the_others_also_after_a_restart() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = StateDir::open(dir.path()).unwrap();
-        let mut journal = Journal::open(Some(state.clone()), "node-a");
-        for name in ["hog", "batch"] {
-            journal
-                .add(notice(name), EvictionAction::Status, Timestamp::now())
-                .unwrap();
-        }
+        let (_dir, state, mut journal) = journal_of(&["hog", "batch"]);
         let hog = journal.first().unwrap().id;
         journal.defer(hog);
         assert_eq!(journal.first().unwrap().notice.name, "batch");
@@ -429,12 +431,7 @@ mod tests {
 
     #[test]
     fn another_nodes_journal_is_not_replayed() {
-        let dir = tempfile::tempdir().unwrap();
-        let state = StateDir::open(dir.path()).unwrap();
-        let mut journal = Journal::open(Some(state.clone()), "node-a");
-        journal
-            .add(notice("web"), EvictionAction::Status, Timestamp::now())
-            .unwrap();
+        let (dir, state, _journal) = journal_of(&["web"]);
         // The state directory moved, or the node was renamed.
         let moved = Journal::open(Some(state.clone()), "node-b");
         assert!(moved.first().is_none());
