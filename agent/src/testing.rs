@@ -183,6 +183,9 @@ pub(crate) mod fakes {
         pub local_storage_checks: usize,
         /// The runtime's sandbox ids by pod uid; none: no runtime.
         pub sandboxes: Option<BTreeMap<String, Vec<String>>>,
+        /// Tasks of a killed pod not reaped yet, by cgroup: charged to it,
+        /// and to the node, though the pod lists no process.
+        pub unreaped: BTreeMap<String, u64>,
     }
 
     impl NodeModel {
@@ -231,7 +234,9 @@ pub(crate) mod fakes {
             let mut model = self.0.borrow_mut();
             model.observations += 1;
             let working_set = model.working_set();
-            let tasks = model.pods.iter().map(|pod| pod.usage.pids).sum::<u64>() + 10;
+            let tasks = model.pods.iter().map(|pod| pod.usage.pids).sum::<u64>()
+                + model.unreaped.values().sum::<u64>()
+                + 10;
             let pid_max = if model.pid_max == 0 {
                 4_194_304
             } else {
@@ -353,6 +358,17 @@ pub(crate) mod fakes {
                 .as_ref()
                 .map(|sandboxes| sandboxes.get(uid).cloned().unwrap_or_default());
             std::future::ready(ids)
+        }
+
+        fn tasks(&self, cgroup: &str) -> Result<u64, CgroupError> {
+            let model = self.0.borrow();
+            let running = model
+                .pods
+                .iter()
+                .filter(|pod| pod.cgroup.as_deref() == Some(cgroup))
+                .map(|pod| pod.usage.pids)
+                .sum::<u64>();
+            Ok(running + model.unreaped.get(cgroup).copied().unwrap_or(0))
         }
 
         fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError> {

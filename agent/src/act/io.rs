@@ -95,6 +95,9 @@ pub trait NodeSource {
     }
     /// A cgroup's working set now; 0 once the cgroup is gone.
     fn working_set(&self, cgroup: &str) -> Result<u64, CgroupError>;
+    /// The tasks a cgroup's subtree is charged for now (`pids.current`:
+    /// one that exited counts until it is reaped); 0 once it is gone.
+    fn tasks(&self, cgroup: &str) -> Result<u64, CgroupError>;
     /// Each container's working set (by name), found below the pod's cgroup
     /// by its runtime id; `None` where it cannot be read.
     fn container_working_sets(
@@ -207,6 +210,13 @@ impl NodeSource for Inventory {
             Ok(memory) => Ok(memory.working_set_bytes()),
             Err(CgroupError::Gone(_)) => Ok(0),
             Err(e) => Err(e),
+        }
+    }
+
+    fn tasks(&self, cgroup: &str) -> Result<u64, CgroupError> {
+        match self.cgroupfs().read_pids(cgroup) {
+            Err(CgroupError::Gone(_)) => Ok(0),
+            other => other,
         }
     }
 

@@ -587,8 +587,16 @@ impl<I: Io> Evictor<I> {
                         }
                     }
                 }
-                // The kill returned once the pod had no task left.
-                Resource::Pids => true,
+                // The kill returned once the pod listed no process, but a
+                // task that exited is charged (to the pod and the node)
+                // until it is reaped: the node's gain is looked at after.
+                Resource::Pids => match self.node.tasks(&reclaim.cgroup) {
+                    Ok(tasks) => tasks == 0,
+                    Err(e) => {
+                        warn!(victim = reclaim.pod, error = %e, "cannot read the victim's tasks");
+                        true
+                    }
+                },
                 // Disk comes back only when the pod's files are removed
                 // (kubelet's cleanup of the killed pod).
                 Resource::EphemeralStorage | Resource::Inodes => {

@@ -388,6 +388,44 @@ async fn a_pod_past_two_thresholds_is_killed_once_and_the_other_resource_waits_f
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_fork_bombs_tasks_not_yet_reaped_are_waited_for_not_taken_for_pressure_outside_the_pods()
+{
+    let mut bomb = pod("bomb", 10);
+    bomb.usage.pids = 900;
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["pid.available<100".into()],
+            ..EvictionArgs::default()
+        },
+        pods: vec![bomb, pod("web", 10)],
+        outside_pods: outside(20, 500),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    let (log, _guard) = LogCapture::start();
+    harness.evictor.evaluate(wake(&harness));
+    let (id, ended) = harness.evictor.next_ended().await;
+    // The bomb lists no process once killed, but its tasks are charged to
+    // it, and to the node, until they are reaped.
+    harness
+        .node
+        .0
+        .borrow_mut()
+        .unreaped
+        .insert(cgroup("bomb"), 900);
+    harness.evictor.end(id, ended);
+    harness.evictor.evaluate(wake(&harness));
+    harness.node.0.borrow_mut().unreaped.clear();
+    harness.evictor.evaluate(wake(&harness));
+    assert!(
+        !log.contains("the pressure is outside the pods"),
+        "{:?}",
+        log.lines()
+    );
+    assert_eq!(killed(&harness), [cgroup("bomb")], "web lives");
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_hard_threshold_takes_over_a_soft_eviction_waiting_out_its_grace() {
     let pods = vec![PodSnapshot {
         termination_grace_period_seconds: Some(30),
