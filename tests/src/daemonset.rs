@@ -95,13 +95,10 @@ pub fn start_as_daemonset(
     args: &[String],
 ) -> io::Result<Agent> {
     let container = agent_container()?;
-    let mut agent_line = vec![
-        seccomp_launcher.display().to_string(),
-        daemonset_seccomp_profile(&container).display().to_string(),
-        agent_binary().display().to_string(),
-    ];
-    agent_line.extend(args.iter().cloned());
-    let line = with_capabilities(capabilities, &agent_line);
+    let line = with_capabilities(
+        capabilities,
+        &under_profile(seccomp_launcher, &container, args),
+    );
     // The shell joins the cgroup in every hierarchy, then becomes setpriv,
     // which becomes the agent: one process throughout.
     let procs: Vec<String> = [Controller::Memory, Controller::Pids]
@@ -177,16 +174,25 @@ pub fn confined_agent(
     args: &[String],
 ) -> io::Result<Agent> {
     let container = agent_container()?;
-    let mut agent_line = vec![
-        seccomp_launcher.display().to_string(),
-        daemonset_seccomp_profile(&container).display().to_string(),
-        agent_binary().display().to_string(),
-    ];
-    agent_line.extend(args.iter().cloned());
     let command = in_narrowed_cgroupfs(
         &format!("{}/kubepods", node_cgroup.trim_start_matches('/')),
         &node_memory_dir.join("cgroup.procs"),
-        &with_capabilities(&daemonset_capabilities(&container), &agent_line),
+        &with_capabilities(
+            &daemonset_capabilities(&container),
+            &under_profile(seccomp_launcher, &container, args),
+        ),
     );
     Agent::spawn(command)
+}
+
+/// The agent with `args` under the seccomp profile `container` names, as
+/// `seccomp_launcher` applies it.
+fn under_profile(seccomp_launcher: &Path, container: &Value, args: &[String]) -> Vec<String> {
+    let mut line = vec![
+        seccomp_launcher.display().to_string(),
+        daemonset_seccomp_profile(container).display().to_string(),
+        agent_binary().display().to_string(),
+    ];
+    line.extend(args.iter().cloned());
+    line
 }

@@ -202,25 +202,32 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
     assert!(log.problems().is_empty(), "{:#?}", log.problems());
 }
 
+/// The stand-in API server with `faults`, and an agent with a hard memory
+/// threshold that has listed its pods and evicted the hog.
+fn hog_evicted_against(node: &mut SandboxNode, faults: Faults) -> (ApiServer, Agent) {
+    let server = api_server(node, faults);
+    let mut agent = start_agent(
+        node,
+        server.kubeconfig(),
+        &["--eviction-hard", "memory.available<96Mi"],
+    );
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    run_hog_until_stopped(node);
+    agent.log.expect_eviction("default/hog", "memory");
+    (server, agent)
+}
+
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn a_forbidden_request_is_one_clear_error_and_is_not_retried() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    let server = api_server(
-        &node,
+    let (server, mut agent) = hog_evicted_against(
+        &mut node,
         Faults {
             forbidden: vec![("PATCH", "/status")],
             ..Faults::default()
         },
     );
-    let mut agent = start_agent(
-        &node,
-        server.kubeconfig(),
-        &["--eviction-hard", "memory.available<96Mi"],
-    );
-    agent.log.expect("pods listed from the Kubernetes API", &[]);
-    run_hog_until_stopped(&mut node);
-    agent.log.expect_eviction("default/hog", "memory");
     let refused = agent.log.expect(
         "the Kubernetes API forbids evictd's service account to patch pods/status: grant it in the ClusterRole (deploy/rbac.yaml); such requests are not retried",
         &[("verb", "patch"), ("resource", "pods/status")],
@@ -256,21 +263,13 @@ fn a_report_the_api_keeps_failing_holds_up_no_other_report() {
     node.alloc(&[("db", 48 * MIB), ("web", 32 * MIB), ("batch", 48 * MIB)])
         .unwrap();
     // Every write about the hog fails, as behind a webhook broken for it.
-    let server = api_server(
-        &node,
+    let (server, mut agent) = hog_evicted_against(
+        &mut node,
         Faults {
             failing: vec!["/pods/hog/status"],
             ..Faults::default()
         },
     );
-    let mut agent = start_agent(
-        &node,
-        server.kubeconfig(),
-        &["--eviction-hard", "memory.available<96Mi"],
-    );
-    agent.log.expect("pods listed from the Kubernetes API", &[]);
-    run_hog_until_stopped(&mut node);
-    agent.log.expect_eviction("default/hog", "memory");
     let waits = agent.log.expect(
         "eviction report waits for the Kubernetes API; retrying with backoff",
         &[("pod", "default/hog")],
