@@ -272,6 +272,21 @@ impl Lookup<'_> {
         to_u32(flags.saturating_sub(1))
     }
 
+    /// `obj_cgroup.memcg` where a folio's `memcg_data` points to its
+    /// obj_cgroup, else `u32::MAX`. Linux 7.x reparents LRU folios through
+    /// their obj_cgroup, so every charged folio holds one (`folio_memcg()`
+    /// reads `objcg->memcg`), the root memory cgroup's included, which is
+    /// why `obj_cgroup` gained `is_root` with it: the mark BTF shows, as
+    /// the inline helpers are not in it. Before (6.18 and older), only
+    /// kernel memory folios held an obj_cgroup, and they join no LRU.
+    fn folio_objcg_memcg(&self) -> Result<u32, LayoutError> {
+        match self.member("obj_cgroup", "is_root") {
+            Ok(_) => self.offset("obj_cgroup", "memcg"),
+            Err(LayoutError::MissingStruct(_) | LayoutError::MissingMember { .. }) => Ok(u32::MAX),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The layout, but for what [`KernelBtf::layout`] fills in.
     fn layout(&self) -> Result<KernelLayout, LayoutError> {
         let subsys = |name: &str| {
@@ -315,7 +330,7 @@ impl Lookup<'_> {
                 u32::MAX => 0,
                 id => self.offset("cgroup", "subsys")? + id * 8,
             },
-            _pad: 0,
+            folio_objcg_memcg: self.folio_objcg_memcg()?,
             memory_subsys_id: subsys("memory_cgrp_id"),
             pids_subsys_id,
             pids_css_to_counter: i32::try_from(pids_css_to_counter)
@@ -459,6 +474,45 @@ mod tests {
         let lookup = Lookup(&btf);
         assert_eq!(lookup.rss_counters().expect("6.1"), (8, 0));
         assert_eq!(lookup.offset("mm_struct", "rss_stat").expect("offset"), 256);
+    }
+
+    #[test]
+    fn folios_hold_an_obj_cgroup_where_it_has_is_root() {
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        // 6.18: only kernel memory folios hold an obj_cgroup.
+        writer.strukt(
+            testing::STRUCT,
+            "obj_cgroup",
+            48,
+            &[("refcnt", long, 0), ("memcg", long, 128)],
+        );
+        let btf = written(&writer);
+        assert_eq!(Lookup(&btf).folio_objcg_memcg().expect("6.18"), u32::MAX);
+
+        // 7.2: every charged folio does, the root's too.
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        let flag = writer.int("bool", 1);
+        writer.strukt(
+            testing::STRUCT,
+            "obj_cgroup",
+            56,
+            &[
+                ("refcnt", long, 0),
+                ("memcg", long, 128),
+                ("is_root", flag, 384),
+            ],
+        );
+        let btf = written(&writer);
+        assert_eq!(Lookup(&btf).folio_objcg_memcg().expect("7.2"), 16);
+
+        // Without memory cgroups there is nothing to read through.
+        let btf = written(&BtfWriter::default());
+        assert_eq!(
+            Lookup(&btf).folio_objcg_memcg().expect("no memcg"),
+            u32::MAX
+        );
     }
 
     #[test]
