@@ -22,9 +22,11 @@ and exported as evictd_trigger_info and evictd_trigger_hook_info):
   kernel                    memory             pids               OOM kills       new cgroups
   6.18 (memcg tracepoints)  bpf lru-insertion  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
   6.1 (Debian, cgroup v2)   bpf page-alloc     bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  6.12 (Debian, cgroup v2)  bpf page-alloc     bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
+  7.2 (Debian, cgroup v2)   bpf lru-insertion  bpf task-lifetime  bpf oom-victim  bpf cgroup-lifecycle
   no BTF, or no privilege   poll               poll               none            poll
 lru-insertion runs on charges only; with --watch-memory (whose falls are reported
-as they happen) 6.18 takes bpf memcg-stat instead, which also runs on every free.
+as they happen) 6.18 and 7.2 take bpf memcg-stat instead, which also runs on every free.
 Polling re-reads cgroupfs every --resync-interval and is logged as a warning.";
 
 #[derive(Debug, Parser)]

@@ -190,8 +190,12 @@ pub struct KernelLayout {
     /// `cgroup.subsys` + the memory controller's slot in it: a cgroup's
     /// memory css.
     pub cgroup_memory_css: u32,
-    /// Keeps the `u64` fields below aligned with no hidden padding.
-    pub _pad: u32,
+    /// `obj_cgroup.memcg` where `folio.memcg_data` points to the folio's
+    /// obj_cgroup, which points to its memory cgroup (Linux 7.x, whose LRU
+    /// folios are reparented through it); `u32::MAX` where it points to
+    /// the memory cgroup itself. In place of a padding field: the `u64`
+    /// fields below stay aligned with none hidden.
+    pub folio_objcg_memcg: u32,
     /// `enum cgroup_subsys_id` value of the memory controller.
     pub memory_subsys_id: u32,
     /// `enum cgroup_subsys_id` value of the pids controller.

@@ -58,7 +58,7 @@ static LAYOUT: KernelLayout = KernelLayout {
     task_cgroups: 0,
     css_set_subsys: 0,
     cgroup_memory_css: 0,
-    _pad: 0,
+    folio_objcg_memcg: u32::MAX,
     memory_subsys_id: u32::MAX,
     pids_subsys_id: u32::MAX,
     pids_css_to_counter: 0,
@@ -245,7 +245,12 @@ fn on_lru_insertion(folio: u64) -> Result<(), i32> {
         return Ok(());
     }
     let memcg_data: u64 = read(folio, layout!(folio_memcg_data) as u64)?;
-    let memcg = memcg_data & !(layout!(memcg_data_flags) as u64);
+    let mut memcg = memcg_data & !(layout!(memcg_data_flags) as u64);
+    let objcg_memcg = layout!(folio_objcg_memcg);
+    if memcg != 0 && objcg_memcg != u32::MAX {
+        // Linux 7.x: the folio holds its obj_cgroup.
+        memcg = read(memcg, objcg_memcg as u64)?;
+    }
     if memcg == 0 {
         // Not charged (memory cgroups disabled, or not yet committed).
         return Ok(());

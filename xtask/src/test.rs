@@ -17,9 +17,13 @@ pub struct TestArgs {
     /// where QEMU is unavailable.
     #[arg(long)]
     vm: bool,
-    /// Kernel series (`6.1`) or exact Debian ABI (`6.1.0-56`) of the
-    /// guest: the newest matching linux-image-*-amd64-unsigned package.
-    #[arg(long, value_name = "VERSION", default_value = vm::DEFAULT_KERNEL, requires = "vm")]
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value = vm::DEFAULT_KERNEL,
+        requires = "vm",
+        help = vm::KERNEL_HELP
+    )]
     kernel: String,
 }
 

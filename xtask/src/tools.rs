@@ -47,8 +47,13 @@ pub struct MeasureTriggersArgs {
     /// Measure in the Linux guest of `cargo xtask test --vm`.
     #[arg(long)]
     vm: bool,
-    /// Kernel of the guest (as for `cargo xtask test --vm`).
-    #[arg(long, value_name = "VERSION", default_value = vm::DEFAULT_KERNEL, requires = "vm")]
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value = vm::DEFAULT_KERNEL,
+        requires = "vm",
+        help = vm::KERNEL_HELP
+    )]
     kernel: String,
 }
 

@@ -1,7 +1,7 @@
 //! `cargo xtask test --vm`: the privileged integration suite inside a Linux
 //! guest under QEMU, on a kernel and cgroup layout the host may not have
-//! (Debian's 6.1 on pure cgroup v2 by default). See `shared/VM.md` for the
-//! measured recipe this follows.
+//! (Debian's 6.1, 6.12 or 7.2 on pure cgroup v2; 6.1 by default). See
+//! `shared/VM.md` for the measured recipe this follows.
 //!
 //! 1. QEMU, a static busybox, cpio, kmod and xz come from apt (installed
 //!    when missing and run as root; otherwise the run is skipped, except in
@@ -38,14 +38,20 @@ use kernel::Kernel;
 
 mod kernel;
 
-/// Debian packages the harness runs (binary → package).
 /// The guest kernel series when none is named.
 pub const DEFAULT_KERNEL: &str = "6.1";
+/// What `--kernel all` boots in turn: Debian's cgroup v2 kernels from the
+/// oldest supported series to the newest packaged (bookworm's 6.1 and
+/// 6.12, trixie-backports' 7.2).
+pub const ALL_KERNELS: [&str; 3] = ["6.1", "6.12", "7.2"];
+/// The help of every `--kernel`.
+pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: the newest \
+     Debian package of it, from bookworm or trixie-backports), an exact Debian version \
+     (6.1.0-56, 6.12.117+deb12), or all (6.1, 6.12 and 7.2 in turn)";
 
 #[derive(Args)]
 pub struct VmArgs {
-    /// Kernel of the guest (as for `cargo xtask test --vm`).
-    #[arg(long, value_name = "VERSION", default_value = DEFAULT_KERNEL)]
+    #[arg(long, value_name = "VERSION", default_value = DEFAULT_KERNEL, help = KERNEL_HELP)]
     kernel: String,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
@@ -63,12 +69,15 @@ pub fn command(args: &VmArgs) -> Result<()> {
     )
 }
 
-const HOST_TOOLS: [(&str, &str); 6] = [
+/// Debian packages the harness runs (binary → package).
+const HOST_TOOLS: [(&str, &str); 7] = [
     ("qemu-system-x86_64", "qemu-system-x86"),
     ("busybox", "busybox-static"),
     ("cpio", "cpio"),
     ("modprobe", "kmod"),
     ("xz", "xz-utils"),
+    // 6.12's and 7.2's images are zstd-compressed.
+    ("zstd", "zstd"),
     ("dpkg-deb", "dpkg"),
 ];
 /// Integration test targets the guest does not run, and why.
@@ -138,7 +147,6 @@ pub fn test(toolchain: &Toolchain, target: &Path, version: &str) -> Result<()> {
         return Ok(());
     }
     visible_in_guest(target)?;
-    let kernel = Kernel::cached(version)?;
     let executables = build_tests(toolchain)?;
     let tests = executables
         .iter()
@@ -156,8 +164,10 @@ return $status
 "#
     );
     let what = format!("{} test executables", executables.len());
-    in_guest(&kernel, target, &what, &script)
-        .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
+    each_kernel(version, |kernel| {
+        in_guest(kernel, target, &what, &script)
+            .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
+    })
 }
 
 /// Runs `command` (already built, on this host's filesystem) as root in the
@@ -167,7 +177,6 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
         return Ok(());
     }
     visible_in_guest(target)?;
-    let kernel = Kernel::cached(version)?;
     let mut line = command
         .iter()
         .map(|part| quoted(part))
@@ -176,7 +185,46 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
         line.push(quoted(Path::new(arg))?);
     }
     let script = format!("{}\n", line.join(" "));
-    in_guest(&kernel, target, &line.join(" "), &script)
+    each_kernel(version, |kernel| {
+        in_guest(kernel, target, &line.join(" "), &script)
+    })
+}
+
+/// Runs `guest` on the kernel `asked` names, or with `all` on each of
+/// [`ALL_KERNELS`] in turn (one VM at a time: the host has few cores),
+/// then says how each went; fails if any failed.
+fn each_kernel(asked: &str, mut guest: impl FnMut(&Kernel) -> Result<()>) -> Result<()> {
+    if asked != "all" {
+        return guest(&Kernel::cached(asked)?);
+    }
+    let mut outcomes = Vec::new();
+    for series in ALL_KERNELS {
+        println!("xtask: == Linux {series}");
+        let started = Instant::now();
+        let outcome = Kernel::cached(series).and_then(|kernel| {
+            guest(&kernel)?;
+            Ok(kernel.release)
+        });
+        if let Err(e) = &outcome {
+            eprintln!("xtask: Linux {series}: {e:#}");
+        }
+        outcomes.push((series, outcome, started.elapsed()));
+    }
+    let mut failed = Vec::new();
+    for (series, outcome, elapsed) in &outcomes {
+        let secs = elapsed.as_secs();
+        match outcome {
+            Ok(release) => println!("xtask: Linux {series}: ok ({release}, {secs}s)"),
+            Err(_) => {
+                println!("xtask: Linux {series}: FAILED ({secs}s)");
+                failed.push(*series);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        bail!("the guest failed on Linux {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 /// The guest mounts a fresh tmpfs on /tmp (the tests write there), which
@@ -201,9 +249,10 @@ fn visible_in_guest(target: &Path) -> Result<()> {
 /// Boots `kernel` with a fresh run directory under `target/vm` and runs
 /// `script` there; the log stays in the run directory.
 fn in_guest(kernel: &Kernel, target: &Path, what: &str, script: &str) -> Result<()> {
+    // One directory per kernel: `--kernel all` boots several.
     let run = target
         .join("vm")
-        .join(format!("run-{}", std::process::id()));
+        .join(format!("run-{}-{}", std::process::id(), kernel.release));
     let result = boot(kernel, &run, what, script);
     // The initramfs is rebuilt for every run; the log stays.
     let _ = fs::remove_dir_all(run.join("initramfs"));

@@ -14,7 +14,10 @@ mod format;
 #[cfg(test)]
 mod testing;
 
-use std::{collections::BTreeMap, path::Path};
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::Path,
+};
 
 use evictd_common::KernelLayout;
 
@@ -86,7 +89,7 @@ impl KernelBtf {
             path: path.display().to_string(),
             source,
         })?;
-        let lookup = Lookup(&btf);
+        let lookup = Lookup::new(&btf);
         Ok(Self {
             tracepoints: lookup.tracepoints(),
             layout: lookup.layout(),
@@ -121,8 +124,41 @@ impl KernelBtf {
     }
 }
 
-/// Look-ups over the parsed file.
-struct Lookup<'a>(&'a Btf);
+/// Look-ups over the parsed file, and its struct definitions and enums by
+/// name (in id order; forward declarations and empty structs left out).
+/// Indexed in one pass: Linux 7.x orders named types by name after every
+/// anonymous one, so a scan per look-up, stopping at the first match,
+/// passed nearly all ~125k types for each of the layout's ~30 (a second
+/// of the agent's start in the 7.2 guest's debug build, half a minute
+/// under emulation).
+struct Lookup<'a>(&'a Btf, HashMap<&'a [u8], Vec<Type>>);
+
+impl<'a> Lookup<'a> {
+    fn new(btf: &'a Btf) -> Self {
+        let mut named: HashMap<&[u8], Vec<Type>> = HashMap::new();
+        for ty in btf.types() {
+            let definition = match ty.kind {
+                Kind::Struct => ty.vlen > 0,
+                Kind::Enum => true,
+                _ => false,
+            };
+            if definition && ty.name_off != 0 {
+                named.entry(btf.name(ty.name_off)).or_default().push(ty);
+            }
+        }
+        Self(btf, named)
+    }
+
+    /// The indexed types named `name` of `kind` (a struct or an enum).
+    fn named(&self, name: &str, kind: Kind) -> impl Iterator<Item = Type> + '_ {
+        let types = self.1.get(name.as_bytes()).map(Vec::as_slice);
+        types
+            .unwrap_or_default()
+            .iter()
+            .copied()
+            .filter(move |ty| ty.kind == kind)
+    }
+}
 
 impl Lookup<'_> {
     /// Every raw tracepoint (each has a `btf_trace_<name>` typedef of a
@@ -146,9 +182,8 @@ impl Lookup<'_> {
     /// The definition of struct `name` (forward declarations and empty
     /// structs of the same name are passed over).
     fn strukt(&self, name: &str) -> Result<Type, LayoutError> {
-        self.0
-            .named(name)
-            .find(|ty| ty.kind == Kind::Struct && ty.vlen > 0)
+        self.named(name, Kind::Struct)
+            .next()
             .ok_or_else(|| LayoutError::MissingStruct(name.to_owned()))
     }
 
@@ -256,7 +291,7 @@ impl Lookup<'_> {
         let mut mask = [0u64; 2];
         for enum_name in ["node_stat_item", "memcg_stat_item"] {
             let mut found = false;
-            for ty in self.0.named(enum_name).filter(|ty| ty.kind == Kind::Enum) {
+            for ty in self.named(enum_name, Kind::Enum) {
                 found = true;
                 for item in self.0.enumerators(&ty) {
                     if item.value < 128 && self.0.name(item.name_off).ends_with(b"_B") {
@@ -296,6 +331,21 @@ impl Lookup<'_> {
             to_u32(self.enumerator("NR_FILE_PAGES")?)?,
             to_u32(self.enumerator("NR_INACTIVE_FILE")?)?,
         ])
+    }
+
+    /// `obj_cgroup.memcg` where a folio's `memcg_data` points to its
+    /// obj_cgroup, else `u32::MAX`. Linux 7.x reparents LRU folios through
+    /// their obj_cgroup, so every charged folio holds one (`folio_memcg()`
+    /// reads `objcg->memcg`), the root memory cgroup's included, which is
+    /// why `obj_cgroup` gained `is_root` with it: the mark BTF shows, as
+    /// the inline helpers are not in it. Before (6.18 and older), only
+    /// kernel memory folios held an obj_cgroup, and they join no LRU.
+    fn folio_objcg_memcg(&self) -> Result<u32, LayoutError> {
+        match self.member("obj_cgroup", "is_root") {
+            Ok(_) => self.offset("obj_cgroup", "memcg"),
+            Err(LayoutError::MissingStruct(_) | LayoutError::MissingMember { .. }) => Ok(u32::MAX),
+            Err(e) => Err(e),
+        }
     }
 
     /// The layout, but for what [`KernelBtf::layout`] fills in.
@@ -350,7 +400,7 @@ impl Lookup<'_> {
                 u32::MAX => 0,
                 id => self.offset("cgroup", "subsys")? + id * 8,
             },
-            _pad: 0,
+            folio_objcg_memcg: self.folio_objcg_memcg()?,
             memory_subsys_id: subsys("memory_cgrp_id"),
             pids_subsys_id,
             pids_css_to_counter: i32::try_from(pids_css_to_counter)
@@ -447,7 +497,7 @@ mod tests {
         // mm_struct keeps its fields in an anonymous struct (__randomize_layout).
         let btf = running_kernel();
         assert!(
-            Lookup(&btf)
+            Lookup::new(&btf)
                 .offset("mm_struct", "rss_stat")
                 .expect("rss_stat")
                 > 0
@@ -457,7 +507,7 @@ mod tests {
     #[test]
     fn names_what_is_missing() {
         let btf = running_kernel();
-        let lookup = Lookup(&btf);
+        let lookup = Lookup::new(&btf);
         let err = lookup
             .offset("mem_cgroup", "no_such_member")
             .expect_err("missing");
@@ -494,7 +544,7 @@ mod tests {
             &[("rss_stat", counters, 6400)],
         );
         let btf = written(&writer);
-        assert_eq!(Lookup(&btf).rss_counters().expect("6.2+"), (40, 8));
+        assert_eq!(Lookup::new(&btf).rss_counters().expect("6.2+"), (40, 8));
 
         // 6.1: struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }.
         let mut writer = BtfWriter::default();
@@ -507,9 +557,74 @@ mod tests {
         let fields = writer.strukt(testing::STRUCT, "", 512, &[("rss_stat", stat, 2048)]);
         writer.strukt(testing::STRUCT, "mm_struct", 1024, &[("", fields, 0)]);
         let btf = written(&writer);
-        let lookup = Lookup(&btf);
+        let lookup = Lookup::new(&btf);
         assert_eq!(lookup.rss_counters().expect("6.1"), (8, 0));
         assert_eq!(lookup.offset("mm_struct", "rss_stat").expect("offset"), 256);
+    }
+
+    #[test]
+    fn a_struct_is_its_first_definition_wherever_it_stands() {
+        // As Linux 7.x orders BTF: anonymous types, then named ones by name.
+        let mut writer = BtfWriter::default();
+        let int = writer.int("int", 4);
+        writer.strukt(testing::STRUCT, "", 4, &[("a", int, 0)]);
+        writer.strukt(testing::STRUCT, "cgroup", 0, &[]);
+        writer.enumeration("cgroup", &[("A", 1)]);
+        let cgroup = writer.strukt(testing::STRUCT, "cgroup", 8, &[("level", int, 32)]);
+        writer.strukt(testing::STRUCT, "cgroup", 16, &[("other", int, 0)]);
+        writer.strukt(testing::STRUCT, "task_struct", 8, &[("pid", int, 32)]);
+        let btf = written(&writer);
+        let lookup = Lookup::new(&btf);
+        let found = lookup.strukt("cgroup").expect("defined");
+        assert_eq!((found.size(), found.vlen), (8, 1), "type {cgroup}");
+        assert_eq!(lookup.offset("cgroup", "level").expect("level"), 4);
+        assert_eq!(lookup.offset("task_struct", "pid").expect("pid"), 4);
+        assert!(matches!(
+            lookup.strukt("cgroup_root"),
+            Err(LayoutError::MissingStruct(_))
+        ));
+    }
+
+    #[test]
+    fn folios_hold_an_obj_cgroup_where_it_has_is_root() {
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        // 6.18: only kernel memory folios hold an obj_cgroup.
+        writer.strukt(
+            testing::STRUCT,
+            "obj_cgroup",
+            48,
+            &[("refcnt", long, 0), ("memcg", long, 128)],
+        );
+        let btf = written(&writer);
+        assert_eq!(
+            Lookup::new(&btf).folio_objcg_memcg().expect("6.18"),
+            u32::MAX
+        );
+
+        // 7.2: every charged folio does, the root's too.
+        let mut writer = BtfWriter::default();
+        let long = writer.int("long", 8);
+        let flag = writer.int("bool", 1);
+        writer.strukt(
+            testing::STRUCT,
+            "obj_cgroup",
+            56,
+            &[
+                ("refcnt", long, 0),
+                ("memcg", long, 128),
+                ("is_root", flag, 384),
+            ],
+        );
+        let btf = written(&writer);
+        assert_eq!(Lookup::new(&btf).folio_objcg_memcg().expect("7.2"), 16);
+
+        // Without memory cgroups there is nothing to read through.
+        let btf = written(&BtfWriter::default());
+        assert_eq!(
+            Lookup::new(&btf).folio_objcg_memcg().expect("no memcg"),
+            u32::MAX
+        );
     }
 
     #[test]
@@ -519,7 +634,7 @@ mod tests {
         writer.tracepoint("old_mark_victim", 1);
         writer.enumeration("", &[("MM_FILEPAGES", 0), ("MM_ANONPAGES", 1)]);
         let btf = written(&writer);
-        let lookup = Lookup(&btf);
+        let lookup = Lookup::new(&btf);
         let tracepoints = lookup.tracepoints();
         let tracepoints: Vec<(&str, usize)> = tracepoints
             .iter()

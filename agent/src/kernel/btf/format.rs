@@ -295,12 +295,6 @@ impl Btf {
         (1..=self.starts.len() as u32).filter_map(|id| self.get(id).ok())
     }
 
-    /// The types named `name`.
-    pub fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = Type> + 'a {
-        self.types()
-            .filter(move |ty| self.name_is(ty.name_off, name))
-    }
-
     /// Type `id`, past typedefs and qualifiers.
     pub fn resolve(&self, id: u32) -> Result<Type, FormatError> {
         let mut ty = self.get(id)?;
@@ -324,8 +318,16 @@ impl Btf {
         &rest[..len]
     }
 
+    /// Whether the string at `offset` is `wanted`: compared in place, with
+    /// no search for the NUL first, as look-ups that pass many names (the
+    /// enumerators of every enum) do.
     pub fn name_is(&self, offset: u32, wanted: &str) -> bool {
-        self.name(offset) == wanted.as_bytes()
+        let wanted = wanted.as_bytes();
+        let rest = self
+            .data
+            .get(self.strings.start + offset as usize..self.strings.end)
+            .unwrap_or_default();
+        rest.starts_with(wanted) && rest.get(wanted.len()) == Some(&0)
     }
 
     /// A struct's or union's members (none for other kinds).
@@ -416,8 +418,18 @@ mod tests {
         let typedef = writer.alias(w::TYPEDEF, "outer_t", konst);
         let btf = parse(&writer);
 
-        let found: Vec<Kind> = btf.named("outer").map(|ty| ty.kind).collect();
-        assert_eq!(found, [Kind::Struct]);
+        let named = |name| {
+            btf.types()
+                .filter(|ty| btf.name_is(ty.name_off, name))
+                .map(|ty| ty.kind)
+                .collect::<Vec<Kind>>()
+        };
+        assert_eq!(named("outer"), [Kind::Struct]);
+        // A name is matched whole: not by a prefix, nor by a longer name.
+        assert_eq!(named("out"), []);
+        assert_eq!(named("outer_"), []);
+        assert_eq!(named("outer_t"), [Kind::Typedef]);
+        assert_eq!(named("outer_t_and_more"), []);
         let resolved = btf.resolve(typedef).expect("resolves");
         assert_eq!((resolved.kind, resolved.size()), (Kind::Struct, 8));
         assert_eq!(btf.members(&btf.get(outer).expect("outer")).count(), 2);

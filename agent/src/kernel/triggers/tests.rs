@@ -58,6 +58,27 @@ fn linux_6_1_v2() -> Capabilities {
     }
 }
 
+/// The VM guest on Debian's Linux 6.12 (bookworm): the tracepoints of 6.1,
+/// so no memcg stat tracepoints either.
+fn linux_6_12_v2() -> Capabilities {
+    Capabilities {
+        kernel_release: "6.12.117+deb12-amd64".into(),
+        ..linux_6_1_v2()
+    }
+}
+
+/// The VM guest on Debian's Linux 7.2 (trixie-backports): cgroup v2 with
+/// the memcg stat tracepoints.
+fn linux_7_2_v2() -> Capabilities {
+    let mut capabilities = Capabilities {
+        kernel_release: "7.2.12+deb13-amd64".into(),
+        ..linux_6_1_v2()
+    };
+    capabilities.tracepoints.insert("mod_memcg_lruvec_state", 3);
+    capabilities.tracepoints.insert("mod_memcg_state", 3);
+    capabilities
+}
+
 fn trigger(triggers: &Triggers, purpose: Purpose) -> Trigger {
     triggers.get(purpose).trigger
 }
@@ -127,6 +148,42 @@ fn linux_6_1_watches_memory_through_page_allocations_and_says_why() {
         ),
         "{reason}"
     );
+}
+
+#[test]
+fn the_other_guests_choose_as_their_tracepoints_say() {
+    let rest = [
+        Kernel(Hook::TaskLifetime),
+        Kernel(Hook::OomVictim),
+        Kernel(Hook::CgroupLifecycle),
+    ];
+    for (capabilities, falls, memory) in [
+        (
+            linux_6_12_v2(),
+            MemoryFalls::AtTheNextCharge,
+            Hook::PageAlloc,
+        ),
+        (
+            linux_6_12_v2(),
+            MemoryFalls::WhenTheyHappen,
+            Hook::PageAlloc,
+        ),
+        (
+            linux_7_2_v2(),
+            MemoryFalls::AtTheNextCharge,
+            Hook::LruInsertion,
+        ),
+        (linux_7_2_v2(), MemoryFalls::WhenTheyHappen, Hook::MemcgStat),
+    ] {
+        let triggers = choose(&capabilities, Mode::Event, falls);
+        let [first, others @ ..] = all(&triggers);
+        assert_eq!(
+            (first, others),
+            (Kernel(memory), rest),
+            "{} {falls:?}",
+            capabilities.kernel_release
+        );
+    }
 }
 
 #[test]
