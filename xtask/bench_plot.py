@@ -13,6 +13,9 @@ run to the decision, against the pods on the node: every run (filled when
 the trigger was the kernel record, hollow for a timer), the median and the
 p99, with the goal where the issue sets one.
 
+reserve-sweep.png: the reserve sweep, runs the kernel's OOM killer ended
+first against the threshold, one line per mode.
+
 Usage: python3 bench_plot.py RESULTS_DIR
 """
 
@@ -45,11 +48,12 @@ def command(results):
     for word in words:
         if skip:
             skip = False
-        elif word in ("--evictd", "--workload", "--out"):
+        elif word in ("--evictd", "--workload", "--out", "--earlyoom", "--stop-file"):
             skip = True
         else:
             kept.append(word)
-    return "cargo xtask bench" + (" -- " + " ".join(kept) if kept else "")
+    xtask = "cargo xtask bench --vm" if results.get("node") == "root" else "cargo xtask bench"
+    return xtask + (" -- " + " ".join(kept) if kept else "")
 
 
 def subtitle(results, width):
@@ -99,11 +103,15 @@ def memory_back(results, out):
                 if mode == "oracle":
                     floor = nearest_rank(back, 0.5)
                     axis.axhline(floor, color="tab:green", linestyle="--", linewidth=1)
-                    # The goal: event within 10 ms of the floor (p50).
-                    axis.axhspan(floor, floor + 10, color="tab:green", alpha=0.15)
-                    axis.annotate(f"oracle floor (p50) {floor:.0f} ms; band: +10 ms", (-0.45, floor),
-                                  textcoords="offset points", xytext=(0, -10), ha="left",
-                                  fontsize=7, color="tab:green")
+                    # The goal: event within 10 ms of the floor (p50); on
+                    # a machine's root under emulation within 15 % of it.
+                    on_root = results.get("node") == "root"
+                    band = floor * 0.15 if on_root else 10
+                    label = "+15 %" if on_root else "+10 ms"
+                    axis.axhspan(floor, floor + band, color="tab:green", alpha=0.15)
+                    axis.annotate(f"oracle floor (p50) {floor:.0f} ms; band: {label}",
+                                  (-0.45, floor), textcoords="offset points", xytext=(0, -10),
+                                  ha="left", fontsize=7, color="tab:green")
             if never:
                 axis.scatter([position], [NEVER_MS], marker="x", color="red", s=40)
                 axis.annotate(f"{never} never", (position, NEVER_MS), textcoords="offset points",
@@ -185,9 +193,51 @@ def pod_count(results, out):
     fig.savefig(out / "pod-count.png", dpi=110)
 
 
+def reserve_sweep(results, out):
+    """Runs the kernel's OOM killer ended first against the threshold, one
+    line per mode (the reserve sweep)."""
+    scenarios = sorted((s for s in results["scenarios"] if s["kind"] == "reserve"),
+                       key=lambda s: s["threshold"])
+    if not scenarios:
+        return
+    fig, axis = plt.subplots(figsize=(7.2, 4.8))
+    thresholds = [s["threshold"] / 2**20 for s in scenarios]
+    modes = list(dict.fromkeys(m for s in scenarios for m in s["modes"]))
+    for index, mode in enumerate(modes):
+        lost, totals = [], []
+        for scenario in scenarios:
+            runs = runs_of(results, scenario, mode)
+            lost.append(sum(1 for r in runs if r["kernel_kills"] > 0))
+            totals.append(len(runs))
+        style = "--" if mode == "oracle" else "-"
+        # Modes that lose alike would hide each other: a small offset each.
+        offset = (index - len(modes) / 2) * 0.04
+        axis.plot(thresholds, [count + offset for count in lost], style, marker="o",
+                  label=f"{mode} (of {max(totals)} runs)")
+    axis.set_xscale("log")
+    axis.set_xticks(thresholds)
+    axis.set_xticklabels([f"{t:.0f}" for t in thresholds])
+    axis.set_xlabel("--threshold: memory.available below (MiB, log)")
+    axis.set_ylabel("runs the kernel's OOM killer ended first")
+    axis.grid(alpha=0.25)
+    axis.legend(fontsize=8)
+    width = 80
+    rate = scenarios[0]["rate"]
+    fig.suptitle(
+        textwrap.fill(
+            "reserve sweep: kernel OOM kills per mode against the threshold, the bomb at "
+            + ("max rate" if rate == 0 else f"{rate // 2**20} MiB/s"), width)
+        + "\n" + subtitle(results, width),
+        fontsize=9,
+    )
+    fig.tight_layout()
+    fig.savefig(out / "reserve-sweep.png", dpi=110)
+
+
 def main(results_dir: Path) -> None:
     results = json.loads((results_dir / "bench.json").read_text())
     memory_back(results, results_dir)
+    reserve_sweep(results, results_dir)
     pod_count(results, results_dir)
 
 

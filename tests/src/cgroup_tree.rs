@@ -26,6 +26,8 @@ use crate::{
 pub const TREE_MEMORY_LIMIT: u64 = 4 << 30;
 /// A ceiling on tasks in the private tree: a fork loop stops here.
 pub const TREE_PIDS_LIMIT: u64 = 2048;
+/// The pods' cgroup of kubelet's cgroupfs driver, below the root.
+pub const KUBEPODS: &str = "kubepods";
 /// How long killed processes may take to leave a cgroup, and a busy cgroup
 /// to become removable.
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(5);
@@ -65,6 +67,33 @@ impl PrivateCgroupTree {
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
+        let tree = Self::created(name)?;
+        tree.set_memory_limit("", TREE_MEMORY_LIMIT)?;
+        tree.set_pids_limit("", TREE_PIDS_LIMIT)?;
+        Ok(tree)
+    }
+
+    /// `kubepods` at the hierarchy root, where kubelet's cgroupfs driver
+    /// puts the pods of a real node, with no limit: the node is the whole
+    /// machine. Only for a throwaway machine (the bench's VM guest), never
+    /// a host: it refuses when a `kubepods` is already there (dropping the
+    /// tree removes it with everything in it).
+    pub fn kubepods_at_root() -> io::Result<Self> {
+        for hierarchy in CgroupLayout::discover()?.hierarchies() {
+            let existing = hierarchy.mount_point.join(KUBEPODS);
+            if existing.exists() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists: a real node's pods", existing.display()),
+                ));
+            }
+        }
+        Self::created(KUBEPODS.to_owned())
+    }
+
+    /// Creates `name` in every hierarchy, with the memory and pids
+    /// controllers delegated to its children.
+    fn created(name: String) -> io::Result<Self> {
         let tree = Self {
             layout: CgroupLayout::discover()?,
             name,
@@ -92,8 +121,6 @@ impl PrivateCgroupTree {
                 enable_controllers(&root)?;
             }
         }
-        tree.set_memory_limit("", TREE_MEMORY_LIMIT)?;
-        tree.set_pids_limit("", TREE_PIDS_LIMIT)?;
         Ok(tree)
     }
 

@@ -39,6 +39,7 @@ use serde_json::Value;
 use crate::{
     Agent, PodSpec, PrivateCgroupTree, WorkloadChannel,
     containerd::{Containerd, IMAGE, accept_within},
+    sandbox::oom_score_adj,
     wait::wait_until,
 };
 
@@ -464,13 +465,7 @@ impl CriNode {
         let cpu_limit = find(true, "cpu").map(|q| q.milli_value());
         let cpu_request = find(false, "cpu").map(|q| q.milli_value()).or(cpu_limit);
         let memory_limit = find(true, "memory").map_or(0, |q| q.value());
-        let memory_request = find(false, "memory").map_or(memory_limit, |q| q.value());
-        let capacity = i64::try_from(self.memory_limit).unwrap_or(i64::MAX);
-        let oom_score_adj = match snapshot.qos_class() {
-            QosClass::Guaranteed => -997,
-            QosClass::BestEffort => 1000,
-            QosClass::Burstable => (1000 - 1000 * memory_request / capacity).clamp(2, 999),
-        };
+        let oom_score_adj = oom_score_adj(snapshot, self.memory_limit);
         LinuxContainerResources {
             cpu_period: if cpu_limit.is_some() { CPU_PERIOD } else { 0 },
             cpu_quota: cpu_limit.map_or(0, |milli| (milli * CPU_PERIOD / 1000).max(1000)),

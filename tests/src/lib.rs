@@ -29,6 +29,7 @@ mod daemonset;
 mod fuse;
 mod layout;
 mod memory;
+mod node_memory;
 mod oci_image;
 mod sandbox;
 mod wait;
@@ -42,7 +43,9 @@ pub use apiserver::{
 };
 pub use bpf_objects::{BpfObjects, load_probes, program_ids};
 pub use bpf_stats::BpfStats;
-pub use cgroup_tree::{Controller, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT};
+pub use cgroup_tree::{
+    Controller, KUBEPODS, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT,
+};
 pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use daemonset::{
@@ -52,9 +55,11 @@ pub use daemonset::{
 pub use fuse::StuckFile;
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
+pub use node_memory::{VMSTAT, read_working_set, working_set_from_vmstat};
 pub use oci_image::OciImage;
 pub use sandbox::{
-    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, quiet_pods, systemd_path,
+    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, machine_memory, memory_pods,
+    oom_score_adj, quiet_pods, set_oom_score_adj, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};

@@ -9,7 +9,9 @@ use std::{
 
 use serde_json::{Value, json};
 
-use crate::{Agent, PrivateCgroupTree, Workload};
+use evictd::node::snapshot::{PodSnapshot, QosClass};
+
+use crate::{Agent, KUBEPODS, PrivateCgroupTree, Workload};
 
 /// One pod of the sandbox node with a single container.
 #[derive(Debug, Clone)]
@@ -143,6 +145,23 @@ pub fn quiet_pods(count: usize) -> Vec<PodSpec> {
 
 const MIB: u64 = 1 << 20;
 
+/// The machine's memory: `MemTotal` of /proc/meminfo, in bytes.
+pub fn machine_memory() -> io::Result<u64> {
+    let meminfo = fs::read_to_string("/proc/meminfo")?;
+    meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
+}
+
 /// What the steady pods of [`memory_pods`] hold in `cargo xtask demo` and
 /// `cargo xtask bench` (232 MiB): all but the hog.
 pub const STEADY_POD_MEMORY: [(&str, u64); 4] = [
@@ -152,12 +171,41 @@ pub const STEADY_POD_MEMORY: [(&str, u64); 4] = [
     ("node-exporter", 24 * MIB),
 ];
 
+/// kubelet's OOM score adjustment of a pod's containers on a node of
+/// `capacity` bytes (pkg/kubelet/qos `GetContainerOOMScoreAdjust`):
+/// Guaranteed −997, BestEffort 1000, Burstable 1000 − 1000 × its memory
+/// request / capacity, kept within 2 … 999.
+pub fn oom_score_adj(snapshot: &PodSnapshot, capacity: u64) -> i64 {
+    let capacity = i64::try_from(capacity).unwrap_or(i64::MAX).max(1);
+    match snapshot.qos_class() {
+        QosClass::Guaranteed => -997,
+        QosClass::BestEffort => 1000,
+        QosClass::Burstable => {
+            let request = snapshot
+                .containers
+                .iter()
+                .filter_map(|c| c.requests.get("memory").or_else(|| c.limits.get("memory")))
+                .map(|q| q.value())
+                .sum::<i64>();
+            (1000 - 1000 * request / capacity).clamp(2, 999)
+        }
+    }
+}
+
+/// Sets process `pid`'s `/proc/<pid>/oom_score_adj`.
+pub fn set_oom_score_adj(pid: u32, adj: i64) -> io::Result<()> {
+    fs::write(format!("/proc/{pid}/oom_score_adj"), adj.to_string())
+}
+
 /// The node: cgroups for every pod, a process in each, the metadata file.
 pub struct SandboxNode {
     // Declared first so the processes die before their cgroups go.
     workloads: Vec<(String, Workload)>,
     pub tree: PrivateCgroupTree,
     pub pods: Vec<PodSpec>,
+    /// The node is the machine's root (`--node-cgroup /`, the tree is its
+    /// `kubepods`), not a cgroup with a limit.
+    on_root: bool,
     metadata_file: PathBuf,
     /// The agent's --state-dir: private to this node, kept across agent
     /// restarts, removed with the node.
@@ -171,31 +219,78 @@ impl SandboxNode {
         let tree = PrivateCgroupTree::new()?;
         tree.create("node")?;
         tree.set_memory_limit("node", memory_limit)?;
+        Self::populated(tree, false, pods, workload_binary)
+    }
+
+    /// The node as it is on a real one: the machine's root, its pods in a
+    /// `kubepods` cgroup at the hierarchy root (kubelet's cgroupfs driver),
+    /// each pod's process with the OOM score adjustment kubelet gives its
+    /// QoS class, so the kernel's global OOM killer chooses as on a node.
+    /// For a throwaway machine only (see
+    /// [`PrivateCgroupTree::kubepods_at_root`]).
+    pub fn on_root(pods: Vec<PodSpec>, workload_binary: &str) -> io::Result<Self> {
+        let tree = PrivateCgroupTree::kubepods_at_root()?;
+        let mut node = Self::populated(tree, true, pods, workload_binary)?;
+        let capacity = machine_memory()?;
+        for pod in node.pods.clone() {
+            let snapshot: PodSnapshot = serde_json::from_value(pod.metadata.clone())?;
+            let pid = node.workload(&pod.name)?.pid();
+            set_oom_score_adj(pid, oom_score_adj(&snapshot, capacity))?;
+        }
+        Ok(node)
+    }
+
+    fn populated(
+        tree: PrivateCgroupTree,
+        on_root: bool,
+        pods: Vec<PodSpec>,
+        workload_binary: &str,
+    ) -> io::Result<Self> {
         let metadata: Vec<&Value> = pods.iter().map(|p| &p.metadata).collect();
         let metadata_file = std::env::temp_dir().join(format!("evictd-pods-{}.json", tree.name()));
         let state_dir = std::env::temp_dir().join(format!("evictd-state-{}", tree.name()));
         fs::write(&metadata_file, serde_json::to_vec(&metadata)?)?;
-        let mut workloads = Vec::new();
-        for pod in &pods {
-            let rel = format!("node/{}", pod.container);
-            tree.create(&rel)?;
-            workloads.push((
-                pod.name.clone(),
-                Workload::spawn_in(&tree, &rel, workload_binary)?,
-            ));
-        }
-        Ok(Self {
+        let mut node = Self {
             tree,
             pods,
+            on_root,
             metadata_file,
             state_dir,
-            workloads,
-        })
+            workloads: Vec::new(),
+        };
+        for pod in node.pods.clone() {
+            let rel = node.pod_cgroup(&pod);
+            node.tree.create(&rel)?;
+            let workload = Workload::spawn_in(&node.tree, &rel, workload_binary)?;
+            node.workloads.push((pod.name.clone(), workload));
+        }
+        Ok(node)
+    }
+
+    /// A pod's container cgroup relative to the tree.
+    fn pod_cgroup(&self, pod: &PodSpec) -> String {
+        match self.on_root {
+            // The tree is the root's kubepods.
+            true => pod
+                .container
+                .strip_prefix(&format!("{KUBEPODS}/"))
+                .unwrap_or(&pod.container)
+                .to_owned(),
+            false => format!("node/{}", pod.container),
+        }
+    }
+
+    /// Whether the node is the machine's root ([`SandboxNode::on_root`]).
+    pub fn is_root(&self) -> bool {
+        self.on_root
     }
 
     /// The node cgroup relative to the hierarchy root (--node-cgroup).
     pub fn node_cgroup(&self) -> String {
-        self.tree.relative_path("node")
+        match self.on_root {
+            true => "/".to_owned(),
+            false => self.tree.relative_path("node"),
+        }
     }
 
     /// The process of pod `name`.
@@ -276,7 +371,7 @@ impl SandboxNode {
     pub fn oom_kills(&self) -> io::Result<u64> {
         self.pods
             .iter()
-            .map(|p| self.tree.oom_kill_count(&format!("node/{}", p.container)))
+            .map(|p| self.tree.oom_kill_count(&self.pod_cgroup(p)))
             .sum()
     }
 
@@ -290,5 +385,26 @@ impl Drop for SandboxNode {
     fn drop(&mut self) {
         let _ = fs::remove_file(&self.metadata_file);
         let _ = fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_get_kubelets_oom_score_adjustment_of_their_qos_class() {
+        let capacity = 2 << 30;
+        let adj = |pod: &PodSpec| {
+            let snapshot: PodSnapshot = serde_json::from_value(pod.metadata.clone()).unwrap();
+            oom_score_adj(&snapshot, capacity)
+        };
+        let pods = memory_pods();
+        let of = |name: &str| adj(pods.iter().find(|p| p.name == name).unwrap());
+        assert_eq!(of("db"), -997);
+        assert_eq!(of("hog"), 1000);
+        // Burstable: 1000 − 1000 × 64 MiB / 2 GiB.
+        assert_eq!(of("web"), 969);
+        assert_eq!(of("batch"), 993);
     }
 }

@@ -7,13 +7,14 @@ use std::{
     fs,
     path::{Path, PathBuf},
     process::Command,
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use serde_json::Value;
 
-use crate::{setup, tools};
+use crate::{setup, tools, vm};
 
 /// matplotlib for the plot, pinned, in a venv under the target directory.
 const MATPLOTLIB: &str = "matplotlib==3.9.2";
@@ -56,6 +57,22 @@ pub struct BenchArgs {
     /// Where the results go.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Run the bench in the VM guest of `cargo xtask test --vm` (cgroup
+    /// v2, software emulation, 2.5 GiB), on the guest's root as a real
+    /// node: `--node root`, every v2 mode, earlyoom as a peer, the kernel's
+    /// OOM killer without an agent. Results go to results/v2-<kernel>.
+    /// `touch <run directory>/stop` (printed at the start) ends it after
+    /// the round under way, with the rounds done.
+    #[arg(long, conflicts_with_all = ["quick", "rank"])]
+    vm: bool,
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value = vm::DEFAULT_KERNEL,
+        requires = "vm",
+        help = vm::KERNEL_HELP
+    )]
+    kernel: String,
     /// evictd-bench arguments, e.g. `-- --runs 30 --rates 256Mi,1Gi`
     /// (`-- --help` lists them).
     #[arg(last = true)]
@@ -70,6 +87,9 @@ const QUICK_RANK_RUNS: &str = "50";
 pub fn run(args: &BenchArgs) -> Result<()> {
     if args.rank {
         return rank_only(args);
+    }
+    if args.vm {
+        return in_vm(args);
     }
     let quick = args.quick;
     // The smoke test runs the debug build `cargo xtask test` already made;
@@ -116,6 +136,127 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         PLOTS.join(", ")
     );
     Ok(())
+}
+
+/// The guest of `--vm`: the node is its root, about 2.4 GiB of MemTotal,
+/// near the host bench's 2 GiB sandbox once the guest's kernel and the
+/// binaries' page cache are in; QEMU then holds about as much on the host.
+const VM_GUEST: vm::GuestSpec = vm::GuestSpec {
+    memory_mib: 2560,
+    // 20 rounds take hours under emulation: stop early with the stop file.
+    limit: Duration::from_secs(12 * 3600),
+};
+
+/// evictd-bench's arguments on the guest's root: every mode v2 has
+/// (memcg-threshold is v1 only), earlyoom beside them.
+const VM_BENCH_ARGS: [&str; 4] = [
+    "--node",
+    "root",
+    "--modes",
+    "event,poll-10s,poll-1s,poll-100ms,psi,earlyoom",
+];
+
+/// `--vm`: the release tools built here, run in the guest from this
+/// host's filesystem; the results come back through the run directory.
+fn in_vm(args: &BenchArgs) -> Result<()> {
+    let tools = tools::build(true, "the bench boots a VM and sandboxes pods in cgroups")?;
+    let earlyoom = earlyoom()?;
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("xtask has no parent directory")?;
+    let target = crate::target_dir()?;
+    let kernels: Vec<&str> = match args.kernel.as_str() {
+        "all" => vm::ALL_KERNELS.to_vec(),
+        one => vec![one],
+    };
+    for kernel in kernels {
+        let script = |run: &Path| -> Result<String> {
+            let mut line = vec![
+                tools.join("evictd-bench"),
+                "--evictd".into(),
+                tools.join("evictd"),
+                "--workload".into(),
+                tools.join("evictd-workload"),
+                "--out".into(),
+                run.join("bench"),
+                "--earlyoom".into(),
+                earlyoom.clone(),
+                "--stop-file".into(),
+                run.join("stop"),
+            ];
+            line.extend(VM_BENCH_ARGS.iter().map(PathBuf::from));
+            line.extend(args.bench_args.iter().map(PathBuf::from));
+            let line = line
+                .iter()
+                .map(|part| vm::quoted(part))
+                .collect::<Result<Vec<_>>>()?;
+            println!(
+                "xtask: to end the bench after the round under way: touch {}",
+                run.join("stop").display()
+            );
+            // The shell and the bench outlive the kernel's OOM killer (the
+            // bench sets its own too); the pods and the agent get kubelet's
+            // adjustments.
+            Ok(format!(
+                "echo -1000 > /proc/self/oom_score_adj
+{}
+",
+                line.join(" ")
+            ))
+        };
+        let Some(runs) = vm::run_script(&target, kernel, &VM_GUEST, "evictd-bench", script)? else {
+            return Ok(());
+        };
+        for (release, run) in runs {
+            let out = match &args.out {
+                Some(out) => out.clone(),
+                None => workspace.join("results").join(format!("v2-{kernel}")),
+            };
+            fs::create_dir_all(&out)?;
+            for entry in fs::read_dir(run.join("bench"))
+                .with_context(|| format!("the guest's results in {}", run.display()))?
+            {
+                let entry = entry?;
+                fs::copy(entry.path(), out.join(entry.file_name()))?;
+            }
+            plot(&out, workspace)?;
+            println!(
+                "xtask: Linux {release}: results in {}: bench.json, bench.md, {}",
+                out.display(),
+                PLOTS.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Debian's earlyoom, unpacked from its package into the cache (not
+/// installed: its package starts the service on the host, which would
+/// then kill processes here); the guest runs it from there.
+fn earlyoom() -> Result<PathBuf> {
+    let dir = setup::cache_dir()?.join("earlyoom");
+    let binary = dir.join("usr/bin/earlyoom");
+    if binary.exists() {
+        return Ok(binary);
+    }
+    fs::create_dir_all(&dir)?;
+    setup::step(
+        "apt-get download earlyoom",
+        Command::new("apt-get")
+            .args(["download", "earlyoom"])
+            .current_dir(&dir),
+    )?;
+    let package = fs::read_dir(&dir)?
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|path| path.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no earlyoom package")?;
+    setup::step(
+        "unpack earlyoom",
+        Command::new("dpkg-deb").arg("-x").arg(&package).arg(&dir),
+    )?;
+    fs::remove_file(&package)?;
+    Ok(binary)
 }
 
 const RANK_SECTION: &str = "Ranking of 1,000 pods (micro-benchmark, `cargo xtask bench --rank`)";
@@ -170,7 +311,7 @@ fn rank_bench(tools: &Path, out: &Path, runs: &str) -> Result<String> {
 }
 
 /// What bench_plot.py draws.
-const PLOTS: [&str; 2] = ["memory-back.png", "pod-count.png"];
+const PLOTS: [&str; 3] = ["memory-back.png", "pod-count.png", "reserve-sweep.png"];
 
 /// Draws the plots with matplotlib from a venv made once.
 fn plot(out: &Path, workspace: &Path) -> Result<()> {

@@ -165,9 +165,46 @@ return $status
     );
     let what = format!("{} test executables", executables.len());
     each_kernel(version, |kernel| {
-        in_guest(kernel, target, &what, &script)
+        in_guest(kernel, target, &what, &script, &SUITE)
             .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
     })
+}
+
+/// The guest's size and time bound.
+pub struct GuestSpec {
+    pub memory_mib: u32,
+    pub limit: Duration,
+}
+
+/// The test suite's guest (and `cargo xtask vm`'s).
+const SUITE: GuestSpec = GuestSpec {
+    memory_mib: GUEST_MEMORY_MIB,
+    limit: GUEST_LIMIT,
+};
+
+/// Runs the script `script(run directory)` returns as root in the guest
+/// on each kernel `version` names, and returns each kernel's run
+/// directory (writable from the guest at the same path); fails if the
+/// script fails. `Ok(None)` where QEMU is missing (skipped, as [`test`]).
+pub fn run_script(
+    target: &Path,
+    version: &str,
+    spec: &GuestSpec,
+    what: &str,
+    script: impl Fn(&Path) -> Result<String>,
+) -> Result<Option<Vec<(String, PathBuf)>>> {
+    if !host_tools_ready()? {
+        return Ok(None);
+    }
+    visible_in_guest(target)?;
+    let mut runs = Vec::new();
+    each_kernel(version, |kernel| {
+        let run = run_dir(target, kernel);
+        in_guest(kernel, target, what, &script(&run)?, spec)?;
+        runs.push((kernel.release.clone(), run));
+        Ok(())
+    })?;
+    Ok(Some(runs))
 }
 
 /// Runs `command` (already built, on this host's filesystem) as root in the
@@ -186,7 +223,7 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
     }
     let script = format!("{}\n", line.join(" "));
     each_kernel(version, |kernel| {
-        in_guest(kernel, target, &line.join(" "), &script)
+        in_guest(kernel, target, &line.join(" "), &script, &SUITE)
     })
 }
 
@@ -248,17 +285,27 @@ fn visible_in_guest(target: &Path) -> Result<()> {
 
 /// Boots `kernel` with a fresh run directory under `target/vm` and runs
 /// `script` there; the log stays in the run directory.
-fn in_guest(kernel: &Kernel, target: &Path, what: &str, script: &str) -> Result<()> {
-    // One directory per kernel: `--kernel all` boots several.
-    let run = target
-        .join("vm")
-        .join(format!("run-{}-{}", std::process::id(), kernel.release));
-    let result = boot(kernel, &run, what, script);
+fn in_guest(
+    kernel: &Kernel,
+    target: &Path,
+    what: &str,
+    script: &str,
+    spec: &GuestSpec,
+) -> Result<()> {
+    let run = run_dir(target, kernel);
+    let result = boot(kernel, &run, what, script, spec);
     // The initramfs is rebuilt for every run; the log stays.
     let _ = fs::remove_dir_all(run.join("initramfs"));
     let _ = fs::remove_file(run.join("initramfs.cpio"));
     println!("xtask: vm log: {}", run.join("log").display());
     result
+}
+
+/// One directory per kernel: `--kernel all` boots several.
+fn run_dir(target: &Path, kernel: &Kernel) -> PathBuf {
+    target
+        .join("vm")
+        .join(format!("run-{}-{}", std::process::id(), kernel.release))
 }
 
 /// Whether QEMU and the initramfs tools are there, installing them where
@@ -366,7 +413,7 @@ fn build_tests(toolchain: &Toolchain) -> Result<Vec<PathBuf>> {
 
 /// Boots the guest on `kernel` and runs `script` in it (chrooted into the
 /// host's `/`); fails unless it exits 0.
-fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
+fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str, spec: &GuestSpec) -> Result<()> {
     let _ = fs::remove_dir_all(run);
     fs::create_dir_all(run).with_context(|| format!("creating {}", run.display()))?;
     let run = run.canonicalize()?;
@@ -400,7 +447,7 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
         "-smp",
         &cpus.to_string(),
         "-m",
-        &GUEST_MEMORY_MIB.to_string(),
+        &spec.memory_mib.to_string(),
     ])
     .arg("-kernel")
     .arg(&kernel.image)
@@ -430,11 +477,11 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
     let started = Instant::now();
     setup::step_bounded(
         &format!(
-            "guest Linux {} ({accel}, {cpus} CPUs, {GUEST_MEMORY_MIB} MiB, cgroup v2): {what}",
-            kernel.release
+            "guest Linux {} ({accel}, {cpus} CPUs, {} MiB, cgroup v2): {what}",
+            kernel.release, spec.memory_mib
         ),
         &mut qemu,
-        GUEST_LIMIT,
+        spec.limit,
     )?;
     let status = fs::read_to_string(run.join("exit-code"))
         .ok()
@@ -475,7 +522,7 @@ fn hardware_virtualization() -> bool {
 }
 
 /// `path` in single quotes for the guest's shell.
-fn quoted(path: &Path) -> Result<String> {
+pub fn quoted(path: &Path) -> Result<String> {
     let text = path.to_str().context("path is not UTF-8")?;
     if text.contains('\'') {
         bail!("path {text:?} contains a quote");

@@ -27,8 +27,9 @@
 //!   touches 1 MiB chunks at RATE bytes/s (0: as fast as it can) until
 //!   killed, appending after each 64 KiB touched a 24-byte record to the
 //!   file LOG: CLOCK_MONOTONIC ns, bytes held, and the value then in the
-//!   file USAGE (a cgroup's page counter), little-endian u64s (one write
-//!   each, so a SIGKILL loses nothing written).
+//!   file USAGE (a cgroup's page counter; with /proc/vmstat the machine's
+//!   working set as kubelet computes it on the root), little-endian u64s
+//!   (one write each, so a SIGKILL loses nothing written).
 //! - `fork-bomb LOG`: answers `ok forking`, then forks sleeping children as
 //!   fast as it can until killed, appending (ns, children) records to LOG;
 //!   a fork the kernel refuses (pids.max) is recorded with the top bit of
@@ -468,8 +469,14 @@ fn open_log(path: Option<&str>) -> Result<File, String> {
 
 /// A bomb armed by a command; it goes off once its answer is out.
 enum Bomb {
-    Memory { rate: usize, log: File, usage: File },
-    Tasks { log: File },
+    Memory {
+        rate: usize,
+        log: File,
+        usage: Counter,
+    },
+    Tasks {
+        log: File,
+    },
 }
 
 impl Bomb {
@@ -507,7 +514,34 @@ fn read_counter(file: &File) -> u64 {
         .unwrap_or(0)
 }
 
-fn memory_bomb(rate: usize, log: &mut File, usage: &File) -> ! {
+/// What the memory bomb logs as the node's memory: a cgroup's page
+/// counter, or with /proc/vmstat the machine's working set as kubelet
+/// computes it on the root.
+enum Counter {
+    PageCounter(File),
+    MachineWorkingSet(File),
+}
+
+impl Counter {
+    fn open(path: &str) -> Result<Self, String> {
+        let file = File::open(path).map_err(|e| format!("{path}: {e}"))?;
+        Ok(match path {
+            evictd_integration::VMSTAT => Self::MachineWorkingSet(file),
+            _ => Self::PageCounter(file),
+        })
+    }
+
+    fn read(&self) -> u64 {
+        match self {
+            Self::PageCounter(file) => read_counter(file),
+            Self::MachineWorkingSet(file) => {
+                evictd_integration::read_working_set(file).unwrap_or(0)
+            }
+        }
+    }
+}
+
+fn memory_bomb(rate: usize, log: &mut File, usage: &Counter) -> ! {
     let started = Instant::now();
     let mut chunks: Vec<Vec<u8>> = Vec::new();
     loop {
@@ -524,10 +558,7 @@ fn memory_bomb(rate: usize, log: &mut File, usage: &File) -> ! {
         for (page, byte) in chunk.iter_mut().step_by(PAGE).enumerate() {
             *byte = 1;
             if (page + 1) % PAGES_PER_RECORD == 0 {
-                record(
-                    log,
-                    &[(held + (page + 1) * PAGE) as u64, read_counter(usage)],
-                );
+                record(log, &[(held + (page + 1) * PAGE) as u64, usage.read()]);
             }
         }
         chunks.push(chunk);
@@ -628,7 +659,7 @@ impl Workload {
                 let rate = amount()?;
                 let log = open_log(words.next())?;
                 let usage = words.next().ok_or("a bomb needs a usage file")?;
-                let usage = File::open(usage).map_err(|e| format!("{usage}: {e}"))?;
+                let usage = Counter::open(usage)?;
                 self.bomb = Some(Bomb::Memory { rate, log, usage });
                 "bombing".to_owned()
             }

@@ -27,6 +27,7 @@
 //! goals) to --out; xtask draws the plots from the JSON.
 mod oracle;
 mod overhead;
+mod peer;
 mod reaper;
 mod report;
 mod runs;
@@ -35,7 +36,7 @@ mod watch;
 
 use std::{
     fmt, fs,
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
     time::Instant,
@@ -47,8 +48,9 @@ use evictd::{
     config::{parse_bytes, parse_period},
     node::cgroupfs::{CgroupFs, CgroupVersion},
 };
-use evictd_integration::BpfStats;
+use evictd_integration::{BpfStats, machine_memory, set_oom_score_adj};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+use peer::EARLYOOM;
 use serde_json::json;
 
 const MIB: u64 = 1 << 20;
@@ -121,6 +123,42 @@ struct Args {
     /// How long each mode's agent idles on the node for the idle numbers.
     #[arg(long, default_value = "10s", value_parser = parse_period)]
     idle: Duration,
+    /// What the node is: `sandbox`, a cgroup limited to --capacity, or
+    /// `root`, the machine itself as on a real node (`--node-cgroup /`,
+    /// the pods in the root's `kubepods`, the machine's memory as
+    /// capacity, kubelet's working set of the root, the kernel's global
+    /// OOM killer). `root` is for a throwaway machine only (the VM guest of
+    /// `cargo xtask bench --vm`): it refuses where a `kubepods` exists.
+    #[arg(long, value_enum, default_value_t = NodeKind::Sandbox)]
+    node: NodeKind,
+    /// Debian's earlyoom binary, for the `earlyoom` mode (a peer that
+    /// polls MemAvailable and kills the process of highest oom_score).
+    #[arg(long)]
+    earlyoom: Option<PathBuf>,
+    /// The reserve sweep: the memory bomb at --sweep-rate against each of
+    /// these thresholds (kernel OOM kills per mode per threshold); empty:
+    /// no sweep.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bytes)]
+    sweep_thresholds: Vec<u64>,
+    /// The bomb's rate in the reserve sweep.
+    #[arg(long, default_value = "max")]
+    sweep_rate: String,
+    /// Modes of the reserve sweep (the oracle is added; default: every
+    /// --modes).
+    #[arg(long, value_delimiter = ',')]
+    sweep_modes: Option<Vec<String>>,
+    /// Once this file exists, the bench ends after the round under way and
+    /// writes the rounds done (what ends a long bench in a VM guest from
+    /// the host). bench.json and bench.md are also rewritten after every
+    /// round, so a bench ended otherwise keeps its complete rounds.
+    #[arg(long)]
+    stop_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum NodeKind {
+    Sandbox,
+    Root,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -140,6 +178,12 @@ enum Scenario {
     Overhead {
         near: bool,
     },
+    /// The memory bomb against another threshold (bytes): the reserve
+    /// sweep.
+    Reserve {
+        threshold: u64,
+        rate: u64,
+    },
 }
 
 impl Scenario {
@@ -150,6 +194,7 @@ impl Scenario {
             Self::ForkBomb => "fork-bomb",
             Self::Pods { .. } => "pods",
             Self::Overhead { .. } => "overhead",
+            Self::Reserve { .. } => "reserve",
         }
     }
 }
@@ -169,6 +214,9 @@ impl fmt::Display for Scenario {
             Self::Pods { count, .. } => write!(f, "{count} pods"),
             Self::Overhead { near: false } => f.write_str("overhead, far from thresholds"),
             Self::Overhead { near: true } => f.write_str("overhead, close to the threshold"),
+            Self::Reserve { threshold, rate } => {
+                write!(f, "reserve {} MiB, {}", threshold / MIB, rate_name(*rate))
+            }
         }
     }
 }
@@ -194,7 +242,7 @@ fn mode_args(mode: &str) -> Result<Vec<String>> {
 /// Modes that watch memory only; in the fork-bomb scenario they are the
 /// polling they fall back to, so they are not run there.
 fn memory_only(mode: &str) -> bool {
-    matches!(mode, "psi" | "memcg-threshold")
+    matches!(mode, "psi" | "memcg-threshold" | EARLYOOM)
 }
 
 fn parse_rate(rate: &str) -> Result<u64> {
@@ -279,17 +327,31 @@ fn main() -> std::process::ExitCode {
 /// The scenarios to run and the modes of each, in their base order.
 fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>)>> {
     let mut scenarios = Vec::new();
+    let root = args.node == NodeKind::Root;
     for rate in &args.rates {
-        let mut with_oracle = vec![ORACLE.to_owned()];
-        with_oracle.extend(modes.iter().cloned());
+        let mut with_floors = vec![ORACLE.to_owned()];
+        if root {
+            // Without an agent the kernel's global OOM killer stops the
+            // bomb: the floor every mode must beat. (In a sandbox that is
+            // the cgroup's OOM killer, which the node's limit makes a
+            // different thing from a node's.)
+            with_floors.push(NO_AGENT.to_owned());
+        }
+        with_floors.extend(modes.iter().cloned());
         scenarios.push((
             Scenario::Memory {
                 rate: parse_rate(rate)?,
             },
-            with_oracle,
+            with_floors,
         ));
     }
-    if args.pid_limit > 0 {
+    if args.pid_limit > 0 && root {
+        println!(
+            "no fork bomb on the root: pid.available there is the machine's pid_max less its \
+             tasks, and the bomb would have to fill it (--pid-limit applies to a sandbox)"
+        );
+    }
+    if args.pid_limit > 0 && !root {
         let pid_modes = modes.iter().filter(|m| !memory_only(m)).cloned().collect();
         scenarios.push((Scenario::ForkBomb, pid_modes));
     }
@@ -322,9 +384,27 @@ fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>
             scenarios.push((Scenario::Overhead { near }, with_floor.clone()));
         }
     }
+    let sweep_rate = parse_rate(&args.sweep_rate)?;
+    for &threshold in &args.sweep_thresholds {
+        let mut with_oracle = vec![ORACLE.to_owned()];
+        with_oracle.extend(args.sweep_modes.clone().unwrap_or_else(|| modes.to_vec()));
+        scenarios.push((
+            Scenario::Reserve {
+                threshold,
+                rate: sweep_rate,
+            },
+            with_oracle,
+        ));
+    }
     for (_, modes) in &scenarios {
-        for mode in modes.iter().filter(|m| *m != ORACLE && *m != NO_AGENT) {
+        for mode in modes
+            .iter()
+            .filter(|m| ![ORACLE, NO_AGENT, EARLYOOM].contains(&m.as_str()))
+        {
             mode_args(mode)?;
+        }
+        if modes.iter().any(|m| m == EARLYOOM) && args.earlyoom.is_none() {
+            bail!("the earlyoom mode needs --earlyoom PATH");
         }
     }
     Ok(scenarios)
@@ -349,6 +429,12 @@ fn bench(args: &Args) -> Result<()> {
         .cloned()
         .collect();
     let scenarios = scenarios(args, &modes)?;
+    if args.node == NodeKind::Root {
+        // The bench outlives the kernel's OOM killer whatever a run
+        // does; the pods get kubelet's adjustments, the agent its
+        // DaemonSet's.
+        set_oom_score_adj(std::process::id(), -1000).context("protecting the bench")?;
+    }
     let _stats = BpfStats::on().context("turning on kernel.bpf_stats_enabled")?;
 
     println!(
@@ -356,7 +442,7 @@ fn bench(args: &Args) -> Result<()> {
         args.idle
     );
     let mut idle = serde_json::Map::new();
-    for mode in &modes {
+    for mode in modes.iter().filter(|mode| *mode != EARLYOOM) {
         check_stop()?;
         let measured = runs::idle_overhead(args, mode)?;
         println!(
@@ -383,29 +469,74 @@ fn bench(args: &Args) -> Result<()> {
         })
         .collect();
     let mut results_runs = Vec::new();
+    let mut failures = Vec::new();
     let started = Instant::now();
+    let capacity = match args.node {
+        NodeKind::Sandbox => args.capacity,
+        NodeKind::Root => machine_memory()?,
+    };
+    let header = Header {
+        cgroup: format!("{:?}", cgroupfs.version),
+        capacity,
+        modes: &modes,
+        scenarios: &scenarios,
+        idle: &idle,
+    };
+    let mut rounds_done = 0;
+    let mut stopped = false;
     for (done, (round, scenario, mode)) in plan.iter().enumerate() {
         check_stop()?;
-        let (run, summary) = match scenario {
-            Scenario::Memory { rate } => {
-                let run = runs::memory_run(args, runs::sandbox(args, 0)?, mode, *rate)?;
-                (serde_json::to_value(&run)?, run.summary())
+        if *round > rounds_done {
+            // A round is complete: its results are kept whatever comes.
+            rounds_done = *round;
+            let partial = header.results(args, rounds_done, &started, &results_runs, &failures);
+            write_results(args, &partial)?;
+            if args.stop_file.as_deref().is_some_and(Path::exists) {
+                println!("stop file found: ending after {rounds_done} rounds");
+                stopped = true;
+                break;
             }
-            Scenario::Pods { count, rate } => {
-                let node = runs::sandbox(args, *count)?;
-                let run = runs::memory_run(args, node, mode, *rate)?;
-                (serde_json::to_value(&run)?, run.summary())
-            }
-            Scenario::ForkBomb => {
-                let run = runs::fork_bomb_run(args, mode)?;
-                (serde_json::to_value(&run)?, run.summary())
-            }
+        }
+        let outcome = match scenario {
+            Scenario::Memory { rate } => runs::sandbox(args, 0).and_then(|node| {
+                let run = runs::memory_run(args, node, mode, *rate, args.threshold)?;
+                Ok((serde_json::to_value(&run)?, run.summary()))
+            }),
+            Scenario::Reserve { threshold, rate } => runs::sandbox(args, 0).and_then(|node| {
+                let run = runs::memory_run(args, node, mode, *rate, *threshold)?;
+                Ok((serde_json::to_value(&run)?, run.summary()))
+            }),
+            Scenario::Pods { count, rate } => runs::sandbox(args, *count).and_then(|node| {
+                let run = runs::memory_run(args, node, mode, *rate, args.threshold)?;
+                Ok((serde_json::to_value(&run)?, run.summary()))
+            }),
+            Scenario::ForkBomb => runs::fork_bomb_run(args, mode)
+                .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
             Scenario::Overhead { near } => {
                 // What a workload pays on a node, where the statistics are
                 // off: on, they add two clock reads to every program run.
                 let _stats_off = BpfStats::off().context("turning off kernel.bpf_stats_enabled")?;
-                let run = overhead::run(args, mode, *near)?;
-                (serde_json::to_value(&run)?, run.summary())
+                overhead::run(args, mode, *near)
+                    .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary())))
+            }
+        };
+        let (run, summary) = match outcome {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                check_stop()?;
+                // One run failing (a guest's OOM killer taking a pod's
+                // process mid-command, say) costs that run, not the bench;
+                // bench.md lists it.
+                let error = format!("{e:#}");
+                println!("run failed: {scenario} / {mode} in round {round}: {error}");
+                failures.push(json!({
+                    "round": round, "scenario": scenario.to_string(), "mode": mode,
+                    "error": error,
+                }));
+                if failures.len() > MAX_FAILED_RUNS {
+                    bail!("more than {MAX_FAILED_RUNS} runs failed; the last: {error}");
+                }
+                continue;
             }
         };
         println!(
@@ -419,46 +550,91 @@ fn bench(args: &Args) -> Result<()> {
             "round": round, "scenario": scenario.to_string(), "mode": mode, "run": run,
         }));
     }
+    if !stopped {
+        rounds_done = args.runs;
+    }
+    let results = header.results(args, rounds_done, &started, &results_runs, &failures);
+    write_results(args, &results)?;
+    println!("\n{}", report::markdown(&results));
+    println!("results: {}", args.out.join("bench.json").display());
+    Ok(())
+}
 
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let results = json!({
-        "command": std::env::args().collect::<Vec<_>>().join(" "),
-        "kernel": kernel.trim(),
-        "cgroup": format!("{:?}", cgroupfs.version),
-        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
-        "rounds": args.runs,
-        "capacity_bytes": args.capacity,
-        "threshold_bytes": args.threshold,
-        "pid_limit": args.pid_limit,
-        "pid_threshold": args.pid_threshold,
-        "overhead_bytes": args.overhead_bytes,
-        "overhead_reps": args.overhead_reps,
-        "modes": modes,
-        "scenarios": scenarios.iter().map(|(scenario, modes)| {
-            let mut entry = json!({
-                "name": scenario.to_string(), "kind": scenario.kind(), "modes": modes,
-            });
-            match scenario {
-                Scenario::Memory { rate } => entry["rate"] = json!(rate),
-                Scenario::Pods { count, rate } => {
-                    entry["pods"] = json!(count);
-                    entry["rate"] = json!(rate);
+/// A bench stops once more runs than this failed.
+const MAX_FAILED_RUNS: usize = 10;
+
+/// What bench.json says besides the runs.
+struct Header<'a> {
+    cgroup: String,
+    capacity: u64,
+    modes: &'a [String],
+    scenarios: &'a [(Scenario, Vec<String>)],
+    idle: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl Header<'_> {
+    /// bench.json's content after `rounds` complete rounds.
+    fn results(
+        &self,
+        args: &Args,
+        rounds: u32,
+        started: &Instant,
+        runs: &[serde_json::Value],
+        failures: &[serde_json::Value],
+    ) -> serde_json::Value {
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let rounds_runs: Vec<&serde_json::Value> = runs
+            .iter()
+            .filter(|r| r["round"].as_u64().is_some_and(|r| r < u64::from(rounds)))
+            .collect();
+        json!({
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "kernel": kernel.trim(),
+            "cgroup": self.cgroup,
+            "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+            "rounds": rounds,
+            "rounds_planned": args.runs,
+            "node": format!("{:?}", args.node).to_lowercase(),
+            "capacity_bytes": self.capacity,
+            "threshold_bytes": args.threshold,
+            "pid_limit": args.pid_limit,
+            "pid_threshold": args.pid_threshold,
+            "overhead_bytes": args.overhead_bytes,
+            "overhead_reps": args.overhead_reps,
+            "modes": self.modes,
+            "scenarios": self.scenarios.iter().map(|(scenario, modes)| {
+                let mut entry = json!({
+                    "name": scenario.to_string(), "kind": scenario.kind(), "modes": modes,
+                });
+                match scenario {
+                    Scenario::Memory { rate } => entry["rate"] = json!(rate),
+                    Scenario::Pods { count, rate } => {
+                        entry["pods"] = json!(count);
+                        entry["rate"] = json!(rate);
+                    }
+                    Scenario::Overhead { near } => entry["near"] = json!(near),
+                    Scenario::Reserve { threshold, rate } => {
+                        entry["threshold"] = json!(threshold);
+                        entry["rate"] = json!(rate);
+                    }
+                    Scenario::ForkBomb => {}
                 }
-                Scenario::Overhead { near } => entry["near"] = json!(near),
-                Scenario::ForkBomb => {}
-            }
-            entry
-        }).collect::<Vec<_>>(),
-        "idle": idle,
-        "wall_seconds": started.elapsed().as_secs_f64(),
-        "runs": results_runs,
-    });
-    let json_path = args.out.join("bench.json");
-    fs::write(&json_path, serde_json::to_string_pretty(&results)?)?;
-    let tables = report::markdown(&results);
-    fs::write(args.out.join("bench.md"), &tables)?;
-    println!("\n{tables}");
-    println!("results: {}", json_path.display());
+                entry
+            }).collect::<Vec<_>>(),
+            "idle": self.idle,
+            "wall_seconds": started.elapsed().as_secs_f64(),
+            "runs": rounds_runs,
+            "failed_runs": failures,
+        })
+    }
+}
+
+fn write_results(args: &Args, results: &serde_json::Value) -> Result<()> {
+    fs::write(
+        args.out.join("bench.json"),
+        serde_json::to_string_pretty(results)?,
+    )?;
+    fs::write(args.out.join("bench.md"), report::markdown(results))?;
     Ok(())
 }
 
@@ -525,6 +701,52 @@ mod tests {
             Some("none,event,psi")
         );
         assert_eq!(planned.len(), 5);
+    }
+
+    #[test]
+    fn on_the_root_the_kernels_oom_killer_is_a_floor_and_the_sweep_adds_a_scenario_per_threshold() {
+        let modes = vec!["event".to_owned(), EARLYOOM.to_owned()];
+        let planned = scenarios(
+            &args(&[
+                "--node",
+                "root",
+                "--earlyoom",
+                "/usr/bin/earlyoom",
+                "--rates",
+                "1Gi",
+                "--pod-counts",
+                "0",
+                "--overhead-bytes",
+                "0",
+                "--sweep-thresholds",
+                "4Mi,100Mi",
+                "--sweep-modes",
+                "event",
+            ]),
+            &modes,
+        )
+        .unwrap();
+        let planned: Vec<(String, String)> = planned
+            .into_iter()
+            .map(|(scenario, modes)| (scenario.to_string(), modes.join(",")))
+            .collect();
+        // No fork bomb: the root has no pids.max to fill.
+        assert_eq!(
+            planned,
+            [
+                (
+                    "memory, 1024 MiB/s".into(),
+                    "oracle,none,event,earlyoom".into()
+                ),
+                ("reserve 4 MiB, max rate".into(), "oracle,event".into()),
+                ("reserve 100 MiB, max rate".into(), "oracle,event".into()),
+            ]
+        );
+        let without_binary = scenarios(&args(&["--node", "root"]), &modes).unwrap_err();
+        assert!(
+            without_binary.to_string().contains("--earlyoom"),
+            "{without_binary}"
+        );
     }
 
     #[test]

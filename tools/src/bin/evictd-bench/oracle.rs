@@ -77,6 +77,21 @@ impl Oracle {
     }
 }
 
+/// When process `pid` exits (CLOCK_MONOTONIC ns, from its pidfd), for the
+/// rows where something other than the agent or the oracle kills the bomb
+/// (earlyoom, the kernel's OOM killer); nothing is sent if it outlives
+/// [`DEADLINE`].
+pub fn exit_watch(pid: u32) -> Result<mpsc::Receiver<u64>> {
+    let pidfd = pidfd_open(pid).with_context(|| format!("pidfd of {pid}"))?;
+    let (sender, exited) = mpsc::channel();
+    std::thread::spawn(move || {
+        if let Ok(Some(_)) = wait_readable(&[&pidfd], DEADLINE) {
+            let _ = sender.send(monotonic_now_ns());
+        }
+    });
+    Ok(exited)
+}
+
 fn kill_at_crossing(
     pidfd: &OwnedFd,
     inotify: &OwnedFd,

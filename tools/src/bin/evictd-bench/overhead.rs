@@ -24,7 +24,8 @@ use evictd_integration::{Agent, SandboxNode};
 
 use crate::{
     Args, MIB, NO_AGENT,
-    runs::{BOMB, cpu_time, sandbox, start_agent, stop},
+    peer::{EARLYOOM, Earlyoom},
+    runs::{BOMB, capacity, cpu_time, sandbox, start_agent, stop},
     stats::median,
 };
 
@@ -80,9 +81,10 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
     let mut node = sandbox(args, 0)?;
     let cgroupfs = CgroupFs::discover()?;
     let node_cgroup = node.node_cgroup();
+    let capacity = capacity(args, &node)?;
     let available = || -> Result<i64> {
         let reading = cgroupfs.read_memory(&node_cgroup)?;
-        Ok(args.capacity as i64 - reading.working_set_bytes() as i64)
+        Ok(capacity as i64 - reading.working_set_bytes() as i64)
     };
     if near {
         let target = (args.threshold + bytes + NEAR_MARGIN) as i64;
@@ -97,12 +99,17 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
         }
     }
     let agent = match mode {
-        NO_AGENT => None,
+        NO_AGENT | EARLYOOM => None,
         _ => Some(start_agent(
             &node,
             mode,
             &format!("memory.available<{}", args.threshold),
         )?),
+    };
+    let peer = match (mode, args.earlyoom.as_deref()) {
+        (EARLYOOM, Some(binary)) => Some(Earlyoom::start(binary, args.threshold)?),
+        (EARLYOOM, None) => anyhow::bail!("the earlyoom row needs --earlyoom"),
+        _ => None,
     };
     // One untimed round: the workload's first faults on fresh page tables
     // and the agent's first moments are not what is measured.
@@ -121,6 +128,10 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
     }
     if let (Some(agent), Some(before)) = (agent, cpu_before) {
         finish(agent, before, &mut run)?;
+    }
+    if let Some(peer) = peer {
+        // A kill by earlyoom is an eviction here as much as the agent's.
+        run.evictions = peer.stop()?.pids.len();
     }
     Ok(run)
 }

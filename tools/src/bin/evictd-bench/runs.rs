@@ -9,16 +9,17 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use evictd::node::cgroupfs::{CgroupFs, CgroupVersion};
 use evictd_integration::{
-    Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, http_get, memory_pods,
-    program_stats, quiet_pods, wait_until,
+    Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, VMSTAT, http_get, machine_memory,
+    memory_pods, program_stats, quiet_pods, set_oom_score_adj, wait_until, working_set_from_vmstat,
 };
 use serde_json::Value;
 
 use crate::{
-    Args, MIB, ORACLE, mode_args,
-    oracle::{Oracle, OracleKill},
+    Args, MIB, NO_AGENT, NodeKind, ORACLE, mode_args,
+    oracle::{Oracle, OracleKill, exit_watch},
+    peer::{EARLYOOM, Earlyoom, KernelOomKills, NODE_CRITICAL_OOM_SCORE_ADJ},
     reaper::Reaper,
-    watch::LevelWatch,
+    watch::{Counter, LevelWatch},
 };
 
 /// The pod that explodes; kubelet's ranking puts it first (BestEffort,
@@ -130,8 +131,15 @@ pub struct Run {
     pub trigger: Option<String>,
     /// Pods the agent (or the oracle) killed.
     pub victims: Vec<String>,
-    /// Kernel OOM kills in the node (memory) or forks refused at pids.max.
+    /// Kernel OOM kills in the node (memory; on the root machine-wide, from
+    /// /proc/vmstat) or forks refused at pids.max.
     pub kernel_kills: u64,
+    /// On the root: the kernel OOM killer's victims, as its log names them
+    /// (`default/<pod>`, or the pid and command of a process not a pod's).
+    pub kernel_victims: Vec<String>,
+    /// The least memory.available the bomb's log saw (bytes; negative: the
+    /// working set past capacity), whether or not it crossed.
+    pub lowest_available_logged: Option<i64>,
     /// Pods other than the bomb that did not survive.
     pub lost_pods: Vec<String>,
     /// The agent's WARN and ERROR lines.
@@ -181,8 +189,12 @@ pub fn sandbox(args: &Args, pods: usize) -> Result<SandboxNode> {
     let quiet = quiet_pods(pods.saturating_sub(MEMORY_PODS));
     let mut specs = memory_pods();
     specs.extend(quiet.iter().cloned());
-    let mut node = SandboxNode::new(specs, args.capacity, &args.workload.display().to_string())
-        .context("building the sandbox node")?;
+    let workload = args.workload.display().to_string();
+    let mut node = match args.node {
+        NodeKind::Sandbox => SandboxNode::new(specs, args.capacity, &workload),
+        NodeKind::Root => SandboxNode::on_root(specs, &workload),
+    }
+    .context("building the node")?;
     node.alloc(&STEADY_POD_MEMORY)?;
     for pod in &quiet {
         node.workload(&pod.name)?.alloc(QUIET_POD_MEMORY)?;
@@ -196,8 +208,27 @@ pub fn start_agent(node: &SandboxNode, mode: &str, threshold: &str) -> Result<Ag
     agent_args.extend(["--eviction-hard".into(), threshold.into()]);
     let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&agent_args)?;
+    if node.is_root() {
+        // As kubelet sets it for the DaemonSet's system-node-critical pod;
+        // the bench's own -1000 would otherwise be inherited.
+        set_oom_score_adj(agent.pid(), NODE_CRITICAL_OOM_SCORE_ADJ)?;
+    }
     agent.log.expect("protection armed", &[]);
     Ok(agent)
+}
+
+/// The node's memory capacity: the sandbox's limit, or the machine's.
+pub fn capacity(args: &Args, node: &SandboxNode) -> Result<u64> {
+    Ok(match node.is_root() {
+        true => machine_memory()?,
+        false => args.capacity,
+    })
+}
+
+/// The machine's working set as kubelet computes it on the root, now.
+fn machine_working_set() -> Result<u64> {
+    let text = fs::read_to_string(VMSTAT)?;
+    working_set_from_vmstat(&text).context("no page counts in /proc/vmstat")
 }
 
 pub fn stop(agent: Agent) -> Result<AgentLog> {
@@ -208,43 +239,82 @@ pub fn stop(agent: Agent) -> Result<AgentLog> {
     Ok(log)
 }
 
-/// A memory bomb at `rate` bytes/s (0: flat out) on `node`, stopped by the
-/// agent in `mode` or, for [`ORACLE`], by the bench at the crossing.
-pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> Result<Run> {
-    let (capacity, threshold) = (args.capacity, args.threshold);
+/// A memory bomb at `rate` bytes/s (0: flat out) on `node` against
+/// `threshold` bytes of memory.available, stopped by the agent in `mode`,
+/// by earlyoom, for [`ORACLE`] by the bench at the crossing, or for
+/// [`NO_AGENT`] by the kernel's OOM killer.
+pub fn memory_run(
+    args: &Args,
+    mut node: SandboxNode,
+    mode: &str,
+    rate: u64,
+    threshold: u64,
+) -> Result<Run> {
+    let capacity = capacity(args, &node)?;
+    let root = node.is_root();
     let agent = match mode {
-        ORACLE => None,
+        ORACLE | NO_AGENT | EARLYOOM => None,
         _ => Some(start_agent(
             &node,
             mode,
             &format!("memory.available<{threshold}"),
         )?),
     };
+    let peer = match mode {
+        EARLYOOM => {
+            let binary = args
+                .earlyoom
+                .as_deref()
+                .context("the earlyoom row needs --earlyoom")?;
+            Some(Earlyoom::start(binary, threshold)?)
+        }
+        _ => None,
+    };
     let cgroupfs = CgroupFs::discover()?;
     let node_cgroup = node.node_cgroup();
     let memory_dir = cgroupfs.memory_dir(&node_cgroup);
-    let baseline = cgroupfs.read_memory(&node_cgroup)?;
     // available < threshold once the working set passes capacity −
-    // threshold (strictly: at it, the threshold is still available); the
-    // bomb (anonymous memory only) leaves the inactive file pages as they
-    // were, so on the page counter that is this level.
-    let level = capacity - threshold + 1 + baseline.inactive_file_bytes;
-    let needed = (capacity - threshold).saturating_sub(baseline.working_set_bytes());
-    let back_level =
-        baseline.usage_bytes + level.saturating_sub(baseline.usage_bytes) / BACK_REMAINING_SHARE;
-    let mut crossing_watch = LevelWatch::start(cgroupfs.version, &memory_dir, level)?;
-    let mut back_watch = LevelWatch::start(cgroupfs.version, &memory_dir, back_level)?;
+    // threshold (strictly: at it, the threshold is still available). In a
+    // sandbox the bench watches the page counter, and the bomb (anonymous
+    // memory only) leaves the inactive file pages as they were, so there
+    // the level is that plus them; on the root it watches the working set
+    // itself, as kubelet computes it.
+    let (counter, level, needed, baseline_usage) = if root {
+        let working_set = machine_working_set()?;
+        let level = capacity - threshold + 1;
+        (
+            Counter::Machine,
+            level,
+            (capacity - threshold).saturating_sub(working_set),
+            working_set,
+        )
+    } else {
+        let baseline = cgroupfs.read_memory(&node_cgroup)?;
+        (
+            Counter::Cgroup(cgroupfs.version, memory_dir.clone()),
+            capacity - threshold + 1 + baseline.inactive_file_bytes,
+            (capacity - threshold).saturating_sub(baseline.working_set_bytes()),
+            baseline.usage_bytes,
+        )
+    };
+    let back_level = baseline_usage + level.saturating_sub(baseline_usage) / BACK_REMAINING_SHARE;
+    let mut kernel_oom = root.then(KernelOomKills::start).transpose()?;
+    // Level 0 is the crossing, level 1 memory back.
+    let mut watch = LevelWatch::start(&counter, &[level, back_level])?;
     let log = bomb_log(&node);
     // Made now so the oracle can watch it before the bomb writes.
     fs::write(&log, b"")?;
+    let bomb_pid = node.workload(BOMB)?.pid();
     let oracle = match mode {
-        ORACLE => Some(Oracle::arm(node.workload(BOMB)?.pid(), &log, level)?),
+        ORACLE => Some(Oracle::arm(bomb_pid, &log, level)?),
         _ => None,
     };
-    let usage_file = memory_dir.join(match cgroupfs.version {
-        CgroupVersion::V1 => "memory.usage_in_bytes",
-        CgroupVersion::V2 => "memory.current",
-    });
+    let bomb_exit = exit_watch(bomb_pid)?;
+    let usage_file = match (root, cgroupfs.version) {
+        (true, _) => PathBuf::from(VMSTAT),
+        (false, CgroupVersion::V1) => memory_dir.join("memory.usage_in_bytes"),
+        (false, CgroupVersion::V2) => memory_dir.join("memory.current"),
+    };
     node.workload(BOMB)?.command(&format!(
         "bomb {rate} {} {}",
         log.display(),
@@ -257,13 +327,25 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
     let mut run = Run {
         crossing_level_bytes: level,
         back_level_bytes: back_level,
-        watch_realtime: crossing_watch.realtime && back_watch.realtime,
-        kernel_kills: node.oom_kills()?,
+        watch_realtime: watch.realtime,
         ..Run::default()
     };
+    match kernel_oom.as_mut() {
+        Some(kernel_oom) => {
+            let (count, victims) = kernel_oom.since()?;
+            run.kernel_kills = count;
+            run.kernel_victims = victims
+                .into_iter()
+                .map(|(pid, command)| {
+                    pod_of(&mut node, pid).unwrap_or(format!("pid {pid} ({command})"))
+                })
+                .collect();
+        }
+        None => run.kernel_kills = node.oom_kills()?,
+    }
     // The bomb is gone: its memory is on its way back.
     let _ = wait_until(BACK_DEADLINE, "the node's memory back", || {
-        back_watch.crossings().iter().any(|c| !c.upward)
+        watch.went_down(1)
     });
     let mut agent_log = match agent {
         Some(agent) => Some(finish(&mut node, agent, &mut run, Controller::Memory)?),
@@ -272,12 +354,14 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
             None
         }
     };
+    let earlyoom = peer.map(Earlyoom::stop).transpose()?;
     if let Some(oracle) = oracle {
         run.oracle = oracle.outcome()?;
     }
+    let bomb_exited = bomb_exit.recv_timeout(BACK_DEADLINE).ok();
     let records = read_log(&log, 3)?;
-    // Ground truth: the node's page counter, read by the bomb right after
-    // each 64 KiB it touched.
+    // Ground truth: the node's page counter (on the root: the machine's
+    // working set), read by the bomb right after each 64 KiB it touched.
     let logged = records
         .iter()
         .find(|record| record[2] >= level)
@@ -291,8 +375,8 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
             .first()
             .and_then(|line| line["kill_started_ns"].as_u64())
     });
-    let observed = crossing_watch
-        .first_up()
+    let observed = watch
+        .first_up(0)
         .filter(|&ns| kill_started.is_none_or(|started| ns < started));
     let (crossed, source) = match (logged, observed) {
         (Some(log), Some(kernel)) if kernel < log => (Some(kernel), Some("kernel")),
@@ -303,8 +387,23 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
     run.crossed_ns = crossed;
     run.crossing_source = source.map(str::to_owned);
     run.peak_logged = records.iter().map(|record| record[2]).max();
+    // What the level adds to capacity − threshold + 1: the sandbox's
+    // inactive file pages (none on the root).
+    let inactive_file = level - (capacity - threshold + 1);
+    run.lowest_available_logged = run
+        .peak_logged
+        .map(|peak| capacity as i64 - peak as i64 + inactive_file as i64);
     if let Some(log) = agent_log.as_mut() {
         fill_outcome(&mut run, log);
+    }
+    if let Some(kill) = &earlyoom {
+        for &pid in &kill.pids {
+            let victim = pod_of(&mut node, pid).unwrap_or(format!("pid {pid}"));
+            run.victims.push(victim);
+        }
+        if kill.decided_ns.is_some() {
+            run.trigger = Some(EARLYOOM.to_owned());
+        }
     }
     let Some(crossed) = run.crossed_ns else {
         run.decided_without_crossing = run.trigger.is_some();
@@ -325,15 +424,34 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
         run.decided_us = Some(relative_us(kill.signalled_ns, crossed));
         run.killed_us = kill.exited_ns.map(|ns| relative_us(ns, crossed));
     }
+    if let Some(kill) = &earlyoom {
+        run.decided_us = kill.decided_ns.map(|ns| relative_us(ns, crossed));
+        run.killed_us = bomb_exited.map(|ns| relative_us(ns, crossed));
+    }
     if let Some(mut log) = agent_log {
         fill_times(&mut run, &mut log, crossed);
     }
-    if run.kernel_kills == 0 && !run.victims.is_empty() {
-        run.back_us = back_watch
-            .first_down_after(crossed)
+    if mode == NO_AGENT {
+        // The floor without an agent: the kernel's OOM killer.
+        run.victims = run.kernel_victims.clone();
+        run.killed_us = bomb_exited.map(|ns| relative_us(ns, crossed));
+    }
+    let killed_by_the_kernel_alone = mode == NO_AGENT && run.kernel_kills > 0;
+    if (run.kernel_kills == 0 && !run.victims.is_empty()) || killed_by_the_kernel_alone {
+        run.back_us = watch
+            .first_down_after(1, crossed)
             .map(|ns| relative_us(ns, crossed));
     }
     Ok(run)
+}
+
+/// `default/<pod>` of the pod whose process is `pid`.
+fn pod_of(node: &mut SandboxNode, pid: u32) -> Option<String> {
+    let names: Vec<String> = node.pods.iter().map(|pod| pod.name.clone()).collect();
+    names
+        .into_iter()
+        .find(|name| node.workload(name).is_ok_and(|w| w.pid() == pid))
+        .map(|name| format!("default/{name}"))
 }
 
 pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {

@@ -9,8 +9,11 @@
 //! A thread at real-time priority blocks on it, timestamps each wake-up
 //! and reads the counter to tell which way it went, so the time is not
 //! queued behind the bomb, the agent or a kill on a 2-CPU machine. cgroup
-//! v2 has no thresholds: the thread reads `memory.current` every
-//! millisecond instead (about 1 % of a CPU, in every run alike).
+//! v2 has no thresholds: one thread reads `memory.current` every
+//! millisecond instead (about 1 % of a CPU, in every run alike) and
+//! compares it with every level. On the machine's root (`--node root`) the
+//! counter is the machine's working set as kubelet computes it, from
+//! /proc/vmstat, read the same way.
 use std::{
     fs::{self, File},
     io::Read as _,
@@ -18,7 +21,7 @@ use std::{
         fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
         unix::fs::FileExt as _,
     },
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -29,97 +32,117 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use evictd::{kernel::bpf::monotonic_now_ns, node::cgroupfs::CgroupVersion};
+use evictd_integration::{VMSTAT, read_working_set};
 
 /// How often the v2 fallback reads the counter.
 const V2_POLL_INTERVAL: Duration = Duration::from_millis(1);
 
-/// One crossing of the level.
+/// One crossing of a level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Crossing {
+    /// Which of the watch's levels (its index).
+    pub level: usize,
     /// CLOCK_MONOTONIC ns when the bench learnt of it.
     pub at_ns: u64,
     /// Whether the counter was at or above the level then.
     pub upward: bool,
 }
 
-/// A level on a cgroup's page counter and the crossings seen so far.
+/// What a watch compares with its levels.
+#[derive(Debug, Clone)]
+pub enum Counter {
+    /// A cgroup's page counter; the path is its memory directory.
+    Cgroup(CgroupVersion, PathBuf),
+    /// The machine's working set as kubelet computes it on the root
+    /// (`evictd_integration::read_working_set`): no threshold to arm
+    /// there, read every millisecond as on v2.
+    Machine,
+}
+
+/// Levels on a counter and the crossings seen so far.
 pub struct LevelWatch {
     crossings: mpsc::Receiver<Crossing>,
     seen: Vec<Crossing>,
     stop: Arc<AtomicBool>,
-    /// Whether the watching thread got real-time priority.
+    /// Whether the watching threads got real-time priority.
     pub realtime: bool,
 }
 
 impl LevelWatch {
-    /// Watches `level` bytes on the cgroup whose memory directory is
-    /// `memory_dir`; the cgroup's usage must be below it now.
-    pub fn start(version: CgroupVersion, memory_dir: &Path, level: u64) -> Result<Self> {
+    /// Watches `levels` (bytes) on `counter`, which must be below each now.
+    pub fn start(counter: &Counter, levels: &[u64]) -> Result<Self> {
         let (sender, crossings) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let (started, realtime) = mpsc::channel();
-        match version {
-            CgroupVersion::V1 => {
+        let mut threads = 0;
+        match counter {
+            Counter::Cgroup(CgroupVersion::V1, memory_dir) => {
                 let usage_path = memory_dir.join("memory.usage_in_bytes");
-                let usage =
-                    File::open(&usage_path).with_context(|| format!("{}", usage_path.display()))?;
-                let eventfd = arm_v1(memory_dir, &usage, level)?;
-                std::thread::spawn(move || {
-                    let _ = started.send(make_realtime());
-                    let mut count = [0u8; 8];
-                    let mut file = File::from(eventfd);
-                    // Blocks until the next crossing; the kernel also
-                    // signals it once when the cgroup is removed, and by
-                    // then nobody listens.
-                    while file.read_exact(&mut count).is_ok() {
-                        let at_ns = monotonic_now_ns();
-                        let Some(now) = read_counter(&usage) else {
-                            break;
-                        };
-                        let crossing = Crossing {
-                            at_ns,
-                            upward: now >= level,
-                        };
-                        if sender.send(crossing).is_err() {
-                            break;
-                        }
-                    }
-                });
-            }
-            CgroupVersion::V2 => {
-                let path = memory_dir.join("memory.current");
-                let current = File::open(&path).with_context(|| format!("{}", path.display()))?;
-                let stopped = stop.clone();
-                std::thread::spawn(move || {
-                    let _ = started.send(make_realtime());
-                    let mut above = false;
-                    while !stopped.load(Ordering::Relaxed) {
-                        let Some(usage) = read_counter(&current) else {
-                            break;
-                        };
-                        if (usage >= level) != above {
-                            above = usage >= level;
+                for (index, &level) in levels.iter().enumerate() {
+                    let usage = File::open(&usage_path)
+                        .with_context(|| format!("{}", usage_path.display()))?;
+                    let eventfd = arm_v1(memory_dir, &usage, level)?;
+                    let (sender, started) = (sender.clone(), started.clone());
+                    threads += 1;
+                    std::thread::spawn(move || {
+                        let _ = started.send(make_realtime());
+                        let mut count = [0u8; 8];
+                        let mut file = File::from(eventfd);
+                        // Blocks until the next crossing; the kernel also
+                        // signals it once when the cgroup is removed, and by
+                        // then nobody listens.
+                        while file.read_exact(&mut count).is_ok() {
+                            let at_ns = monotonic_now_ns();
+                            let Some(now) = read_counter(&usage) else {
+                                break;
+                            };
                             let crossing = Crossing {
-                                at_ns: monotonic_now_ns(),
-                                upward: above,
+                                level: index,
+                                at_ns,
+                                upward: now >= level,
                             };
                             if sender.send(crossing).is_err() {
                                 break;
                             }
                         }
-                        std::thread::sleep(V2_POLL_INTERVAL);
-                    }
-                });
+                    });
+                }
+            }
+            Counter::Cgroup(CgroupVersion::V2, memory_dir) => {
+                let path = memory_dir.join("memory.current");
+                let current = File::open(&path).with_context(|| format!("{}", path.display()))?;
+                threads += 1;
+                poll(
+                    move || read_counter(&current),
+                    levels.to_vec(),
+                    sender,
+                    started,
+                    stop.clone(),
+                );
+            }
+            Counter::Machine => {
+                let vmstat = File::open(VMSTAT).with_context(|| VMSTAT.to_owned())?;
+                threads += 1;
+                poll(
+                    move || read_working_set(&vmstat),
+                    levels.to_vec(),
+                    sender,
+                    started,
+                    stop.clone(),
+                );
             }
         }
-        let realtime = realtime
-            .recv()
-            .context("the watching thread did not start")?;
+        let mut realtime_all = true;
+        for _ in 0..threads {
+            realtime_all &= realtime
+                .recv()
+                .context("the watching thread did not start")?;
+        }
         Ok(Self {
             crossings,
             seen: Vec::new(),
             stop,
-            realtime,
+            realtime: realtime_all,
         })
     }
 
@@ -129,24 +152,68 @@ impl LevelWatch {
         &self.seen
     }
 
-    /// The first downward crossing after `after_ns`.
-    pub fn first_down_after(&mut self, after_ns: u64) -> Option<u64> {
+    /// The first downward crossing of level `level` after `after_ns`.
+    pub fn first_down_after(&mut self, level: usize, after_ns: u64) -> Option<u64> {
         self.crossings()
             .iter()
-            .find(|c| !c.upward && c.at_ns > after_ns)
+            .find(|c| c.level == level && !c.upward && c.at_ns > after_ns)
             .map(|c| c.at_ns)
     }
 
-    /// The first upward crossing.
-    pub fn first_up(&mut self) -> Option<u64> {
-        self.crossings().iter().find(|c| c.upward).map(|c| c.at_ns)
+    /// Whether level `level` was crossed downward at all.
+    pub fn went_down(&mut self, level: usize) -> bool {
+        self.crossings()
+            .iter()
+            .any(|c| c.level == level && !c.upward)
     }
+
+    /// The first upward crossing of level `level`.
+    pub fn first_up(&mut self, level: usize) -> Option<u64> {
+        self.crossings()
+            .iter()
+            .find(|c| c.level == level && c.upward)
+            .map(|c| c.at_ns)
+    }
+}
+
+/// One thread at real-time priority reading `read` every
+/// [`V2_POLL_INTERVAL`] and reporting each level's crossings, until `stop`.
+fn poll(
+    read: impl Fn() -> Option<u64> + Send + 'static,
+    levels: Vec<u64>,
+    sender: mpsc::Sender<Crossing>,
+    started: mpsc::Sender<bool>,
+    stop: Arc<AtomicBool>,
+) {
+    std::thread::spawn(move || {
+        let _ = started.send(make_realtime());
+        let mut above = vec![false; levels.len()];
+        while !stop.load(Ordering::Relaxed) {
+            let Some(value) = read() else {
+                break;
+            };
+            for (index, &level) in levels.iter().enumerate() {
+                if (value >= level) != above[index] {
+                    above[index] = value >= level;
+                    let crossing = Crossing {
+                        level: index,
+                        at_ns: monotonic_now_ns(),
+                        upward: above[index],
+                    };
+                    if sender.send(crossing).is_err() {
+                        return;
+                    }
+                }
+            }
+            std::thread::sleep(V2_POLL_INTERVAL);
+        }
+    });
 }
 
 impl Drop for LevelWatch {
     fn drop(&mut self) {
-        // The v2 thread ends at its next reading; the v1 thread when the
-        // cgroup goes (the kernel signals the eventfd then).
+        // The polling thread ends at its next reading; the v1 threads when
+        // the cgroup goes (the kernel signals the eventfd then).
         self.stop.store(true, Ordering::Relaxed);
     }
 }

@@ -41,6 +41,9 @@ impl From<bool> for Met {
 /// The goals as a Markdown table: goal, measured, met.
 pub fn table(results: &Value) -> String {
     let mut goals = Vec::new();
+    // On a machine's root under emulation (the VM guest) times are not the
+    // host's: the goal against the oracle is a share of it, not 10 ms.
+    let on_root = results["node"] == "root";
     let p = |values: &[Option<f64>], q| percentile(values, q);
     for scenario in scenarios(results, "memory") {
         let name = scenario["name"].as_str().unwrap_or_default();
@@ -95,6 +98,10 @@ pub fn table(results: &Value) -> String {
             met: (first(event_p50, best50) && first(event_p99, best99)).into(),
         });
         let oracle = p(&field(&runs(results, scenario, ORACLE), "back_us"), 0.5);
+        if on_root {
+            goals.push(within_share_of_oracle(name, event_p50, oracle));
+            continue;
+        }
         goals.push(Goal {
             goal: format!("{name}: event within 10 ms of the oracle (p50)"),
             measured: match (event_p50, oracle) {
@@ -169,11 +176,17 @@ pub fn table(results: &Value) -> String {
             met: within(slowdowns.iter().map(|(_, s)| *s), limit),
         });
     }
+    // The reserve sweep looks for where each mode loses: its own table.
+    let swept: Vec<&Value> = scenarios(results, "reserve")
+        .into_iter()
+        .map(|s| &s["name"])
+        .collect();
     let event_runs: Runs = results["runs"]
         .as_array()
         .into_iter()
         .flatten()
         .filter(|r| r["mode"] == "event" && r["run"]["kernel_kills"].is_u64())
+        .filter(|r| !swept.contains(&&r["scenario"]))
         .map(|r| &r["run"])
         .collect();
     if !event_runs.is_empty() {
@@ -199,6 +212,37 @@ pub fn table(results: &Value) -> String {
         text += &format!("| {} | {} | {met} |\n", goal.goal, goal.measured);
     }
     text
+}
+
+/// How much slower than the oracle event mode may be at p50 on a
+/// machine's root, as a share of the oracle's time.
+const ORACLE_SHARE: f64 = 0.15;
+
+fn within_share_of_oracle(name: &str, event_p50: Option<f64>, oracle: Option<f64>) -> Goal {
+    Goal {
+        goal: format!(
+            "{name}: event within {:.0} % of the oracle (p50)",
+            ORACLE_SHARE * 100.0
+        ),
+        measured: match (event_p50, oracle) {
+            (Some(e), Some(o)) => format!(
+                "event {} ms, oracle {} ms ({:+.0} %)",
+                format_ms(Some(e)),
+                format_ms(Some(o)),
+                (e / o - 1.0) * 100.0
+            ),
+            _ => format!(
+                "event {} ms, oracle {} ms",
+                format_ms(event_p50),
+                format_ms(oracle)
+            ),
+        },
+        met: match (event_p50, oracle) {
+            (Some(e), Some(o)) => (e <= o * (1.0 + ORACLE_SHARE)).into(),
+            (None, _) => Met::No,
+            _ => Met::NotMeasured,
+        },
+    }
 }
 
 /// Whether every estimate is at most `limit`: met when each interval

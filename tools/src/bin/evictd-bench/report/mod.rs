@@ -32,6 +32,49 @@ pub fn markdown(results: &Value) -> String {
     text += &goals::table(results);
     text += "\n## Memory bombs: crossing → decision → memory back\n\n";
     text += &memory_table(results);
+    if results["node"] == "root" {
+        text += "\n### Against the floors, in the same rounds\n\nCrossing → memory back of \
+                 each mode against the oracle's and against no agent's (the kernel's OOM \
+                 killer) in the same round: the median of the per-round differences and of \
+                 the per-round ratios, each with its 95 % interval (order statistics), over \
+                 the rounds where both got the memory back (*pairs*); under emulation the \
+                 times are not the host's, their ratios and differences in the same rounds \
+                 are what compares. *mode never*: rounds where the floor got it back and the \
+                 mode did not (the kernel's OOM killer first, or no decision).\n\n";
+        text += &floors_table(results);
+    }
+    if !scenarios(results, "reserve").is_empty() {
+        text += &format!(
+            "\n## Reserve sweep: the bomb against smaller thresholds\n\n\
+             The memory bomb at {} against each threshold, every mode and the oracle: how \
+             many runs the kernel's OOM killer ended first (*kernel won*), and the least \
+             memory.available the bomb's log saw (p50 over the runs; below the threshold \
+             once the node crossed). Where even the oracle loses, the node never crossed: \
+             the kernel ran out of memory (its own, which kubelet's working set leaves out, \
+             and the free pages it keeps) before memory.available got that low.\n\n",
+            scenarios(results, "reserve")
+                .first()
+                .and_then(|s| s["rate"].as_u64())
+                .map_or("max rate".to_owned(), |rate| match rate {
+                    0 => "max rate".to_owned(),
+                    rate => format!("{} MiB/s", rate / MIB),
+                })
+        );
+        text += &reserve_table(results);
+    }
+    if let Some(failed) = results["failed_runs"].as_array().filter(|f| !f.is_empty()) {
+        text += "\n## Failed runs\n\nRuns that ended in an error (left out of every table).\n\n\
+                 | round | scenario | mode | error |\n|---:|---|---|---|\n";
+        for run in failed {
+            text += &format!(
+                "| {} | {} | {} | {} |\n",
+                run["round"],
+                run["scenario"].as_str().unwrap_or_default(),
+                run["mode"].as_str().unwrap_or_default(),
+                run["error"].as_str().unwrap_or_default().replace('|', "/"),
+            );
+        }
+    }
     text += "\n### Where decided → memory back goes\n\nThe agent's kill, phase by phase \
              (its `pod killed` line), each from the previous: the kill future starts; on cgroup \
              v1 the pod's freezer reports `FROZEN`; the first SIGKILL; the first round's \
@@ -107,8 +150,26 @@ fn reading_guide(results: &Value) -> String {
     } else {
         String::new()
     };
+    let root = if results["node"] == "root" {
+        "**The node is the machine's root** (a VM guest under software emulation: times \
+         are not the host's): `--node-cgroup /`, the pods in the root's `kubepods`, \
+         capacity its MemTotal, and in this run the crossing, memory back and the bomb's \
+         log are on the machine's working set as kubelet computes it on the v2 root (anon + \
+         file − inactive_file), read from /proc/vmstat (`nr_anon_pages + nr_file_pages − \
+         nr_inactive_file`: the same page states as the root's memory.stat, without its \
+         flush lag) every 64 KiB by the bomb and every ms by the bench. *no agent* \
+         (`none`): nothing stops the bomb but the kernel's global OOM killer (the pods \
+         carry kubelet's oom_score_adj per QoS class, the agent and earlyoom the \
+         system-node-critical −997, the bench −1000); its *memory back* is the kernel's. \
+         *earlyoom*: Debian's earlyoom 1.7 with `-M <threshold in KiB>`: it polls \
+         MemAvailable (not kubelet's working set) and SIGTERMs the process of highest \
+         oom_score, knowing no pods; its *decided* is when the bench read its kill line. \
+         *kernel won* counts /proc/vmstat's machine-wide oom_kill.\n\n"
+    } else {
+        ""
+    };
     format!(
-        "Every time is in ms from the node's real threshold crossing: its page counter \
+        "{root}Every time is in ms from the node's real threshold crossing: its page counter \
          past capacity − threshold + inactive file, as the bomb's own log (a reading every \
          64 KiB, on tmpfs) or the kernel (an eventfd threshold the bench arms, before the \
          agent's kill) first reports it. \
@@ -300,6 +361,88 @@ fn memory_table(results: &Value) -> String {
                 wrong_victim(&every),
                 all - n,
                 agent_cost(mode, &every),
+            );
+        }
+    }
+    text
+}
+
+/// Crossing → memory back of each mode against a floor's, paired by
+/// round: differences (ms) and ratios, with their intervals.
+fn floors_table(results: &Value) -> String {
+    let mut text = "| scenario | mode | against | pairs | difference (ms) median (95 % interval) | ratio median (95 % interval) | mode never |\n\
+                    |---|---|---|---:|---|---|---:|\n"
+        .to_owned();
+    let back = |run: &Value| run["back_us"].as_f64();
+    let estimate = |values: &[f64], decimals: usize| {
+        median_with_ci(values).map_or("–".to_owned(), |e| match e.ci95 {
+            Some((low, high)) => format!(
+                "{:+.decimals$} ({low:+.decimals$} … {high:+.decimals$})",
+                e.median
+            ),
+            None => format!("{:+.decimals$}", e.median),
+        })
+    };
+    for scenario in scenarios(results, "memory") {
+        for mode in modes(scenario)
+            .into_iter()
+            .filter(|m| *m != ORACLE && *m != NO_AGENT)
+        {
+            for floor in [ORACLE, NO_AGENT] {
+                let differences = paired(results, scenario, (mode, floor), |run, other| {
+                    Some((back(run)? - back(other)?) / 1e3)
+                });
+                let ratios: Vec<f64> = paired(results, scenario, (mode, floor), |run, other| {
+                    Some(back(run)? / back(other)?)
+                });
+                let never = paired(results, scenario, (mode, floor), |run, other| {
+                    (back(run).is_none() && back(other).is_some()).then_some(1.0)
+                })
+                .len();
+                text += &format!(
+                    "| {} | {mode} | {} | {} | {} | {} | {never} |\n",
+                    scenario["name"].as_str().unwrap_or_default(),
+                    if floor == ORACLE {
+                        "oracle"
+                    } else {
+                        "no agent"
+                    },
+                    differences.len(),
+                    estimate(&differences, 1),
+                    estimate(&ratios, 2).replace('+', ""),
+                );
+            }
+        }
+    }
+    text
+}
+
+fn reserve_table(results: &Value) -> String {
+    let mut text = "| threshold (MiB) | mode | runs | kernel won | wrong victim | decided, no crossing | decided p50 (ms) | crossing → memory back p50 (ms) | least memory.available p50 (MiB) |\n\
+                    |---:|---|---:|---:|---:|---:|---|---|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "reserve") {
+        for mode in modes(scenario) {
+            let every = all_runs(results, scenario, mode);
+            if every.is_empty() {
+                continue;
+            }
+            let these = runs(results, scenario, mode);
+            let lowest: Vec<f64> = every
+                .iter()
+                .filter_map(|r| r["lowest_available_logged"].as_f64())
+                .map(|bytes| bytes / MIB as f64)
+                .collect();
+            text += &format!(
+                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} |\n",
+                scenario["threshold"].as_u64().unwrap_or(0) / MIB,
+                every.len(),
+                kernel_won(&every),
+                wrong_victim(&every),
+                every.len() - these.len(),
+                format_ms(percentile(&field(&these, "decided_us"), 0.5)),
+                format_ms(percentile(&field(&these, "back_us"), 0.5)),
+                median(&lowest).map_or("–".to_owned(), |mib| format!("{mib:.0}")),
             );
         }
     }
