@@ -62,7 +62,7 @@ pub struct BenchArgs {
     /// node: `--node root`, every v2 mode, earlyoom as a peer, the kernel's
     /// OOM killer without an agent. Results go to results/v2-<kernel>.
     /// `touch <run directory>/stop` (printed at the start) ends it after
-    /// the round under way, with the rounds done.
+    /// the run under way, with the complete rounds.
     #[arg(long, conflicts_with_all = ["quick", "rank"])]
     vm: bool,
     #[arg(
@@ -191,7 +191,7 @@ fn in_vm(args: &BenchArgs) -> Result<()> {
                 .map(|part| vm::quoted(part))
                 .collect::<Result<Vec<_>>>()?;
             println!(
-                "xtask: to end the bench after the round under way: touch {}",
+                "xtask: to end the bench with the rounds complete so far: touch {}",
                 run.join("stop").display()
             );
             // The shell and the bench outlive the kernel's OOM killer (the

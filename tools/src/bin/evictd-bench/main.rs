@@ -147,10 +147,10 @@ struct Args {
     /// --modes).
     #[arg(long, value_delimiter = ',')]
     sweep_modes: Option<Vec<String>>,
-    /// Once this file exists, the bench ends after the round under way and
-    /// writes the rounds done (what ends a long bench in a VM guest from
-    /// the host). bench.json and bench.md are also rewritten after every
-    /// round, so a bench ended otherwise keeps its complete rounds.
+    /// Once this file exists, the bench ends after the run under way and
+    /// writes the complete rounds (what ends a long bench in a VM guest
+    /// from the host). bench.json and bench.md are also rewritten after
+    /// every round, so a bench ended otherwise keeps its complete rounds.
     #[arg(long)]
     stop_file: Option<PathBuf>,
 }
@@ -491,11 +491,13 @@ fn bench(args: &Args) -> Result<()> {
             rounds_done = *round;
             let partial = header.results(args, rounds_done, &started, &results_runs, &failures);
             write_results(args, &partial)?;
-            if args.stop_file.as_deref().is_some_and(Path::exists) {
-                println!("stop file found: ending after {rounds_done} rounds");
-                stopped = true;
-                break;
-            }
+        }
+        if args.stop_file.as_deref().is_some_and(Path::exists) {
+            // The round under way keeps the runs it made: each table says
+            // its n, and pairs only what ran in the same round.
+            println!("stop file found: ending after {rounds_done} complete rounds");
+            stopped = true;
+            break;
         }
         let outcome = match scenario {
             Scenario::Memory { rate } => runs::sandbox(args, 0).and_then(|node| {
@@ -583,10 +585,10 @@ impl Header<'_> {
         failures: &[serde_json::Value],
     ) -> serde_json::Value {
         let kernel = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        let rounds_runs: Vec<&serde_json::Value> = runs
+        let partial_round_runs = runs
             .iter()
-            .filter(|r| r["round"].as_u64().is_some_and(|r| r < u64::from(rounds)))
-            .collect();
+            .filter(|r| r["round"].as_u64().is_some_and(|r| r >= u64::from(rounds)))
+            .count();
         json!({
             "command": std::env::args().collect::<Vec<_>>().join(" "),
             "kernel": kernel.trim(),
@@ -623,7 +625,8 @@ impl Header<'_> {
             }).collect::<Vec<_>>(),
             "idle": self.idle,
             "wall_seconds": started.elapsed().as_secs_f64(),
-            "runs": rounds_runs,
+            "partial_round_runs": partial_round_runs,
+            "runs": runs,
             "failed_runs": failures,
         })
     }

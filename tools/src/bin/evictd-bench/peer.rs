@@ -35,6 +35,7 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 pub struct Earlyoom {
     child: Child,
     lines: mpsc::Receiver<(u64, String)>,
+    readers: Vec<std::thread::JoinHandle<()>>,
     seen: Vec<(u64, String)>,
 }
 
@@ -60,6 +61,7 @@ impl Earlyoom {
             .with_context(|| format!("starting {}", binary.display()))?;
         set_oom_score_adj(child.id(), NODE_CRITICAL_OOM_SCORE_ADJ)?;
         let (sender, lines) = mpsc::channel();
+        let mut readers = Vec::new();
         for stream in [
             child
                 .stdout
@@ -74,18 +76,19 @@ impl Earlyoom {
         .flatten()
         {
             let sender = sender.clone();
-            std::thread::spawn(move || {
+            readers.push(std::thread::spawn(move || {
                 for line in BufReader::new(stream).lines() {
                     let Ok(line) = line else { break };
                     if sender.send((monotonic_now_ns(), line)).is_err() {
                         break;
                     }
                 }
-            });
+            }));
         }
         let mut earlyoom = Self {
             child,
             lines,
+            readers,
             seen: Vec::new(),
         };
         // "sending SIGTERM when mem <= …": its line is set.
@@ -110,10 +113,10 @@ impl Earlyoom {
     pub fn stop(mut self) -> Result<EarlyoomKill> {
         let _ = self.child.kill();
         self.child.wait()?;
-        // The readers end at the pipes' end.
-        let _ = wait_until(Duration::from_secs(2), "earlyoom's last lines", || {
-            matches!(self.lines.try_recv(), Err(mpsc::TryRecvError::Disconnected))
-        });
+        // The readers end at the pipes' end, their last lines sent.
+        for reader in std::mem::take(&mut self.readers) {
+            let _ = reader.join();
+        }
         let mut kill = EarlyoomKill::default();
         for (at, line) in self.lines() {
             // `sending SIGTERM to process 1234 uid 0 "name": badness …`

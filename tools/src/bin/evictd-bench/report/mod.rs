@@ -18,13 +18,21 @@ type Runs<'a> = Vec<&'a Value>;
 pub fn markdown(results: &Value) -> String {
     let mut text = String::new();
     text += &format!(
-        "Made by `{}` on Linux {} (cgroup {}, {} CPUs), {} round{}, in {:.0} min.\n\n",
+        "Made by `{}` on Linux {} (cgroup {}, {} CPUs), {} round{}{}, in {:.0} min.\n\n",
         results["command"].as_str().unwrap_or_default(),
         results["kernel"].as_str().unwrap_or_default(),
         results["cgroup"].as_str().unwrap_or_default(),
         results["cpus"],
         results["rounds"],
         if results["rounds"] == 1 { "" } else { "s" },
+        match results["partial_round_runs"].as_u64() {
+            Some(runs) if runs > 0 => format!(
+                " complete of {} planned, and {runs} runs of the next (the bench was \
+                 stopped)",
+                results["rounds_planned"]
+            ),
+            _ => String::new(),
+        },
         results["wall_seconds"].as_f64().unwrap_or(0.0) / 60.0,
     );
     text += &reading_guide(results);
