@@ -55,7 +55,9 @@ pub fn markdown(results: &Value) -> String {
         text += &format!(
             "\n## Reserve sweep: the bomb against smaller thresholds\n\n\
              The memory bomb at {} against each threshold, every mode and the oracle: how \
-             many runs the kernel's OOM killer ended first (*kernel won*), and the least \
+             many runs the kernel's OOM killer ended first (*kernel won*), how many no kill \
+             ended within 30 s while the node thrashed (*stalled*: the bench killed the \
+             bomb), and the least \
              memory.available the bomb's log saw (p50 over the runs; below the threshold \
              once the node crossed). Where even the oracle loses, the node never crossed: \
              the kernel ran out of memory (its own, which kubelet's working set leaves out, \
@@ -426,8 +428,8 @@ fn floors_table(results: &Value) -> String {
 }
 
 fn reserve_table(results: &Value) -> String {
-    let mut text = "| threshold (MiB) | mode | runs | kernel won | wrong victim | decided, no crossing | decided p50 (ms) | crossing → memory back p50 (ms) | least memory.available p50 (MiB) |\n\
-                    |---:|---|---:|---:|---:|---:|---|---|---:|\n"
+    let mut text = "| threshold (MiB) | mode | runs | kernel won | stalled | wrong victim | decided, no crossing | decided p50 (ms) | crossing → memory back p50 (ms) | least memory.available p50 (MiB) |\n\
+                    |---:|---|---:|---:|---:|---:|---:|---|---|---:|\n"
         .to_owned();
     for scenario in scenarios(results, "reserve") {
         for mode in modes(scenario) {
@@ -442,10 +444,11 @@ fn reserve_table(results: &Value) -> String {
                 .map(|bytes| bytes / MIB as f64)
                 .collect();
             text += &format!(
-                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {mode} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 scenario["threshold"].as_u64().unwrap_or(0) / MIB,
                 every.len(),
                 kernel_won(&every),
+                every.iter().filter(|r| r["stalled"] == true).count(),
                 wrong_victim(&every),
                 every.len() - these.len(),
                 format_ms(percentile(&field(&these, "decided_us"), 0.5)),
