@@ -486,12 +486,7 @@ fn bench(args: &Args) -> Result<()> {
     let mut stopped = false;
     for (done, (round, scenario, mode)) in plan.iter().enumerate() {
         check_stop()?;
-        if *round > rounds_done {
-            // A round is complete: its results are kept whatever comes.
-            rounds_done = *round;
-            let partial = header.results(args, rounds_done, &started, &results_runs, &failures);
-            write_results(args, &partial)?;
-        }
+        rounds_done = *round;
         if args.stop_file.as_deref().is_some_and(Path::exists) {
             // The round under way keeps the runs it made: each table says
             // its n, and pairs only what ran in the same round.
@@ -551,6 +546,10 @@ fn bench(args: &Args) -> Result<()> {
         results_runs.push(json!({
             "round": round, "scenario": scenario.to_string(), "mode": mode, "run": run,
         }));
+        // Kept after every run: a guest that thrashes for good must not
+        // take the runs made with it.
+        let so_far = header.results(args, rounds_done, &started, &results_runs, &failures);
+        write_results(args, &so_far)?;
     }
     if !stopped {
         rounds_done = args.runs;
