@@ -145,6 +145,12 @@ impl WorkloadChannel {
         self.command_u64(&format!("touch-until {bytes} {level} {}", usage.display()))
     }
 
+    /// As [`Self::touch`], at `rate` bytes/s.
+    pub fn touch_at(&mut self, bytes: u64, rate: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("touch {bytes} {rate}"))
+            .map(Duration::from_nanos)
+    }
+
     /// Unmaps what [`Self::touch`] mapped; returns how long munmap took.
     pub fn unmap(&mut self) -> io::Result<Duration> {
         self.command_u64("unmap").map(Duration::from_nanos)

@@ -81,7 +81,7 @@ const HOST_TOOLS: [(&str, &str); 7] = [
     ("dpkg-deb", "dpkg"),
 ];
 /// Integration test targets the guest does not run, and why.
-const HOST_ONLY_TESTS: [&str; 3] = ["containerd", "cri_client", "runtime_disk"];
+const HOST_ONLY_TESTS: [&str; 4] = ["confined_kills", "containerd", "cri_client", "runtime_disk"];
 const HOST_ONLY_REASON: &str = "the guest's root is the host's, read-only over 9p, \
      so containerd cannot be installed there, and its initramfs loads no overlay module \
      for containerd's snapshotter";
