@@ -128,6 +128,10 @@ impl Journal {
         self.reports.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty()
+    }
+
     /// The oldest pending report.
     pub fn first(&self) -> Option<&Pending> {
         self.reports.first()
