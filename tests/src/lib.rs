@@ -54,7 +54,8 @@ pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
 pub use oci_image::OciImage;
 pub use sandbox::{
-    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods, quiet_pods, systemd_path,
+    MEMORY_PODS_HELD, PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, memory_pods,
+    quiet_pods, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};
