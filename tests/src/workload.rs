@@ -119,6 +119,11 @@ impl WorkloadChannel {
         self.command_u64(&format!("fork {count}"))
     }
 
+    /// As [`Self::fork`], `rate` children a second.
+    pub fn fork_at(&mut self, count: u32, rate: u32) -> io::Result<u64> {
+        self.command_u64(&format!("fork {count} {rate}"))
+    }
+
     /// Starts one child running `count` threads besides its main one;
     /// returns how many children the workload now has.
     pub fn threads(&mut self, count: u32) -> io::Result<u64> {

@@ -6,7 +6,8 @@
 //!   page, so it is resident and charged; answers `ok <bytes held>`.
 //! - `free BYTES`: drop chunks from the end until at least BYTES are gone
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
-//! - `fork N`: start N children that sleep until killed; `ok <children>`.
+//! - `fork N [RATE]`: start N children that sleep until killed, RATE a
+//!   second (default: as fast as it can); `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
 //! - `threads N`: start one child that runs N threads beside its main one,
 //!   all sleeping until killed (one more process, N + 1 more tasks);
@@ -603,7 +604,10 @@ impl Workload {
                 self.held().to_string()
             }
             "fork" => {
-                self.fork(amount()?).map_err(|e| format!("fork: {e}"))?;
+                let count = amount()?;
+                let rate = words.next().map(str::parse).transpose();
+                let rate = rate.map_err(|e| format!("fork: rate: {e}"))?;
+                self.fork(count, rate).map_err(|e| format!("fork: {e}"))?;
                 self.children.len().to_string()
             }
             "reap" => {
@@ -726,10 +730,18 @@ impl Workload {
         }
     }
 
-    fn fork(&mut self, count: usize) -> io::Result<()> {
+    fn fork(&mut self, count: usize, rate: Option<usize>) -> io::Result<()> {
         let me = std::env::current_exe()?;
         let parent = std::process::id().to_string();
-        for _ in 0..count {
+        let started = Instant::now();
+        for forked in 0..count {
+            if let Some(rate) = rate {
+                // Paced by the clock, as `touch` is.
+                let due = Duration::from_secs_f64(forked as f64 / rate.max(1) as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
             // spawn returns once the child has exec'd: it exists and is
             // counted in pids.current.
             let child = Command::new(&me)
