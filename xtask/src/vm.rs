@@ -30,7 +30,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 use crate::setup::{self, Toolchain};
@@ -47,7 +47,10 @@ pub const ALL_KERNELS: [&str; 3] = ["6.1", "6.12", "7.2"];
 /// The help of every `--kernel`.
 pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: the newest \
      Debian package of it, from bookworm or trixie-backports), an exact Debian version \
-     (6.1.0-56, 6.12.117+deb12), or all (6.1, 6.12 and 7.2 in turn)";
+     (6.1.0-56, 6.12.117+deb12), a comma-separated list of them (6.1,7.2), or all (6.1, \
+     6.12 and 7.2). Several kernels boot side by side, as many at once as the host has \
+     cores for (one per guest under software emulation), each line of their output \
+     prefixed with the kernel asked for";
 
 #[derive(Args)]
 pub struct VmArgs {
@@ -164,8 +167,8 @@ return $status
 "#
     );
     let what = format!("{} test executables", executables.len());
-    each_kernel(version, |kernel| {
-        in_guest(kernel, target, &what, &script)
+    each_kernel(version, |kernel, prefix| {
+        in_guest(kernel, target, &what, &script, prefix)
             .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
     })
 }
@@ -185,30 +188,63 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
         line.push(quoted(Path::new(arg))?);
     }
     let script = format!("{}\n", line.join(" "));
-    each_kernel(version, |kernel| {
-        in_guest(kernel, target, &line.join(" "), &script)
+    each_kernel(version, |kernel, prefix| {
+        in_guest(kernel, target, &line.join(" "), &script, prefix)
     })
 }
 
-/// Runs `guest` on the kernel `asked` names, or with `all` on each of
-/// [`ALL_KERNELS`] in turn (one VM at a time: the host has few cores),
-/// then says how each went; fails if any failed.
-fn each_kernel(asked: &str, mut guest: impl FnMut(&Kernel) -> Result<()>) -> Result<()> {
-    if asked != "all" {
-        return guest(&Kernel::cached(asked)?);
+/// Runs `guest` on each kernel `asked` names (see [`KERNEL_HELP`]). One
+/// kernel runs with its output as it is; several boot side by side,
+/// [`guests_at_once`] at a time, `guest` given the series to prefix their
+/// output with; then says how each went and fails if any failed.
+fn each_kernel(
+    asked: &str,
+    guest: impl Fn(&Kernel, Option<&str>) -> Result<()> + Sync,
+) -> Result<()> {
+    let series = asked_kernels(asked)?;
+    if let [one] = series.as_slice() {
+        return guest(&Kernel::cached(one)?, None);
     }
+    // Fetched one after the other: apt and the cache are shared.
+    let kernels: Vec<_> = series
+        .iter()
+        .map(|series| (series.as_str(), Kernel::cached(series)))
+        .collect();
+    let at_once = guests_at_once();
+    println!(
+        "xtask: == Linux {}: {at_once} guest(s) at a time",
+        series.join(", ")
+    );
     let mut outcomes = Vec::new();
-    for series in ALL_KERNELS {
-        println!("xtask: == Linux {series}");
-        let started = Instant::now();
-        let outcome = Kernel::cached(series).and_then(|kernel| {
-            guest(&kernel)?;
-            Ok(kernel.release)
+    for batch in kernels.chunks(at_once) {
+        thread::scope(|scope| {
+            let running: Vec<_> = batch
+                .iter()
+                .map(|(series, kernel)| {
+                    let guest = &guest;
+                    let thread = scope.spawn(move || {
+                        let started = Instant::now();
+                        let outcome = match kernel {
+                            Ok(kernel) => {
+                                guest(kernel, Some(series)).map(|()| kernel.release.clone())
+                            }
+                            Err(e) => Err(anyhow!("{e:#}")),
+                        };
+                        (outcome, started.elapsed())
+                    });
+                    (*series, thread)
+                })
+                .collect();
+            for (series, thread) in running {
+                let (outcome, elapsed) = thread.join().unwrap_or_else(|_| {
+                    (Err(anyhow!("the guest's thread panicked")), Duration::ZERO)
+                });
+                if let Err(e) = &outcome {
+                    eprintln!("xtask: Linux {series}: {e:#}");
+                }
+                outcomes.push((series, outcome, elapsed));
+            }
         });
-        if let Err(e) = &outcome {
-            eprintln!("xtask: Linux {series}: {e:#}");
-        }
-        outcomes.push((series, outcome, started.elapsed()));
     }
     let mut failed = Vec::new();
     for (series, outcome, elapsed) in &outcomes {
@@ -225,6 +261,51 @@ fn each_kernel(asked: &str, mut guest: impl FnMut(&Kernel) -> Result<()>) -> Res
         bail!("the guest failed on Linux {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The kernels `asked` names, in order, each once.
+fn asked_kernels(asked: &str) -> Result<Vec<String>> {
+    let mut kernels: Vec<String> = Vec::new();
+    for part in asked.split(',').map(str::trim) {
+        if part.is_empty() {
+            bail!("--kernel {asked:?}: an empty name in the list");
+        }
+        let named = if part == "all" {
+            ALL_KERNELS.to_vec()
+        } else {
+            vec![part]
+        };
+        for kernel in named {
+            if !kernels.iter().any(|k| k == kernel) {
+                kernels.push(kernel.to_owned());
+            }
+        }
+    }
+    Ok(kernels)
+}
+
+/// Guests that boot side by side: each takes one host thread under TCG
+/// (`thread=single`, see [`boot`]), one per vCPU under KVM; never more than
+/// the host's cores, so that no guest's deadlines stretch past what
+/// `EVICTD_TEST_TIME_SCALE` allows for.
+fn guests_at_once() -> usize {
+    let cores = host_cores();
+    let threads_per_guest = if hardware_virtualization() {
+        guest_cpus()
+    } else {
+        1
+    };
+    (cores / threads_per_guest).max(1)
+}
+
+fn host_cores() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// vCPUs of a guest: two, so that the agent and a workload run at once,
+/// as on a node.
+fn guest_cpus() -> usize {
+    host_cores().min(2)
 }
 
 /// The guest mounts a fresh tmpfs on /tmp (the tests write there), which
@@ -248,12 +329,18 @@ fn visible_in_guest(target: &Path) -> Result<()> {
 
 /// Boots `kernel` with a fresh run directory under `target/vm` and runs
 /// `script` there; the log stays in the run directory.
-fn in_guest(kernel: &Kernel, target: &Path, what: &str, script: &str) -> Result<()> {
+fn in_guest(
+    kernel: &Kernel,
+    target: &Path,
+    what: &str,
+    script: &str,
+    prefix: Option<&str>,
+) -> Result<()> {
     // One directory per kernel: `--kernel all` boots several.
     let run = target
         .join("vm")
         .join(format!("run-{}-{}", std::process::id(), kernel.release));
-    let result = boot(kernel, &run, what, script);
+    let result = boot(kernel, &run, what, script, prefix);
     // The initramfs is rebuilt for every run; the log stays.
     let _ = fs::remove_dir_all(run.join("initramfs"));
     let _ = fs::remove_file(run.join("initramfs.cpio"));
@@ -365,8 +452,9 @@ fn build_tests(toolchain: &Toolchain) -> Result<Vec<PathBuf>> {
 }
 
 /// Boots the guest on `kernel` and runs `script` in it (chrooted into the
-/// host's `/`); fails unless it exits 0.
-fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
+/// host's `/`); fails unless it exits 0. With a `prefix`, each line of the
+/// guest's output is printed after it.
+fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str, prefix: Option<&str>) -> Result<()> {
     let _ = fs::remove_dir_all(run);
     fs::create_dir_all(run).with_context(|| format!("creating {}", run.display()))?;
     let run = run.canonicalize()?;
@@ -393,9 +481,7 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
         // runs a kernel and a few binaries, and the host is shared.
         qemu.args(["-accel", "tcg,thread=single,tb-size=256"]);
     }
-    let cpus = thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(2);
+    let cpus = guest_cpus();
     qemu.args([
         "-smp",
         &cpus.to_string(),
@@ -428,14 +514,14 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str) -> Result<()> {
         "TCG, software emulation"
     };
     let started = Instant::now();
-    setup::step_bounded(
-        &format!(
-            "guest Linux {} ({accel}, {cpus} CPUs, {GUEST_MEMORY_MIB} MiB, cgroup v2): {what}",
-            kernel.release
-        ),
-        &mut qemu,
-        GUEST_LIMIT,
-    )?;
+    let step = format!(
+        "guest Linux {} ({accel}, {cpus} CPUs, {GUEST_MEMORY_MIB} MiB, cgroup v2): {what}",
+        kernel.release
+    );
+    match prefix {
+        None => setup::step_bounded(&step, &mut qemu, GUEST_LIMIT)?,
+        Some(prefix) => setup::step_bounded_prefixed(&step, &mut qemu, GUEST_LIMIT, prefix)?,
+    }
     let status = fs::read_to_string(run.join("exit-code"))
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
@@ -568,6 +654,15 @@ fn list_tree(root: &Path, relative: &Path, entries: &mut Vec<String>) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_list_is_each_named_kernel_once_in_order() {
+        assert_eq!(asked_kernels("7.2").unwrap(), ["7.2"]);
+        assert_eq!(asked_kernels("7.2, 6.1").unwrap(), ["7.2", "6.1"]);
+        assert_eq!(asked_kernels("6.1,all").unwrap(), ["6.1", "6.12", "7.2"]);
+        assert!(asked_kernels("6.1,").is_err());
+        assert!(asked_kernels("").is_err());
+    }
 
     #[test]
     fn virtfs_doubles_commas_in_paths() {
