@@ -4,10 +4,26 @@
 //! resolves holds only valid thresholds, every simulated decision names
 //! victims from its own ranking. The binaries in `fuzz_targets/` call these
 //! through the same functions `evictd` itself uses.
+//!
+//! The targets of what a tenant or the node shapes (cgroupfs files, the
+//! runtime's CRI answers, the API's pods, the state directory's files, the
+//! ring buffer's records) take bytes and live in modules of their own.
 use std::{
-    path::PathBuf,
+    path::{Path, PathBuf},
     sync::{Mutex, OnceLock, PoisonError},
 };
+
+mod cgroupfs;
+mod cri;
+mod pod;
+mod ring_buffer;
+mod state_files;
+
+pub use cgroupfs::cgroupfs;
+pub use cri::{CriAnswers, cri};
+pub use pod::pod;
+pub use ring_buffer::ring_buffer;
+pub use state_files::state_files;
 
 use evictd::{
     config::{ConfigError, EvictionArgs, PolicyArgs},
@@ -229,5 +245,24 @@ fn check_decisions(text: &str, out: &[u8]) {
             .as_array()
             .map_or(0, Vec::len);
         assert_eq!(graces, victims.len(), "{text:?}: {line}");
+    }
+}
+
+/// A directory of its own for one input, removed after it: in memory
+/// (`/dev/shm`) where there is one, since targets write files for every
+/// input.
+fn scratch_dir(target: &str) -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    };
+    match tempfile::Builder::new()
+        .prefix(&format!("evictd-fuzz-{target}-"))
+        .tempdir_in(&base)
+    {
+        Ok(dir) => dir,
+        Err(e) => panic!("a scratch directory in {}: {e}", base.display()),
     }
 }

@@ -58,8 +58,8 @@ pub use memory::{ProcessMemory, Region};
 pub use node_memory::{VMSTAT, read_working_set, working_set_from_vmstat};
 pub use oci_image::OciImage;
 pub use sandbox::{
-    PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, machine_memory, memory_pods,
-    oom_score_adj, quiet_pods, set_oom_score_adj, systemd_path,
+    MEMORY_PODS_HELD, PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, machine_memory,
+    memory_pods, oom_score_adj, quiet_pods, set_oom_score_adj, systemd_path,
 };
 pub use wait::{POLL_INTERVAL, TIME_SCALE_ENV, Timeout, scaled, wait_until};
 pub use workload::{COMMAND_DEADLINE, Workload, WorkloadChannel};

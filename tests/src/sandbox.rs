@@ -72,6 +72,16 @@ pub fn systemd_path(qos: Option<&str>, uid: &str) -> String {
     }
 }
 
+/// What the eviction scenarios give [`memory_pods`] but hog: db and web
+/// below their requests, batch above its own but of priority 100,
+/// node-exporter critical; so kubelet's ranking takes hog once it grows.
+pub const MEMORY_PODS_HELD: [(&str, u64); 4] = [
+    ("db", 48 << 20),
+    ("web", 32 << 20),
+    ("batch", 48 << 20),
+    ("node-exporter", 24 << 20),
+];
+
 /// Pods of every QoS class and several priorities, cgroupfs driver:
 /// db (Guaranteed, 128Mi, priority 1000), web (Burstable, requests 64Mi),
 /// batch (Burstable, requests 16Mi, priority 100), node-exporter

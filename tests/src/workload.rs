@@ -119,6 +119,11 @@ impl WorkloadChannel {
         self.command_u64(&format!("fork {count}"))
     }
 
+    /// As [`Self::fork`], `rate` children a second.
+    pub fn fork_at(&mut self, count: u32, rate: u32) -> io::Result<u64> {
+        self.command_u64(&format!("fork {count} {rate}"))
+    }
+
     /// Starts one child running `count` threads besides its main one;
     /// returns how many children the workload now has.
     pub fn threads(&mut self, count: u32) -> io::Result<u64> {
@@ -143,6 +148,12 @@ impl WorkloadChannel {
     /// the workload exits); returns the bytes touched.
     pub fn touch_until(&mut self, bytes: u64, level: u64, usage: &Path) -> io::Result<u64> {
         self.command_u64(&format!("touch-until {bytes} {level} {}", usage.display()))
+    }
+
+    /// As [`Self::touch`], at `rate` bytes/s.
+    pub fn touch_at(&mut self, bytes: u64, rate: u64) -> io::Result<Duration> {
+        self.command_u64(&format!("touch {bytes} {rate}"))
+            .map(Duration::from_nanos)
     }
 
     /// Unmaps what [`Self::touch`] mapped; returns how long munmap took.

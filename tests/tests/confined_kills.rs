@@ -14,8 +14,8 @@ use std::{fs, os::unix::fs::PermissionsExt as _, time::Duration};
 
 use evictd::node::cgroupfs::CgroupFs;
 use evictd_integration::{
-    Agent, ApiServer, Controller, CriNode, Faults, StuckFile, Workload, api_pod, confined_agent,
-    http_get, memory_pods, metric, wait_until,
+    Agent, ApiServer, Controller, CriNode, Faults, MEMORY_PODS_HELD, StuckFile, Workload, api_pod,
+    confined_agent, http_get, memory_pods, metric, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -208,13 +208,7 @@ fn a_kill_whose_reaper_cannot_finish_ends_at_its_deadline_and_the_next_pod_goes(
     else {
         return;
     };
-    node.alloc(&[
-        ("db", 48 * MIB),
-        ("web", 32 * MIB),
-        ("batch", 48 * MIB),
-        ("node-exporter", 24 * MIB),
-    ])
-    .unwrap();
+    node.alloc(&MEMORY_PODS_HELD).unwrap();
     // A process of the hog's pod (started by the test in the pod's cgroup,
     // as an exec'd process joins it: the filesystem lives in the host's
     // mount namespace) that holds memory, then sleeps in the kernel holding

@@ -14,7 +14,7 @@
 )]
 use std::fs;
 
-use evictd_integration::{CriNode, PodSpec, cgroupfs_path, memory_pods};
+use evictd_integration::{CriNode, MEMORY_PODS_HELD, PodSpec, cgroupfs_path, memory_pods};
 use k8s_cri::v1::ContainerState;
 use serde_json::json;
 
@@ -45,13 +45,7 @@ fn a_memory_hog_in_a_container_is_evicted_before_the_oom_killer() {
     let Some(mut node) = node(memory_pods()) else {
         return;
     };
-    node.alloc(&[
-        ("db", 48 * MIB),
-        ("web", 32 * MIB),
-        ("batch", 48 * MIB),
-        ("node-exporter", 24 * MIB),
-    ])
-    .unwrap();
+    node.alloc(&MEMORY_PODS_HELD).unwrap();
     let mut agent = node
         .start_agent(&[
             "--eviction-hard",

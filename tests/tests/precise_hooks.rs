@@ -8,7 +8,9 @@
 //! the memory is back. Either way they are back for the next climb.
 use aya::programs::loaded_links;
 use evictd::kernel::bpf::{Hook, Purpose};
-use evictd_integration::{AGENT_DEADLINE, SandboxNode, http_get, memory_pods, metric, wait_until};
+use evictd_integration::{
+    AGENT_DEADLINE, MEMORY_PODS_HELD, SandboxNode, http_get, memory_pods, metric, wait_until,
+};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -71,13 +73,7 @@ fn assert_caught_near_the_line(decided: &Value) {
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caught_by_the_kernel() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
-    node.alloc(&[
-        ("db", 48 * MIB),
-        ("web", 32 * MIB),
-        ("batch", 48 * MIB),
-        ("node-exporter", 24 * MIB),
-    ])
-    .unwrap();
+    node.alloc(&MEMORY_PODS_HELD).unwrap();
     let mut agent = node
         .start_agent(&[
             "--eviction-hard",

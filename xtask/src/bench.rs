@@ -145,6 +145,8 @@ const VM_GUEST: vm::GuestSpec = vm::GuestSpec {
     memory_mib: 2560,
     // 20 rounds take hours under emulation: stop early with the stop file.
     limit: Duration::from_secs(12 * 3600),
+    // A guest beside it would take the host's other core from the runs.
+    side_by_side: false,
 };
 
 /// evictd-bench's arguments on the guest's root: every mode v2 has

@@ -1,7 +1,8 @@
 //! `cargo xtask fuzz`: every cargo-fuzz target in `fuzz/` for a bounded
 //! time each, then one line per target (executions, corpus, outcome).
 //! Installs cargo-fuzz when missing. The agent is built without its eBPF
-//! programs (AYA_BUILD_SKIP=1): the targets exercise only parsers.
+//! programs (AYA_BUILD_SKIP=1): the targets exercise only what userspace
+//! reads (the ring buffer's records arrive as bytes).
 use std::{
     collections::VecDeque,
     fs,
@@ -20,13 +21,18 @@ use crate::setup::{self, Toolchain};
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// Every target in fuzz/Cargo.toml, with the dictionary that helps it.
-const TARGETS: [(&str, Option<&str>); 6] = [
+const TARGETS: [(&str, Option<&str>); 11] = [
     ("quantity", None),
     ("duration", None),
     ("watch", None),
     ("threshold_flags", Some("thresholds.dict")),
     ("kubelet_config", Some("thresholds.dict")),
     ("simulate", Some("simulate.dict")),
+    ("cgroupfs", Some("cgroupfs.dict")),
+    ("cri", None),
+    ("pod", Some("pod.dict")),
+    ("state_files", Some("state.dict")),
+    ("ring_buffer", None),
 ];
 
 /// How the targets are built: the entry points need the `libfuzzer`

@@ -9,7 +9,7 @@ use std::{
     env,
     ffi::OsString,
     fs,
-    io::Read as _,
+    io::{BufRead as _, BufReader, Read},
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
     thread,
@@ -375,20 +375,76 @@ pub fn step(what: &str, command: &mut Command) -> Result<()> {
 /// Like [`step`], but the command is killed (by its pid, and only it) if it
 /// runs longer than `limit`.
 pub fn step_bounded(what: &str, command: &mut Command, limit: Duration) -> Result<()> {
-    println!("xtask: == {what}");
+    bounded_step(what, command, limit, None)
+}
+
+/// Like [`step_bounded`], with every line of the command's stdout and of
+/// the step's own printed after `[prefix] `: for steps that run side by
+/// side.
+pub fn step_bounded_prefixed(
+    what: &str,
+    command: &mut Command,
+    limit: Duration,
+    prefix: &str,
+) -> Result<()> {
+    bounded_step(what, command, limit, Some(prefix))
+}
+
+fn bounded_step(
+    what: &str,
+    command: &mut Command,
+    limit: Duration,
+    prefix: Option<&str>,
+) -> Result<()> {
+    let tag = prefix
+        .map(|prefix| format!("[{prefix}] "))
+        .unwrap_or_default();
+    println!("{tag}xtask: == {what}");
     let started = Instant::now();
+    if prefix.is_some() {
+        command.stdout(Stdio::piped());
+    }
     let mut child = command
         .spawn()
         .with_context(|| format!("starting {command:?}"))?;
-    let status = wait_bounded(&mut child, limit).with_context(|| what.to_owned())?;
+    let relay = child.stdout.take().map(|stdout| {
+        let tag = tag.clone();
+        thread::spawn(move || relay_lines(stdout, &tag))
+    });
+    let status = wait_bounded(&mut child, limit).with_context(|| what.to_owned());
+    // The pipe closes with the child, killed or not: the relay ends.
+    if let Some(relay) = relay {
+        let _ = relay.join();
+    }
+    let status = status?;
     if !status.success() {
         bail!("{what} failed ({status}): {command:?}");
     }
     println!(
-        "xtask: == {what}: ok in {:.1}s",
+        "{tag}xtask: == {what}: ok in {:.1}s",
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// Prints each line read from `from` after `tag`, whatever its bytes (a
+/// serial console's are not always UTF-8), until end of file: a relay that
+/// stopped early would leave the writer blocked on a full pipe.
+fn relay_lines(from: impl Read, tag: &str) {
+    let mut from = BufReader::new(from);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match from.read_until(b'\n', &mut line) {
+            Ok(0) => return,
+            Ok(_) => {
+                let text = String::from_utf8_lossy(&line);
+                println!("{tag}{}", text.trim_end_matches(['\n', '\r']));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }
 
 /// The stdout of `command` (stderr passes through), which must succeed

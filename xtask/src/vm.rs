@@ -26,11 +26,12 @@ use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::Mutex,
     thread,
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow, bail};
 use clap::Args;
 
 use crate::setup::{self, Toolchain};
@@ -47,7 +48,10 @@ pub const ALL_KERNELS: [&str; 3] = ["6.1", "6.12", "7.2"];
 /// The help of every `--kernel`.
 pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: the newest \
      Debian package of it, from bookworm or trixie-backports), an exact Debian version \
-     (6.1.0-56, 6.12.117+deb12), or all (6.1, 6.12 and 7.2 in turn)";
+     (6.1.0-56, 6.12.117+deb12), a comma-separated list of them (6.1,7.2), or all (6.1, \
+     6.12 and 7.2). Several kernels boot side by side, as many at once as the host has \
+     cores for (one per guest under software emulation), each line of their output \
+     prefixed with the kernel asked for";
 
 #[derive(Args)]
 pub struct VmArgs {
@@ -81,7 +85,7 @@ const HOST_TOOLS: [(&str, &str); 7] = [
     ("dpkg-deb", "dpkg"),
 ];
 /// Integration test targets the guest does not run, and why.
-const HOST_ONLY_TESTS: [&str; 3] = ["containerd", "cri_client", "runtime_disk"];
+const HOST_ONLY_TESTS: [&str; 4] = ["confined_kills", "containerd", "cri_client", "runtime_disk"];
 const HOST_ONLY_REASON: &str = "the guest's root is the host's, read-only over 9p, \
      so containerd cannot be installed there, and its initramfs loads no overlay module \
      for containerd's snapshotter";
@@ -164,22 +168,31 @@ return $status
 "#
     );
     let what = format!("{} test executables", executables.len());
-    each_kernel(version, |kernel| {
-        in_guest(kernel, target, &what, &script, &SUITE)
+    each_kernel(version, SUITE.side_by_side, |kernel, prefix| {
+        in_guest(kernel, target, &what, &script, &SUITE, prefix)
             .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
     })
 }
 
-/// The guest's size and time bound.
+/// The guest's size and time bound, and whether guests of several kernels
+/// may boot side by side (not where they measure time).
 pub struct GuestSpec {
     pub memory_mib: u32,
     pub limit: Duration,
+    pub side_by_side: bool,
 }
 
-/// The test suite's guest (and `cargo xtask vm`'s).
+/// The test suite's guest.
 const SUITE: GuestSpec = GuestSpec {
     memory_mib: GUEST_MEMORY_MIB,
     limit: GUEST_LIMIT,
+    side_by_side: true,
+};
+
+/// `cargo xtask vm`'s: a command that may measure (measure-triggers does).
+const COMMAND: GuestSpec = GuestSpec {
+    side_by_side: false,
+    ..SUITE
 };
 
 /// Runs the script `script(run directory)` returns as root in the guest
@@ -191,19 +204,24 @@ pub fn run_script(
     version: &str,
     spec: &GuestSpec,
     what: &str,
-    script: impl Fn(&Path) -> Result<String>,
+    script: impl Fn(&Path) -> Result<String> + Sync,
 ) -> Result<Option<Vec<(String, PathBuf)>>> {
     if !host_tools_ready()? {
         return Ok(None);
     }
     visible_in_guest(target)?;
-    let mut runs = Vec::new();
-    each_kernel(version, |kernel| {
+    let runs = Mutex::new(Vec::new());
+    each_kernel(version, spec.side_by_side, |kernel, prefix| {
         let run = run_dir(target, kernel);
-        in_guest(kernel, target, what, &script(&run)?, spec)?;
-        runs.push((kernel.release.clone(), run));
+        in_guest(kernel, target, what, &script(&run)?, spec, prefix)?;
+        runs.lock()
+            .map_err(|_| anyhow!("a guest's thread panicked"))?
+            .push((kernel.release.clone(), run));
         Ok(())
     })?;
+    let runs = runs
+        .into_inner()
+        .map_err(|_| anyhow!("a guest's thread panicked"))?;
     Ok(Some(runs))
 }
 
@@ -222,30 +240,65 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
         line.push(quoted(Path::new(arg))?);
     }
     let script = format!("{}\n", line.join(" "));
-    each_kernel(version, |kernel| {
-        in_guest(kernel, target, &line.join(" "), &script, &SUITE)
+    each_kernel(version, COMMAND.side_by_side, |kernel, prefix| {
+        in_guest(kernel, target, &line.join(" "), &script, &COMMAND, prefix)
     })
 }
 
-/// Runs `guest` on the kernel `asked` names, or with `all` on each of
-/// [`ALL_KERNELS`] in turn (one VM at a time: the host has few cores),
-/// then says how each went; fails if any failed.
-fn each_kernel(asked: &str, mut guest: impl FnMut(&Kernel) -> Result<()>) -> Result<()> {
-    if asked != "all" {
-        return guest(&Kernel::cached(asked)?);
+/// Runs `guest` on each kernel `asked` names (see [`KERNEL_HELP`]). One
+/// kernel runs with its output as it is; several boot in turn, or with
+/// `side_by_side` [`guests_at_once`] at a time, `guest` given the series
+/// to prefix their output with; then says how each went and fails if any
+/// failed.
+fn each_kernel(
+    asked: &str,
+    side_by_side: bool,
+    guest: impl Fn(&Kernel, Option<&str>) -> Result<()> + Sync,
+) -> Result<()> {
+    let series = asked_kernels(asked)?;
+    if let [one] = series.as_slice() {
+        return guest(&Kernel::cached(one)?, None);
     }
+    // Fetched one after the other: apt and the cache are shared.
+    let kernels: Vec<_> = series
+        .iter()
+        .map(|series| (series.as_str(), Kernel::cached(series)))
+        .collect();
+    let at_once = if side_by_side { guests_at_once() } else { 1 };
+    println!(
+        "xtask: == Linux {}: {at_once} guest(s) at a time",
+        series.join(", ")
+    );
     let mut outcomes = Vec::new();
-    for series in ALL_KERNELS {
-        println!("xtask: == Linux {series}");
-        let started = Instant::now();
-        let outcome = Kernel::cached(series).and_then(|kernel| {
-            guest(&kernel)?;
-            Ok(kernel.release)
+    for batch in kernels.chunks(at_once) {
+        thread::scope(|scope| {
+            let running: Vec<_> = batch
+                .iter()
+                .map(|(series, kernel)| {
+                    let guest = &guest;
+                    let thread = scope.spawn(move || {
+                        let started = Instant::now();
+                        let outcome = match kernel {
+                            Ok(kernel) => {
+                                guest(kernel, Some(series)).map(|()| kernel.release.clone())
+                            }
+                            Err(e) => Err(anyhow!("{e:#}")),
+                        };
+                        (outcome, started.elapsed())
+                    });
+                    (*series, thread)
+                })
+                .collect();
+            for (series, thread) in running {
+                let (outcome, elapsed) = thread.join().unwrap_or_else(|_| {
+                    (Err(anyhow!("the guest's thread panicked")), Duration::ZERO)
+                });
+                if let Err(e) = &outcome {
+                    eprintln!("xtask: Linux {series}: {e:#}");
+                }
+                outcomes.push((series, outcome, elapsed));
+            }
         });
-        if let Err(e) = &outcome {
-            eprintln!("xtask: Linux {series}: {e:#}");
-        }
-        outcomes.push((series, outcome, started.elapsed()));
     }
     let mut failed = Vec::new();
     for (series, outcome, elapsed) in &outcomes {
@@ -262,6 +315,51 @@ fn each_kernel(asked: &str, mut guest: impl FnMut(&Kernel) -> Result<()>) -> Res
         bail!("the guest failed on Linux {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The kernels `asked` names, in order, each once.
+fn asked_kernels(asked: &str) -> Result<Vec<String>> {
+    let mut kernels: Vec<String> = Vec::new();
+    for part in asked.split(',').map(str::trim) {
+        if part.is_empty() {
+            bail!("--kernel {asked:?}: an empty name in the list");
+        }
+        let named = if part == "all" {
+            ALL_KERNELS.to_vec()
+        } else {
+            vec![part]
+        };
+        for kernel in named {
+            if !kernels.iter().any(|k| k == kernel) {
+                kernels.push(kernel.to_owned());
+            }
+        }
+    }
+    Ok(kernels)
+}
+
+/// Guests that boot side by side: each takes one host thread under TCG
+/// (`thread=single`, see [`boot`]), one per vCPU under KVM; never more than
+/// the host's cores, so that no guest's deadlines stretch past what
+/// `EVICTD_TEST_TIME_SCALE` allows for.
+fn guests_at_once() -> usize {
+    let cores = host_cores();
+    let threads_per_guest = if hardware_virtualization() {
+        guest_cpus()
+    } else {
+        1
+    };
+    (cores / threads_per_guest).max(1)
+}
+
+fn host_cores() -> usize {
+    thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// vCPUs of a guest: two, so that the agent and a workload run at once,
+/// as on a node.
+fn guest_cpus() -> usize {
+    host_cores().min(2)
 }
 
 /// The guest mounts a fresh tmpfs on /tmp (the tests write there), which
@@ -291,9 +389,10 @@ fn in_guest(
     what: &str,
     script: &str,
     spec: &GuestSpec,
+    prefix: Option<&str>,
 ) -> Result<()> {
     let run = run_dir(target, kernel);
-    let result = boot(kernel, &run, what, script, spec);
+    let result = boot(kernel, &run, what, script, spec, prefix);
     // The initramfs is rebuilt for every run; the log stays.
     let _ = fs::remove_dir_all(run.join("initramfs"));
     let _ = fs::remove_file(run.join("initramfs.cpio"));
@@ -412,8 +511,16 @@ fn build_tests(toolchain: &Toolchain) -> Result<Vec<PathBuf>> {
 }
 
 /// Boots the guest on `kernel` and runs `script` in it (chrooted into the
-/// host's `/`); fails unless it exits 0.
-fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str, spec: &GuestSpec) -> Result<()> {
+/// host's `/`); fails unless it exits 0. With a `prefix`, each line of the
+/// guest's output is printed after it.
+fn boot(
+    kernel: &Kernel,
+    run: &Path,
+    what: &str,
+    script: &str,
+    spec: &GuestSpec,
+    prefix: Option<&str>,
+) -> Result<()> {
     let _ = fs::remove_dir_all(run);
     fs::create_dir_all(run).with_context(|| format!("creating {}", run.display()))?;
     let run = run.canonicalize()?;
@@ -440,9 +547,7 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str, spec: &GuestSpec)
         // runs a kernel and a few binaries, and the host is shared.
         qemu.args(["-accel", "tcg,thread=single,tb-size=256"]);
     }
-    let cpus = thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(2);
+    let cpus = guest_cpus();
     qemu.args([
         "-smp",
         &cpus.to_string(),
@@ -475,14 +580,14 @@ fn boot(kernel: &Kernel, run: &Path, what: &str, script: &str, spec: &GuestSpec)
         "TCG, software emulation"
     };
     let started = Instant::now();
-    setup::step_bounded(
-        &format!(
-            "guest Linux {} ({accel}, {cpus} CPUs, {} MiB, cgroup v2): {what}",
-            kernel.release, spec.memory_mib
-        ),
-        &mut qemu,
-        spec.limit,
-    )?;
+    let step = format!(
+        "guest Linux {} ({accel}, {cpus} CPUs, {} MiB, cgroup v2): {what}",
+        kernel.release, spec.memory_mib
+    );
+    match prefix {
+        None => setup::step_bounded(&step, &mut qemu, spec.limit)?,
+        Some(prefix) => setup::step_bounded_prefixed(&step, &mut qemu, spec.limit, prefix)?,
+    }
     let status = fs::read_to_string(run.join("exit-code"))
         .ok()
         .and_then(|text| text.trim().parse::<i32>().ok())
@@ -615,6 +720,15 @@ fn list_tree(root: &Path, relative: &Path, entries: &mut Vec<String>) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kernel_list_is_each_named_kernel_once_in_order() {
+        assert_eq!(asked_kernels("7.2").unwrap(), ["7.2"]);
+        assert_eq!(asked_kernels("7.2, 6.1").unwrap(), ["7.2", "6.1"]);
+        assert_eq!(asked_kernels("6.1,all").unwrap(), ["6.1", "6.12", "7.2"]);
+        assert!(asked_kernels("6.1,").is_err());
+        assert!(asked_kernels("").is_err());
+    }
 
     #[test]
     fn virtfs_doubles_commas_in_paths() {

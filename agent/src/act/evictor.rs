@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 pub use eviction::Ended;
 pub use safeguards::EvictionBudget;
-pub use spent::SpentBudget;
+pub use spent::{REMEMBERED as REMEMBERED_EVICTIONS, SpentBudget};
 
 use crate::{
     act::{

@@ -81,13 +81,20 @@ impl OpenValue {
     /// The value now; [`CgroupError::Gone`] once the cgroup was removed
     /// (kernfs answers ENODEV for a removed cgroup's open files).
     pub fn read_u64(&self) -> Result<u64, CgroupError> {
-        // A u64 has at most 20 digits, plus the newline.
+        // A u64 has at most 20 digits, plus the newline; a text that fills
+        // the buffer is read whole, so that it reads as it does by path.
         let mut buf = [0u8; 32];
         let len = self
             .file
             .read_at(&mut buf, 0)
             .map_err(|e| CgroupError::io(&self.path, e))?;
-        let text = String::from_utf8_lossy(&buf[..len]);
+        let text = if len < buf.len() {
+            String::from_utf8_lossy(&buf[..len])
+        } else {
+            read_whole_at_zero(&self.file)
+                .map_err(|e| CgroupError::io(&self.path, e))?
+                .into()
+        };
         text.trim().parse().map_err(|_| CgroupError::Parse {
             path: self.path.clone(),
             text: text.trim().to_owned(),
@@ -756,6 +763,20 @@ mod tests {
         // /proc files, as the node's signals read them.
         let loadavg = node_tasks(Some(&files)).unwrap();
         assert!(loadavg > 0);
+    }
+
+    #[test]
+    fn a_value_kept_open_reads_as_by_path_whatever_its_length() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("memory.usage_in_bytes");
+        let value = |text: &str| {
+            fs::write(&path, text).unwrap();
+            let open = OpenValue::open(path.clone()).unwrap().read_u64().ok();
+            assert_eq!(open, read_u64(None, &path).ok(), "{text:?}");
+            open
+        };
+        assert_eq!(value(&format!("7{}\n", " ".repeat(40))), Some(7));
+        assert_eq!(value(&format!("5{}junk", "\u{b}".repeat(35))), None);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //!   page, so it is resident and charged; answers `ok <bytes held>`.
 //! - `free BYTES`: drop chunks from the end until at least BYTES are gone
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
-//! - `fork N`: start N children that sleep until killed; `ok <children>`.
+//! - `fork N [RATE]`: start N children that sleep until killed, RATE a
+//!   second (default: as fast as it can); `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
 //! - `threads N`: start one child that runs N threads beside its main one,
 //!   all sleeping until killed (one more process, N + 1 more tasks);
@@ -42,9 +43,10 @@
 //!   thread of its own, which holds the process's mmap lock for as long as
 //!   the mapping takes (the integration tests' `StuckFile` makes that
 //!   forever); answers `ok mapping` at once.
-//! - `touch BYTES`: map BYTES of fresh anonymous memory (4 KiB pages: no
-//!   transparent huge pages) and write one byte of every page, so each page
-//!   is one page fault and one charge; answers `ok <ns the touching took>`.
+//! - `touch BYTES [RATE]`: map BYTES of fresh anonymous memory (4 KiB
+//!   pages: no transparent huge pages) and write one byte of every page, so
+//!   each page is one page fault and one charge, at RATE bytes/s when given
+//!   (paced by the clock per 1 MiB); answers `ok <ns the touching took>`.
 //!   The mapping is kept until `unmap`; one at a time.
 //! - `touch-until BYTES LEVEL USAGE`: as `touch`, but stops at the first
 //!   page after which the file USAGE (a cgroup's page counter) reads at
@@ -219,7 +221,7 @@ fn die_with(parent: Option<i32>) {
 fn hold_child(parent: Option<i32>, bytes: usize) -> ! {
     die_with(parent);
     // Named, not `_`: the mapping lives until the process is killed.
-    let Ok(_held) = Mapping::touch(bytes) else {
+    let Ok(_held) = Mapping::touch(bytes, None) else {
         std::process::exit(1);
     };
     let mut stdout = io::stdout().lock();
@@ -271,9 +273,18 @@ impl Mapping {
     /// page fault and one memcg charge per 4 KiB page (huge pages are
     /// refused for the range, so the count does not depend on the
     /// machine's transparent huge page setting).
-    fn touch(bytes: usize) -> io::Result<Self> {
+    /// Touches every page, at `rate` bytes/s when given.
+    fn touch(bytes: usize, rate: Option<usize>) -> io::Result<Self> {
         let mapping = Self::map(bytes)?;
+        let started = Instant::now();
         for offset in (0..mapping.len).step_by(PAGE) {
+            if let Some(rate) = rate.filter(|_| offset % CHUNK == 0) {
+                // Paced by the clock, as the bomb is.
+                let due = Duration::from_secs_f64(offset as f64 / rate.max(1) as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
             mapping.touch_page(offset);
         }
         Ok(mapping)
@@ -624,7 +635,10 @@ impl Workload {
                 self.held().to_string()
             }
             "fork" => {
-                self.fork(amount()?).map_err(|e| format!("fork: {e}"))?;
+                let count = amount()?;
+                let rate = words.next().map(str::parse).transpose();
+                let rate = rate.map_err(|e| format!("fork: rate: {e}"))?;
+                self.fork(count, rate).map_err(|e| format!("fork: {e}"))?;
                 self.children.len().to_string()
             }
             "reap" => {
@@ -690,8 +704,10 @@ impl Workload {
                     return Err("touch: unmap the last one first".into());
                 }
                 let bytes = amount()?;
+                let rate = words.next().map(str::parse).transpose();
+                let rate = rate.map_err(|e| format!("touch: rate: {e}"))?;
                 let started = Instant::now();
-                let mapping = Mapping::touch(bytes).map_err(|e| format!("touch: {e}"))?;
+                let mapping = Mapping::touch(bytes, rate).map_err(|e| format!("touch: {e}"))?;
                 let took = started.elapsed();
                 self.touched = Some(mapping);
                 took.as_nanos().to_string()
@@ -745,10 +761,18 @@ impl Workload {
         }
     }
 
-    fn fork(&mut self, count: usize) -> io::Result<()> {
+    fn fork(&mut self, count: usize, rate: Option<usize>) -> io::Result<()> {
         let me = std::env::current_exe()?;
         let parent = std::process::id().to_string();
-        for _ in 0..count {
+        let started = Instant::now();
+        for forked in 0..count {
+            if let Some(rate) = rate {
+                // Paced by the clock, as `touch` is.
+                let due = Duration::from_secs_f64(forked as f64 / rate.max(1) as f64);
+                if let Some(wait) = due.checked_sub(started.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+            }
             // spawn returns once the child has exec'd: it exists and is
             // counted in pids.current.
             let child = Command::new(&me)

@@ -30,7 +30,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use k8s_cri::v1::{Container, ContainerState, PodSandbox, PodSandboxState};
+use k8s_cri::v1::{Container, ContainerState, ContainerStats, PodSandbox, PodSandboxState};
 use serde::Serialize;
 pub use walk::{Incomplete, Shortfall, Walk, WalkBounds};
 
@@ -204,22 +204,7 @@ pub async fn read(
 ) -> Result<BTreeMap<String, PodDiskUsage>, DiskUsageError> {
     let sandboxes = client.list_pod_sandboxes().await?;
     let containers = client.list_containers().await?;
-    let writable_layers: HashMap<String, FsUsage> = client
-        .list_container_stats()
-        .await?
-        .into_iter()
-        .filter_map(|stats| {
-            let id = stats.attributes?.id;
-            let layer = stats.writable_layer?;
-            Some((
-                id,
-                FsUsage {
-                    bytes: layer.used_bytes?.value,
-                    inodes: layer.inodes_used.map_or(0, |v| v.value),
-                },
-            ))
-        })
-        .collect();
+    let writable_layers = writable_layers(client.list_container_stats().await?);
     let mut pods: BTreeMap<String, PodDiskUsage> = BTreeMap::new();
     for sandbox in counted_sandboxes(&sandboxes) {
         let Some(meta) = &sandbox.metadata else {
@@ -294,6 +279,26 @@ pub async fn read(
         });
     }
     Ok(pods)
+}
+
+/// Each container's writable layer by container id, from the runtime's
+/// `ListContainerStats`; a container it gives no layer size for is left
+/// out (counted as unknown, not as empty).
+pub fn writable_layers(stats: Vec<ContainerStats>) -> HashMap<String, FsUsage> {
+    stats
+        .into_iter()
+        .filter_map(|stats| {
+            let id = stats.attributes?.id;
+            let layer = stats.writable_layer?;
+            Some((
+                id,
+                FsUsage {
+                    bytes: layer.used_bytes?.value,
+                    inodes: layer.inodes_used.map_or(0, |v| v.value),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// The sandboxes whose containers count: per pod uid the ready ones, or

@@ -128,6 +128,10 @@ impl Journal {
         self.reports.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.reports.is_empty()
+    }
+
     /// The oldest pending report.
     pub fn first(&self) -> Option<&Pending> {
         self.reports.first()
@@ -311,7 +315,15 @@ fn load(dir: &StateDir, node: &str) -> Vec<Pending> {
             "eviction reports with an unknown resource, action or time are skipped"
         );
     }
-    reports.into_iter().take(CAPACITY).collect()
+    // Ids only tell this agent's reports apart: numbered afresh in the
+    // journal's order, so that no id a file holds (one repeated, the
+    // largest u64) makes two reports one or the next id overflow.
+    reports
+        .into_iter()
+        .take(CAPACITY)
+        .zip(0..)
+        .map(|(report, id)| Pending { id, ..report })
+        .collect()
 }
 
 fn set_aside(dir: &StateDir, problem: &str) -> Vec<Pending> {
@@ -437,6 +449,30 @@ mod tests {
         assert!(moved.first().is_none());
         assert!(dir.path().join("reports.json.corrupt").is_file());
         assert_eq!(state.read(FILE).unwrap(), None);
+    }
+
+    #[test]
+    fn the_ids_a_file_holds_neither_merge_reports_nor_overflow() {
+        let (_dir, state, _) = journal_of(&["web", "db"]);
+        let mut file: serde_json::Value =
+            serde_json::from_slice(&state.read(FILE).unwrap().unwrap()).unwrap();
+        for report in file["reports"].as_array_mut().unwrap() {
+            report["id"] = u64::MAX.into();
+        }
+        state
+            .write(FILE, &serde_json::to_vec(&file).unwrap())
+            .unwrap();
+
+        let mut journal = Journal::open(Some(state), "node-a");
+        journal
+            .add(notice("hog"), EvictionAction::Status, Timestamp::now())
+            .unwrap();
+        let ids: std::collections::BTreeSet<u64> = journal.reports.iter().map(|r| r.id).collect();
+        assert_eq!(ids.len(), 3, "{ids:?}");
+        let web = journal.first().unwrap().id;
+        journal.advance(web, None);
+        assert_eq!(journal.first().unwrap().notice.name, "db");
+        assert_eq!(journal.len(), 2);
     }
 
     #[test]

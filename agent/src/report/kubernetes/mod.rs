@@ -22,8 +22,10 @@ use kube::{Client, Config, config::KubeConfigOptions};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
+pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal};
 pub use message::{ContainerUsage, EvictionMessage, StarvedSignal, eviction_message};
-pub use pods::{KnownPod, PodStore};
+pub use pod_cache::PodCache;
+pub use pods::{KnownPod, PodStore, known_pod};
 pub use report::{EvictOutcome, EvictionNotice};
 
 use crate::{
@@ -34,7 +36,7 @@ use crate::{
 };
 
 /// Eviction reports on their way from the engine to the API thread, which
-/// moves them into its journal at once (bounded too: [`journal::CAPACITY`]).
+/// moves them into its journal at once (bounded too: [`JOURNAL_CAPACITY`]).
 /// Past either bound, reports are dropped (counted and logged), never the
 /// kills.
 const REPORT_QUEUE: usize = 256;
@@ -105,7 +107,7 @@ impl Kubernetes {
         // Before the first decision: a restart during an API outage keeps
         // the protections the last agent knew.
         let cache = state.clone().map(|state| {
-            let mut cache = pod_cache::PodCache::new(state, node_name);
+            let mut cache = PodCache::new(state, node_name);
             cache.load_into(&store);
             cache
         });
@@ -155,7 +157,7 @@ impl Kubernetes {
                         context.clone(),
                         eviction_queue,
                     ));
-                    let journal = journal::Journal::open(state, &context.node_name);
+                    let journal = Journal::open(state, &context.node_name);
                     report::serve_reports(client, context, report_queue, journal).await;
                 });
                 let _ = finished_tx.send(());

@@ -266,7 +266,7 @@ pub async fn watch(
 
 /// What the engine needs of an API pod; `None` for an object without uid,
 /// which the API server never sends.
-fn known_pod(pod: &Pod) -> Option<KnownPod> {
+pub fn known_pod(pod: &Pod) -> Option<KnownPod> {
     let meta = &pod.metadata;
     let uid = meta.uid.clone()?;
     let annotations = meta.annotations.as_ref();

@@ -215,10 +215,15 @@ fn load(state: &StateDir) -> Result<BTreeMap<String, SystemTime>, String> {
         );
         return Ok(BTreeMap::new());
     }
+    // A time past what the clock holds (a corrupt or forged file) is left
+    // out: that image is first seen now, which only delays its removal.
     Ok(file
         .first_seen
         .into_iter()
-        .map(|(id, seconds)| (id, SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)))
+        .filter_map(|(id, seconds)| {
+            let first_seen = SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(seconds))?;
+            Some((id, first_seen))
+        })
         .collect())
 }
 

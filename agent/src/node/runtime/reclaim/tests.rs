@@ -326,3 +326,35 @@ fn first_sightings_are_kept_across_restarts() {
     assert!(unused_ids(&fresh, &now, &[], &none, at(200)).is_empty());
     assert!(dir.path().join("images-first-seen.json.corrupt").exists());
 }
+
+/// A first sighting no clock can hold, in a corrupt or forged file (adding
+/// it to the epoch panicked, and the agent with it at every start), is an
+/// image seen now.
+#[test]
+fn a_first_sighting_past_what_the_clock_holds_is_an_image_seen_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    std::fs::write(
+        dir.path().join("images-first-seen.json"),
+        format!(
+            r#"{{"format": 1, "first_seen": {{"sha256:far": {}, "sha256:old": {}}}}}"#,
+            u64::MAX,
+            at(0)
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        ),
+    )
+    .unwrap();
+    let mut tracker = ImageTracker::persisted(images::DEFAULT_MINIMUM_AGE, state);
+    let now = [
+        image("sha256:far", "registry/far:1"),
+        image("sha256:old", "registry/old:1"),
+    ];
+    tracker.observe(&now, &[], at(130));
+    let none = SandboxImages::default();
+    assert_eq!(
+        unused_ids(&tracker, &now, &[], &none, at(130)),
+        ["sha256:old"]
+    );
+}
