@@ -48,9 +48,9 @@ pub const ALL_KERNELS: [&str; 3] = ["6.1", "6.12", "7.2"];
 pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: the newest \
      Debian package of it, from bookworm or trixie-backports), an exact Debian version \
      (6.1.0-56, 6.12.117+deb12), a comma-separated list of them (6.1,7.2), or all (6.1, \
-     6.12 and 7.2). Several kernels boot side by side, as many at once as the host has \
-     cores for (one per guest under software emulation), each line of their output \
-     prefixed with the kernel asked for";
+     6.12 and 7.2). The tests of several kernels boot side by side, as many at once as \
+     the host has cores for (one per guest under software emulation), each line of \
+     their output prefixed with the kernel asked for";
 
 #[derive(Args)]
 pub struct VmArgs {
@@ -167,7 +167,7 @@ return $status
 "#
     );
     let what = format!("{} test executables", executables.len());
-    each_kernel(version, |kernel, prefix| {
+    each_kernel(version, true, |kernel, prefix| {
         in_guest(kernel, target, &what, &script, prefix)
             .with_context(|| format!("integration tests in the Linux {} guest", kernel.release))
     })
@@ -188,17 +188,20 @@ pub fn run(target: &Path, version: &str, command: &[PathBuf], args: &[String]) -
         line.push(quoted(Path::new(arg))?);
     }
     let script = format!("{}\n", line.join(" "));
-    each_kernel(version, |kernel, prefix| {
+    // One at a time: a command may measure (measure-triggers does).
+    each_kernel(version, false, |kernel, prefix| {
         in_guest(kernel, target, &line.join(" "), &script, prefix)
     })
 }
 
 /// Runs `guest` on each kernel `asked` names (see [`KERNEL_HELP`]). One
-/// kernel runs with its output as it is; several boot side by side,
-/// [`guests_at_once`] at a time, `guest` given the series to prefix their
-/// output with; then says how each went and fails if any failed.
+/// kernel runs with its output as it is; several boot in turn, or with
+/// `side_by_side` [`guests_at_once`] at a time, `guest` given the series
+/// to prefix their output with; then says how each went and fails if any
+/// failed.
 fn each_kernel(
     asked: &str,
+    side_by_side: bool,
     guest: impl Fn(&Kernel, Option<&str>) -> Result<()> + Sync,
 ) -> Result<()> {
     let series = asked_kernels(asked)?;
@@ -210,7 +213,7 @@ fn each_kernel(
         .iter()
         .map(|series| (series.as_str(), Kernel::cached(series)))
         .collect();
-    let at_once = guests_at_once();
+    let at_once = if side_by_side { guests_at_once() } else { 1 };
     println!(
         "xtask: == Linux {}: {at_once} guest(s) at a time",
         series.join(", ")
