@@ -49,9 +49,9 @@ pub const ALL_KERNELS: [&str; 3] = ["6.1", "6.12", "7.2"];
 pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: the newest \
      Debian package of it, from bookworm or trixie-backports), an exact Debian version \
      (6.1.0-56, 6.12.117+deb12), a comma-separated list of them (6.1,7.2), or all (6.1, \
-     6.12 and 7.2). Several kernels boot side by side, as many at once as the host has \
-     cores for (one per guest under software emulation), each line of their output \
-     prefixed with the kernel asked for";
+     6.12 and 7.2). The tests of several kernels boot side by side, as many at once as \
+     the host has cores for (one per guest under software emulation), each line of \
+     their output prefixed with the kernel asked for";
 
 #[derive(Args)]
 pub struct VmArgs {
