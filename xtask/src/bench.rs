@@ -167,11 +167,8 @@ fn in_vm(args: &BenchArgs) -> Result<()> {
         .parent()
         .context("xtask has no parent directory")?;
     let target = crate::target_dir()?;
-    let kernels: Vec<&str> = match args.kernel.as_str() {
-        "all" => vm::ALL_KERNELS.to_vec(),
-        one => vec![one],
-    };
-    for kernel in kernels {
+    for kernel in vm::asked_kernels(&args.kernel)? {
+        let kernel = kernel.as_str();
         let script = |run: &Path| -> Result<String> {
             let mut line = vec![
                 tools.join("evictd-bench"),

@@ -318,7 +318,7 @@ fn each_kernel(
 }
 
 /// The kernels `asked` names, in order, each once.
-fn asked_kernels(asked: &str) -> Result<Vec<String>> {
+pub fn asked_kernels(asked: &str) -> Result<Vec<String>> {
     let mut kernels: Vec<String> = Vec::new();
     for part in asked.split(',').map(str::trim) {
         if part.is_empty() {

@@ -1065,3 +1065,24 @@ async fn a_local_storage_eviction_ends_the_round_with_a_seconds_grace() {
         "a hard threshold's kill has none, as documented"
     );
 }
+
+#[test]
+fn a_victim_slow_to_give_its_memory_back_is_looked_at_less_and_less_often() {
+    let first = eviction::memory_poll_interval(Duration::ZERO);
+    assert_eq!(first, Duration::from_millis(5));
+    let mut elapsed = Duration::ZERO;
+    let mut looks = 0;
+    // The 7.2 guest's slowest: 6 s from the SIGKILL to the memory back.
+    while elapsed < Duration::from_secs(6) {
+        let next = eviction::memory_poll_interval(elapsed);
+        assert!(
+            next <= (elapsed / 10).max(first),
+            "a look {next:?} after {elapsed:?} delays the next decision by more than a tenth"
+        );
+        elapsed += next;
+        looks += 1;
+    }
+    // Ten in the first 50 ms, then each a tenth later than the last: 61.
+    // A fixed 5 ms: 1,200 whole engine runs.
+    assert!(looks <= 64, "{looks} engine runs");
+}
