@@ -155,21 +155,10 @@ pub fn quiet_pods(count: usize) -> Vec<PodSpec> {
 
 const MIB: u64 = 1 << 20;
 
-/// The machine's memory: `MemTotal` of /proc/meminfo, in bytes.
+/// The machine's memory in bytes: sysinfo's total RAM, which is
+/// /proc/meminfo's `MemTotal`.
 pub fn machine_memory() -> io::Result<u64> {
-    let meminfo = fs::read_to_string("/proc/meminfo")?;
-    meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .map(|kib| kib * 1024)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "no MemTotal in /proc/meminfo"))
+    Ok(nix::sys::sysinfo::sysinfo()?.ram_total())
 }
 
 /// What the steady pods of [`memory_pods`] hold in `cargo xtask demo` and

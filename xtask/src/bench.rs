@@ -65,14 +65,8 @@ pub struct BenchArgs {
     /// the run under way, with the complete rounds.
     #[arg(long, conflicts_with_all = ["quick", "rank"])]
     vm: bool,
-    #[arg(
-        long,
-        value_name = "VERSION",
-        default_value = vm::DEFAULT_KERNEL,
-        requires = "vm",
-        help = vm::KERNEL_HELP
-    )]
-    kernel: String,
+    #[command(flatten)]
+    kernel: vm::GuestKernel,
     /// evictd-bench arguments, e.g. `-- --runs 30 --rates 256Mi,1Gi`
     /// (`-- --help` lists them).
     #[arg(last = true)]
@@ -167,7 +161,7 @@ fn in_vm(args: &BenchArgs) -> Result<()> {
         .parent()
         .context("xtask has no parent directory")?;
     let target = crate::target_dir()?;
-    for kernel in vm::asked_kernels(&args.kernel)? {
+    for kernel in vm::asked_kernels(&args.kernel.kernel)? {
         let kernel = kernel.as_str();
         let script = |run: &Path| -> Result<String> {
             let mut line = vec![

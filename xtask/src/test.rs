@@ -17,21 +17,15 @@ pub struct TestArgs {
     /// where QEMU is unavailable.
     #[arg(long)]
     vm: bool,
-    #[arg(
-        long,
-        value_name = "VERSION",
-        default_value = vm::DEFAULT_KERNEL,
-        requires = "vm",
-        help = vm::KERNEL_HELP
-    )]
-    kernel: String,
+    #[command(flatten)]
+    kernel: vm::GuestKernel,
 }
 
 pub fn run(args: &TestArgs) -> Result<()> {
     let toolchain = setup::ensure()?;
     let target = crate::target_dir()?;
     if args.vm {
-        return vm::test(&toolchain, &target, &args.kernel);
+        return vm::test(&toolchain, &target, &args.kernel.kernel);
     }
     setup::step(
         "rustfmt",

@@ -47,14 +47,8 @@ pub struct MeasureTriggersArgs {
     /// Measure in the Linux guest of `cargo xtask test --vm`.
     #[arg(long)]
     vm: bool,
-    #[arg(
-        long,
-        value_name = "VERSION",
-        default_value = vm::DEFAULT_KERNEL,
-        requires = "vm",
-        help = vm::KERNEL_HELP
-    )]
-    kernel: String,
+    #[command(flatten)]
+    kernel: vm::GuestKernel,
 }
 
 /// `cargo xtask demo`.
@@ -113,7 +107,7 @@ pub fn measure_triggers(args: &MeasureTriggersArgs) -> Result<()> {
     if args.vm {
         vm::run(
             &crate::target_dir()?,
-            &args.kernel,
+            &args.kernel.kernel,
             &command,
             &[args.runs.to_string()],
         )

@@ -53,6 +53,19 @@ pub const KERNEL_HELP: &str = "Kernel of the guest: a series (6.1, 6.12, 7.2: th
      the host has cores for (one per guest under software emulation), each line of \
      their output prefixed with the kernel asked for";
 
+/// `--kernel` of the commands that boot the guest with `--vm`.
+#[derive(Args)]
+pub struct GuestKernel {
+    #[arg(
+        long,
+        value_name = "VERSION",
+        default_value = DEFAULT_KERNEL,
+        requires = "vm",
+        help = KERNEL_HELP
+    )]
+    pub kernel: String,
+}
+
 #[derive(Args)]
 pub struct VmArgs {
     #[arg(long, value_name = "VERSION", default_value = DEFAULT_KERNEL, help = KERNEL_HELP)]
