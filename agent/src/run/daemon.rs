@@ -308,6 +308,7 @@ pub async fn run(
         Clock::new(),
         EvictorOptions {
             policy: args.policy.into(),
+            pid_ranking: args.policy.pid_ranking,
             dry_run: args.dry_run,
             reclaim_timeout: args.reclaim_timeout,
             kernel_triggers: kernel.is_some(),
