@@ -3,6 +3,11 @@
 //! fork bomb that has fewer so far. kubelet ranks PID pressure by process
 //! count and takes the database (enhancements #1631); fork-rate takes the
 //! bomb. Either way no fork is refused at pids.max.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
 use std::fs;
 
 use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path};

@@ -348,11 +348,12 @@ pub fn memory_run(args: &Args, mut node: SandboxNode, mode: &str, rate: u64) -> 
 pub fn fork_bomb_run(args: &Args, mode: &str, busy_pod: bool) -> Result<Run> {
     let mut node = sandbox(args, 0)?;
     node.tree.set_pids_limit("node", args.pid_limit)?;
-    let busy_since = Instant::now();
     if busy_pod {
         let tasks = (args.pid_limit - args.pid_threshold) * 6 / 10;
         node.workload(BUSY_POD)?.fork(u32::try_from(tasks)?)?;
     }
+    // Once the last of them is born.
+    let busy_since = Instant::now();
     let agent = start_agent(
         &node,
         mode,
@@ -369,8 +370,10 @@ pub fn fork_bomb_run(args: &Args, mode: &str, busy_pod: bool) -> Result<Run> {
     let reaper = Reaper::start(ours)?;
     if busy_pod {
         // A pod that has been up a while: its processes older than the
-        // fork-rate window when the bomb starts.
-        std::thread::sleep(FORK_RATE_WINDOW.saturating_sub(busy_since.elapsed()));
+        // fork-rate window when the bomb starts, by more than the clock
+        // ticks start times are counted in.
+        let aged = FORK_RATE_WINDOW + Duration::from_millis(100);
+        std::thread::sleep(aged.saturating_sub(busy_since.elapsed()));
     }
     node.workload(BOMB)?
         .command(&format!("fork-bomb {}", log.display()))?;
