@@ -219,6 +219,16 @@ fn forking_pod(name: &str, priority: i32, pids: u64, rate: Option<f64>) -> PodSn
     pod
 }
 
+/// PID pressure under `--pid-ranking fork-rate`.
+fn fork_rate_rank(pods: &[PodSnapshot]) -> Vec<Ranked> {
+    rank(
+        pods,
+        Signal::PidAvailable,
+        DiskLayout::Shared,
+        PidRanking::ForkRate,
+    )
+}
+
 #[test]
 fn at_equal_priority_kubelet_takes_the_quiet_pod_with_more_processes_and_fork_rate_the_bomb() {
     let pods = [
@@ -231,12 +241,7 @@ fn at_equal_priority_kubelet_takes_the_quiet_pod_with_more_processes_and_fork_ra
         kubelet[0].fork_rate, None,
         "kubelet's order ignores the rate"
     );
-    let by_forks = rank(
-        &pods,
-        Signal::PidAvailable,
-        DiskLayout::Shared,
-        PidRanking::ForkRate,
-    );
+    let by_forks = fork_rate_rank(&pods);
     assert_eq!(names(&by_forks, &pods), ["bomb", "db"]);
     assert_eq!(by_forks[0].reason(), "pids 150, 400.0 forks/s, priority 0");
 }
@@ -251,12 +256,7 @@ fn the_fork_rate_ranks_after_priority_and_before_the_process_count() {
         // Equal rates: the count decides, as kubelet's.
         forking_pod("fast-more", 0, 20, Some(2.0)),
     ];
-    let ranking = rank(
-        &pods,
-        Signal::PidAvailable,
-        DiskLayout::Shared,
-        PidRanking::ForkRate,
-    );
+    let ranking = fork_rate_rank(&pods);
     assert_eq!(
         names(&ranking, &pods),
         [
@@ -277,12 +277,7 @@ fn a_pod_without_a_fork_rate_ranks_as_one_that_does_not_fork() {
         forking_pod("forking", 0, 10, Some(0.5)),
         forking_pod("unmeasured-many", 0, 300, None),
     ];
-    let ranking = rank(
-        &pods,
-        Signal::PidAvailable,
-        DiskLayout::Shared,
-        PidRanking::ForkRate,
-    );
+    let ranking = fork_rate_rank(&pods);
     // Ties keep the input order.
     assert_eq!(
         names(&ranking, &pods),
