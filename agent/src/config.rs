@@ -5,7 +5,7 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    act::evictor::EvictionBudget, decide::engine::VictimPolicy, duration,
+    act::evictor::EvictionBudget, decide::engine::VictimPolicy, decide::rank::PidRanking, duration,
     node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE, quantity::Quantity,
     scopes::spec::WatchSpec,
 };
@@ -148,6 +148,11 @@ pub struct PolicyArgs {
     /// pod per round.
     #[arg(long)]
     pub evict_set: bool,
+    /// How PID pressure ranks pods of equal priority: `kubelet` (process
+    /// count, kubelet's rankPIDPressure) or `fork-rate` (the pod's recent
+    /// fork rate first, then process count).
+    #[arg(long, value_name = "RANKING", default_value_t = PidRanking::Kubelet)]
+    pub pid_ranking: PidRanking,
 }
 
 impl From<PolicyArgs> for VictimPolicy {

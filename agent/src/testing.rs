@@ -106,6 +106,7 @@ pub(crate) mod fakes {
         config::{EvictionAction, EvictionArgs},
         decide::{
             engine::VictimPolicy,
+            rank::PidRanking,
             thresholds::{Resource, Signal},
         },
         kernel::bpf::{BpfError, DecodeError, Received},
@@ -708,6 +709,7 @@ pub(crate) mod fakes {
                 Clock::new(),
                 EvictorOptions {
                     policy: VictimPolicy::One,
+                    pid_ranking: PidRanking::Kubelet,
                     dry_run: options.dry_run,
                     reclaim_timeout: Duration::from_secs(10),
                     kernel_triggers: options.kernel,

@@ -148,6 +148,77 @@ fn disk_with_imagefs_counts_what_the_starved_filesystem_holds() {
 }
 
 /// The decisions of a snapshot file, parsed.
+/// Enhancements #1631: at equal priority kubelet takes the pod with the
+/// most processes, a database's quiet workers before the fork bomb beside
+/// it; `--pid-ranking fork-rate` takes the bomb. A pod without a rate
+/// ranks as one that does not fork, and priority still comes first.
+#[test]
+fn fork_rate_ranking_takes_the_fork_bomb_where_kubelet_takes_the_most_processes() {
+    let ranking = |flags: &[&str]| {
+        let mut args = vec!["--eviction-hard", "pid.available<100"];
+        args.extend(flags);
+        let lines = decisions("fork-bomb.json", &args);
+        assert_eq!(lines.len(), 1);
+        let decision: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(decision["starved_resource"], "pids");
+        (decision["ranking"].clone(), decision["victims"].clone())
+    };
+    let kubelet = (
+        serde_json::json!([
+            "default/db",
+            "default/bomb",
+            "default/unmeasured",
+            "default/cron",
+            "kube-system/important"
+        ]),
+        serde_json::json!(["default/db"]),
+    );
+    assert_eq!(ranking(&[]), kubelet);
+    assert_eq!(ranking(&["--pid-ranking", "kubelet"]), kubelet);
+    assert_eq!(
+        ranking(&["--pid-ranking", "fork-rate"]),
+        (
+            serde_json::json!([
+                "default/bomb",
+                "default/cron",
+                "default/db",
+                "default/unmeasured",
+                "kube-system/important"
+            ]),
+            serde_json::json!(["default/bomb"]),
+        )
+    );
+}
+
+#[test]
+fn an_unknown_pid_ranking_or_a_negative_fork_rate_is_a_usage_error() {
+    let output = simulate(&[
+        "--snapshot",
+        data("fork-bomb.json").to_str().unwrap(),
+        "--pid-ranking",
+        "forks",
+    ]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(output.stdout.is_empty());
+    assert!(stderr.contains("\"forks\""), "{stderr}");
+
+    let path = tempdir().join("negative-forks.json");
+    std::fs::write(
+        &path,
+        r#"{"node": {"memory": {"capacity_bytes": 1, "working_set_bytes": 0}},
+            "pods": [{"namespace": "a", "name": "b", "containers": [],
+                      "usage": {"forks_per_second": -2}}]}"#,
+    )
+    .unwrap();
+    let output = simulate(&["--snapshot", path.to_str().unwrap()]);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(output.stdout.is_empty());
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("forks_per_second -2"), "{stderr}");
+}
+
 fn parsed(file: &str) -> Vec<serde_json::Value> {
     decisions(file, &[])
         .iter()

@@ -40,7 +40,11 @@ fn config(thresholds: Vec<Threshold>, max_pod_grace_period: u64) -> EvictionConf
 fn run(config: &EvictionConfig, file: &str, evict_set: bool) -> Vec<String> {
     let path = format!("{}/tests/data/{file}", env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
-    simulate::run_file(config, PolicyArgs { evict_set }, path.as_ref(), &mut out).unwrap();
+    let policy = PolicyArgs {
+        evict_set,
+        ..PolicyArgs::default()
+    };
+    simulate::run_file(config, policy, path.as_ref(), &mut out).unwrap();
     String::from_utf8(out)
         .unwrap()
         .lines()

@@ -27,7 +27,10 @@ pub use state_files::state_files;
 
 use evictd::{
     config::{ConfigError, EvictionArgs, PolicyArgs},
-    decide::thresholds::{EvictionConfig, ThresholdValue},
+    decide::{
+        rank::PidRanking,
+        thresholds::{EvictionConfig, ThresholdValue},
+    },
     quantity::Quantity,
     run::simulate,
     scopes::{levels::MAX_THRESHOLDS, spec::WatchSpec},
@@ -169,12 +172,20 @@ fn check_config(text: &str, resolved: Result<EvictionConfig, ConfigError>) {
 
 /// `evictd simulate` on a snapshot file's text, under kubelet's defaults
 /// and under a configuration with every kind of threshold, with both
-/// victim policies.
+/// victim policies and both PID rankings.
 pub fn simulate(text: &str) {
+    let policies = [false, true].into_iter().flat_map(|evict_set| {
+        [PidRanking::Kubelet, PidRanking::ForkRate]
+            .into_iter()
+            .map(move |pid_ranking| PolicyArgs {
+                evict_set,
+                pid_ranking,
+            })
+    });
     for config in configs() {
-        for evict_set in [false, true] {
+        for policy in policies.clone() {
             let mut out = Vec::new();
-            match simulate::run(config, PolicyArgs { evict_set }, text, &mut out) {
+            match simulate::run(config, policy, text, &mut out) {
                 Ok(()) => check_decisions(text, &out),
                 Err(e) => {
                     assert!(e.is_input_error(), "{e}");

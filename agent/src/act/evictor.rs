@@ -37,6 +37,7 @@ use crate::{
     },
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
+        rank::PidRanking,
         thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
     },
     kernel::bpf::CgroupChange,
@@ -131,6 +132,7 @@ pub struct Evaluation {
 #[derive(Debug, Clone, Copy)]
 pub struct EvictorOptions {
     pub policy: VictimPolicy,
+    pub pid_ranking: PidRanking,
     pub dry_run: bool,
     pub reclaim_timeout: Duration,
     /// Kernel programs watch the engine's scopes (event mode); in the other
@@ -202,7 +204,7 @@ impl<I: Io> Evictor<I> {
             }
         }
         Self {
-            engine: Engine::new(config.clone()),
+            engine: Engine::new(config.clone()).with_pid_ranking(options.pid_ranking),
             config,
             node: parts.node,
             killer: parts.killer,

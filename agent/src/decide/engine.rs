@@ -16,7 +16,7 @@ use std::{
 
 use crate::{
     decide::layout::DiskLayout,
-    decide::rank::{self, Ranked},
+    decide::rank::{self, PidRanking, Ranked},
     decide::thresholds::{
         EvictionConfig, NodeCondition, Resource, Signal, Threshold, with_containerfs_thresholds,
     },
@@ -165,6 +165,7 @@ pub struct Engine {
     met_past_grace: BTreeSet<usize>,
     first_observed: BTreeMap<usize, Duration>,
     condition_last_observed: BTreeMap<NodeCondition, Duration>,
+    pid_ranking: PidRanking,
 }
 
 impl Engine {
@@ -176,6 +177,16 @@ impl Engine {
             met_past_grace: BTreeSet::new(),
             first_observed: BTreeMap::new(),
             condition_last_observed: BTreeMap::new(),
+            pid_ranking: PidRanking::Kubelet,
+        }
+    }
+
+    /// Ranks PID pressure's pods as `pid_ranking` says (kubelet's order
+    /// unless told otherwise).
+    pub fn with_pid_ranking(self, pid_ranking: PidRanking) -> Self {
+        Self {
+            pid_ranking,
+            ..self
         }
     }
 
@@ -320,7 +331,8 @@ impl Engine {
         pods: &[P],
         policy: VictimPolicy,
     ) -> Choice {
-        let ranking: Vec<Ranked> = rank::rank(pods, starvation.threshold.signal, layout);
+        let ranking: Vec<Ranked> =
+            rank::rank(pods, starvation.threshold.signal, layout, self.pid_ranking);
         let deficit = starvation.deficit();
         let chosen = victims::select(&ranking, deficit, policy);
         let victims = chosen

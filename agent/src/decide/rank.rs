@@ -2,15 +2,58 @@
 //! `rankPIDPressure`, `rankDiskPressureFunc` in
 //! pkg/kubelet/eviction/helpers.go) and Kubernetes' QoS classes, with the
 //! reason for every pod's place so a decision can be explained.
-use std::{borrow::Borrow, cmp::Reverse};
+use std::{borrow::Borrow, cmp::Reverse, fmt, str::FromStr};
 
 use crate::{
     decide::{
         layout::DiskLayout,
         thresholds::{Resource, Signal},
     },
-    node::snapshot::{PodSnapshot, PodUsage},
+    node::snapshot::{ForkRate, PodSnapshot, PodUsage},
 };
+
+/// How PID pressure ranks pods of equal priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PidRanking {
+    /// kubelet's `rankPIDPressure`: priority, then process count. At equal
+    /// priority a pod with many quiet processes goes before a fork bomb
+    /// that has fewer so far.
+    #[default]
+    Kubelet,
+    /// Priority, then the pod's recent fork rate (higher first), then
+    /// process count: the pod making the pressure goes first.
+    ForkRate,
+}
+
+impl PidRanking {
+    const NAMES: [(&str, Self); 2] = [("kubelet", Self::Kubelet), ("fork-rate", Self::ForkRate)];
+}
+
+impl fmt::Display for PidRanking {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = Self::NAMES
+            .iter()
+            .find(|(_, ranking)| ranking == self)
+            .map_or("", |(name, _)| name);
+        f.write_str(name)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a PID ranking: kubelet or fork-rate")]
+pub struct UnknownPidRanking(String);
+
+impl FromStr for PidRanking {
+    type Err = UnknownPidRanking;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::NAMES
+            .iter()
+            .find(|(name, _)| *name == text)
+            .map(|(_, ranking)| *ranking)
+            .ok_or_else(|| UnknownPidRanking(text.to_owned()))
+    }
+}
 
 /// Resource names as pod specs spell them.
 const MEMORY: &str = "memory";
@@ -145,6 +188,9 @@ pub struct Ranked {
     /// Whether `usage` is only a lower bound: the walk of the pod's logs
     /// and volumes fell short ([`PodUsage::disk_incomplete`](crate::node::snapshot::PodUsage::disk_incomplete)).
     pub usage_incomplete: bool,
+    /// The fork rate the pod was ranked by ([`PidRanking::ForkRate`]);
+    /// `None` when the ranking does not look at it.
+    pub fork_rate: Option<ForkRate>,
     resource: Resource,
     /// Why the pod is never evicted, if its kind says so.
     protection: Option<&'static str>,
@@ -165,6 +211,9 @@ impl Ranked {
             Some(request) => format!("{resource} {usage} within request {request}"),
             None => format!("{resource} {usage}"),
         };
+        if let Some(rate) = self.fork_rate {
+            text.push_str(&format!(", {:.1} forks/s", rate.per_second()));
+        }
         text.push_str(&format!(", priority {}", self.priority));
         if let Some(protection) = self.protection {
             text.push_str("; ");
@@ -202,18 +251,42 @@ impl Ranked {
 /// pod it has no stats for (`exceedDiskRequests` and `disk`: "prioritize
 /// evicting the pod for which no stats were found"): before every measured
 /// pod, then by priority.
-pub fn rank<P: Borrow<PodSnapshot>>(pods: &[P], signal: Signal, layout: DiskLayout) -> Vec<Ranked> {
+///
+/// `pid_ranking` orders PID pressure's pods of equal priority; a pod
+/// without a fork rate ranks as one that does not fork.
+pub fn rank<P: Borrow<PodSnapshot>>(
+    pods: &[P],
+    signal: Signal,
+    layout: DiskLayout,
+    pid_ranking: PidRanking,
+) -> Vec<Ranked> {
     let mut entries: Vec<(Ranked, i64)> = pods
         .iter()
         .enumerate()
-        .map(|(index, pod)| measure(index, pod.borrow(), signal, layout))
+        .map(|(index, pod)| {
+            let (mut ranked, key) = measure(index, pod.borrow(), signal, layout);
+            if ranked.resource == Resource::Pids && pid_ranking == PidRanking::ForkRate {
+                ranked.fork_rate = Some(
+                    pod.borrow()
+                        .usage
+                        .forks_per_second
+                        .unwrap_or(ForkRate::NONE),
+                );
+            }
+            (ranked, key)
+        })
         .collect();
     // A stable sort keeps the input order among equals: kubelet's
     // sort.Sort is not stable, so its tie order is arbitrary. Keys of plain
     // numbers, made once per pod: the sort moves them, not the entries.
     match signal.resource() {
         Resource::Pids => entries.sort_by_cached_key(|(ranked, usage)| {
-            (Reverse(ranked.known), ranked.priority, Reverse(*usage))
+            (
+                Reverse(ranked.known),
+                ranked.priority,
+                Reverse(ranked.fork_rate),
+                Reverse(*usage),
+            )
         }),
         Resource::Memory | Resource::EphemeralStorage | Resource::Inodes => {
             entries.sort_by_cached_key(|(ranked, excess)| {
@@ -277,6 +350,7 @@ fn measure(index: usize, pod: &PodSnapshot, signal: Signal, layout: DiskLayout) 
         evictable: pod.is_evictable(),
         known: !pod.metadata_missing(),
         usage_incomplete,
+        fork_rate: None,
         resource,
         protection: protection(pod),
         hosts_evictd: pod.hosts_evictd,

@@ -27,6 +27,7 @@ use crate::{
     config::InventoryArgs,
     decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
+    node::forks::{ForkClock, ForkRateError},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
         local_storage::{self, LocalStorageEviction},
@@ -163,6 +164,9 @@ pub struct Inventory {
     runtime: Option<RuntimeLink>,
     /// The runtime's filesystems as last taken into `signals`.
     runtime_filesystems: u64,
+    /// Reads each pod's fork rate for PID decisions
+    /// (`--pid-ranking fork-rate`).
+    fork_rates: Option<ForkClock>,
 }
 
 impl Inventory {
@@ -199,7 +203,13 @@ impl Inventory {
             runtime: None,
             runtime_filesystems: 0,
             metadata,
+            fork_rates: None,
         })
+    }
+
+    /// Has PID decisions read each pod's fork rate.
+    pub fn measure_fork_rates(&mut self) {
+        self.fork_rates = Some(ForkClock::new());
     }
 
     /// Hands the metrics to the pod metadata source.
@@ -307,7 +317,13 @@ impl Inventory {
     ) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
         match resource {
             Resource::Memory => self.read_pods(Reads::MemoryBound),
-            Resource::Pids => self.read_pods(Reads::Exact),
+            Resource::Pids => {
+                let pods = self.read_pods(Reads::Exact)?;
+                Ok(match self.fork_rates {
+                    Some(clock) => self.with_fork_rates(pods, clock),
+                    None => pods,
+                })
+            }
             Resource::EphemeralStorage | Resource::Inodes => {
                 let usage = self
                     .runtime
@@ -330,6 +346,37 @@ impl Inventory {
                 Ok(pods.into_iter().map(Arc::new).collect())
             }
         }
+    }
+
+    /// `pods` with their fork rates read now. A rate that cannot be read
+    /// (not a pod gone meanwhile) leaves every pod without one: kubelet's
+    /// order for this decision, rather than a pod that hides its forks
+    /// ranked as quiet.
+    fn with_fork_rates(
+        &self,
+        mut pods: Vec<Arc<PodSnapshot>>,
+        clock: ForkClock,
+    ) -> Vec<Arc<PodSnapshot>> {
+        let mut rates = Vec::with_capacity(pods.len());
+        for pod in &pods {
+            let Some(path) = pod.cgroup.as_deref() else {
+                rates.push(None);
+                continue;
+            };
+            match clock.rate(&self.signals.cgroupfs, path) {
+                Ok(rate) => rates.push(Some(rate)),
+                Err(ForkRateError::Cgroup(CgroupError::Gone(_))) => rates.push(None),
+                Err(e) => {
+                    warn!(pod = path, error = %e,
+                        "cannot read a pod's fork rate: PID pressure ranks this decision in kubelet's order");
+                    return pods;
+                }
+            }
+        }
+        for (pod, rate) in pods.iter_mut().zip(rates) {
+            Arc::make_mut(pod).usage.forks_per_second = rate;
+        }
+        pods
     }
 
     /// `pod` with its working set read exactly now; `None` once it is gone

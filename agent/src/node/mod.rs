@@ -4,6 +4,7 @@
 //! decides on.
 pub mod cgroupfs;
 pub mod containers;
+pub mod forks;
 pub mod inventory;
 pub mod pod_metadata;
 pub mod resources;

@@ -233,6 +233,60 @@ pub struct PodUsage {
     pub logs_inodes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_volume_inodes: Option<u64>,
+    /// The pod's recent fork rate, which `--pid-ranking fork-rate` ranks
+    /// PID pressure by; absent counts as no forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forks_per_second: Option<ForkRate>,
+}
+
+/// Forks a second: a finite number, not below zero, so that rates compare
+/// as a total order.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct ForkRate(f64);
+
+impl ForkRate {
+    pub const NONE: Self = Self(0.0);
+
+    pub fn per_second(self) -> f64 {
+        self.0
+    }
+}
+
+impl TryFrom<f64> for ForkRate {
+    type Error = String;
+
+    fn try_from(rate: f64) -> Result<Self, String> {
+        if rate.is_finite() && rate >= 0.0 {
+            // -0.0 would order below 0.0.
+            Ok(Self(rate.abs()))
+        } else {
+            Err(format!(
+                "forks_per_second {rate} is not a finite number of forks a second, 0 or more"
+            ))
+        }
+    }
+}
+
+impl From<ForkRate> for f64 {
+    fn from(rate: ForkRate) -> f64 {
+        rate.0
+    }
+}
+
+// Never NaN (see `TryFrom<f64>`), so equality and order are total.
+impl Eq for ForkRate {}
+
+impl PartialOrd for ForkRate {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ForkRate {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
 }
 
 impl PodSnapshot {

@@ -29,7 +29,10 @@ use crate::{
         wake::{Clock, Wake, WakeCause},
     },
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
-    decide::thresholds::{EvictionConfig, containerfs_conflicts},
+    decide::{
+        rank::PidRanking,
+        thresholds::{EvictionConfig, containerfs_conflicts},
+    },
     kernel::{
         bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Probes, Purpose},
         capabilities::Capabilities,
@@ -123,6 +126,9 @@ pub async fn run(
     killer.ready_threads().await;
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
+    if args.policy.pid_ranking == PidRanking::ForkRate {
+        inventory.measure_fork_rates();
+    }
     // Held to the end: dropping it stops the runtime's thread.
     let _runtime_thread = match &args.inventory.container_runtime_endpoint {
         Some(endpoint) => {
@@ -308,6 +314,7 @@ pub async fn run(
         Clock::new(),
         EvictorOptions {
             policy: args.policy.into(),
+            pid_ranking: args.policy.pid_ranking,
             dry_run: args.dry_run,
             reclaim_timeout: args.reclaim_timeout,
             kernel_triggers: kernel.is_some(),

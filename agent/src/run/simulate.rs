@@ -86,7 +86,7 @@ pub fn run(
 ) -> Result<(), SimulateError> {
     let snapshots = parse(snapshot_json)?;
     let clock = clock(&snapshots)?;
-    let mut engine = Engine::new(config.clone());
+    let mut engine = Engine::new(config.clone()).with_pid_ranking(policy.pid_ranking);
     for (snapshot, now) in snapshots.iter().zip(clock) {
         let assessment = engine.observe(now, &snapshot.node);
         let choice = engine.choose(&assessment, &snapshot.pods, policy.into());

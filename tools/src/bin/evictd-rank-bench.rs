@@ -9,7 +9,11 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
 use evictd::{
-    decide::{layout::DiskLayout, rank::rank, thresholds::Signal},
+    decide::{
+        layout::DiskLayout,
+        rank::{PidRanking, rank},
+        thresholds::Signal,
+    },
     node::snapshot::PodSnapshot,
 };
 use serde_json::json;
@@ -38,7 +42,7 @@ fn main() -> Result<()> {
         let mut micros = Vec::with_capacity(runs);
         for _ in 0..runs {
             let started = Instant::now();
-            let ranking = rank(&pods, signal, DiskLayout::Shared);
+            let ranking = rank(&pods, signal, DiskLayout::Shared, PidRanking::Kubelet);
             let elapsed = started.elapsed();
             ensure!(
                 ranking.len() == PODS,

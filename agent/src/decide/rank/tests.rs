@@ -3,7 +3,7 @@ use rstest::rstest;
 use serde_json::json;
 
 use super::*;
-use crate::node::snapshot::QosClass;
+use crate::node::snapshot::{ForkRate, QosClass};
 
 const MI: u64 = 1 << 20;
 
@@ -37,6 +37,11 @@ fn memory_pod(name: &str, priority: i32, request: Option<&str>, working_set: u64
         json!([{"name": "app", "requests": requests}]),
         usage,
     )
+}
+
+/// The default ranking: kubelet's, whatever the signal.
+fn kubelet_rank(pods: &[PodSnapshot], signal: Signal, layout: DiskLayout) -> Vec<Ranked> {
+    rank(pods, signal, layout, PidRanking::Kubelet)
 }
 
 fn names<'a>(ranking: &[Ranked], pods: &'a [PodSnapshot]) -> Vec<&'a str> {
@@ -117,7 +122,7 @@ fn memory_pods_above_their_request_go_before_higher_priority_ones_within() {
         memory_pod("within", 0, Some("200Mi"), 100 * MI),
         memory_pod("above", 1000, Some("100Mi"), 101 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["above", "within"]);
     assert_eq!(ranking[0].exceeds_request, Some(true));
     assert_eq!(ranking[1].exceeds_request, Some(false));
@@ -131,7 +136,7 @@ fn memory_pods_above_their_request_go_by_priority_then_excess() {
         memory_pod("big-excess", 0, Some("400Mi"), 600 * MI),
         memory_pod("best-effort", 0, None, 180 * MI),
     ];
-    let ranking = rank(
+    let ranking = kubelet_rank(
         &pods,
         Signal::AllocatableMemoryAvailable,
         DiskLayout::Shared,
@@ -150,7 +155,7 @@ fn memory_pods_within_their_request_go_by_priority_then_usage_over_request() {
         memory_pod("important", 5, Some("200Mi"), 199 * MI),
         memory_pod("low", -5, Some("1Gi"), 0),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(
         names(&ranking, &pods),
         ["low", "near", "far-below", "important"]
@@ -169,7 +174,7 @@ fn a_memory_limit_without_request_is_the_request() {
         },
     );
     let pods = [limited, memory_pod("greedy", 0, Some("100Mi"), 110 * MI)];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["greedy", "limited"]);
     assert_eq!(ranking[1].request, Some(200 * MI as i64));
 }
@@ -181,7 +186,7 @@ fn ties_keep_the_input_order() {
         memory_pod("second", 0, Some("100Mi"), 150 * MI),
         memory_pod("third", 0, Some("200Mi"), 250 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["first", "second", "third"]);
 }
 
@@ -200,10 +205,122 @@ fn pid_pressure_ranks_by_priority_then_pid_count() {
         pids_pod("few", 0, 10),
         pids_pod("many", 0, 300),
     ];
-    let ranking = rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["many", "few", "important-forker"]);
     assert_eq!(ranking[0].request, None);
     assert_eq!(ranking[0].usage, 300);
+}
+
+/// A pod of `pids` processes forking `rate` times a second (`None`: the
+/// rate is not given).
+fn forking_pod(name: &str, priority: i32, pids: u64, rate: Option<f64>) -> PodSnapshot {
+    let mut pod = pids_pod(name, priority, pids);
+    pod.usage.forks_per_second = rate.map(|rate| ForkRate::try_from(rate).unwrap());
+    pod
+}
+
+/// PID pressure under `--pid-ranking fork-rate`.
+fn fork_rate_rank(pods: &[PodSnapshot]) -> Vec<Ranked> {
+    rank(
+        pods,
+        Signal::PidAvailable,
+        DiskLayout::Shared,
+        PidRanking::ForkRate,
+    )
+}
+
+#[test]
+fn at_equal_priority_kubelet_takes_the_quiet_pod_with_more_processes_and_fork_rate_the_bomb() {
+    let pods = [
+        forking_pod("db", 0, 200, Some(0.0)),
+        forking_pod("bomb", 0, 150, Some(400.0)),
+    ];
+    let kubelet = kubelet_rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
+    assert_eq!(names(&kubelet, &pods), ["db", "bomb"]);
+    assert_eq!(
+        kubelet[0].fork_rate, None,
+        "kubelet's order ignores the rate"
+    );
+    let by_forks = fork_rate_rank(&pods);
+    assert_eq!(names(&by_forks, &pods), ["bomb", "db"]);
+    assert_eq!(by_forks[0].reason(), "pids 150, 400.0 forks/s, priority 0");
+}
+
+#[test]
+fn the_fork_rate_ranks_after_priority_and_before_the_process_count() {
+    let pods = [
+        forking_pod("important-bomb", 100, 50, Some(1000.0)),
+        forking_pod("slow-many", 0, 300, Some(1.0)),
+        forking_pod("fast-few", 0, 10, Some(2.0)),
+        forking_pod("quiet-most", 0, 400, Some(0.0)),
+        // Equal rates: the count decides, as kubelet's.
+        forking_pod("fast-more", 0, 20, Some(2.0)),
+    ];
+    let ranking = fork_rate_rank(&pods);
+    assert_eq!(
+        names(&ranking, &pods),
+        [
+            "fast-more",
+            "fast-few",
+            "slow-many",
+            "quiet-most",
+            "important-bomb"
+        ]
+    );
+}
+
+#[test]
+fn a_pod_without_a_fork_rate_ranks_as_one_that_does_not_fork() {
+    let pods = [
+        forking_pod("unmeasured", 0, 100, None),
+        forking_pod("quiet", 0, 100, Some(0.0)),
+        forking_pod("forking", 0, 10, Some(0.5)),
+        forking_pod("unmeasured-many", 0, 300, None),
+    ];
+    let ranking = fork_rate_rank(&pods);
+    // Ties keep the input order.
+    assert_eq!(
+        names(&ranking, &pods),
+        ["forking", "unmeasured-many", "unmeasured", "quiet"]
+    );
+    assert_eq!(ranking[1].fork_rate, Some(ForkRate::NONE));
+}
+
+#[test]
+fn the_fork_rate_orders_nothing_but_pid_pressure() {
+    let mut big = memory_pod("big", 0, None, 300 * MI);
+    let mut bomb = memory_pod("bomb", 0, None, 100 * MI);
+    big.usage.pids = 1;
+    bomb.usage.forks_per_second = Some(ForkRate::try_from(500.0).unwrap());
+    let pods = [bomb, big];
+    let ranking = rank(
+        &pods,
+        Signal::MemoryAvailable,
+        DiskLayout::Shared,
+        PidRanking::ForkRate,
+    );
+    assert_eq!(names(&ranking, &pods), ["big", "bomb"]);
+    assert_eq!(ranking[0].fork_rate, None);
+}
+
+#[rstest]
+#[case::negative(-1.0)]
+#[case::infinite(f64::INFINITY)]
+#[case::not_a_number(f64::NAN)]
+fn a_fork_rate_is_a_finite_number_not_below_zero(#[case] rate: f64) {
+    assert!(ForkRate::try_from(rate).is_err());
+}
+
+#[test]
+fn pid_rankings_are_named_as_the_flag_spells_them() {
+    for ranking in [PidRanking::Kubelet, PidRanking::ForkRate] {
+        assert_eq!(ranking.to_string().parse::<PidRanking>().unwrap(), ranking);
+    }
+    assert_eq!(
+        "fork-rate".parse::<PidRanking>().unwrap(),
+        PidRanking::ForkRate
+    );
+    assert!("forks".parse::<PidRanking>().is_err());
 }
 
 fn disk_pod(name: &str, priority: i32, request: Option<&str>, usage: PodUsage) -> PodSnapshot {
@@ -247,7 +364,7 @@ fn disk_usage_measured_depends_on_the_filesystem(
         disk_pod("logs", 0, None, disk_usage(0, 100, 100)),
         disk_pod("layers", 0, None, disk_usage(250, 30, 20)),
     ];
-    let ranking = rank(&pods, signal, layout);
+    let ranking = kubelet_rank(&pods, signal, layout);
     assert_eq!(names(&ranking, &pods), order);
     assert_eq!(ranking[0].usage, first_usage_mi * MI as i64);
 }
@@ -279,7 +396,7 @@ fn inodes_measured_depend_on_the_filesystem(
         disk_pod("logs", 0, None, inodes(0, 500, 500)),
         disk_pod("layers", 0, None, inodes(800, 50, 50)),
     ];
-    let ranking = rank(&pods, signal, layout);
+    let ranking = kubelet_rank(&pods, signal, layout);
     assert_eq!(names(&ranking, &pods), order);
     assert_eq!(ranking[0].usage, first_usage);
 }
@@ -299,12 +416,12 @@ fn without_the_split_the_inode_total_ranks_wherever_anything_counts() {
         (Signal::ImageFsInodesFree, DiskLayout::DedicatedImageFs),
         (Signal::ContainerFsInodesFree, DiskLayout::SplitImageFs),
     ] {
-        let ranking = rank(&pods, signal, layout);
+        let ranking = kubelet_rank(&pods, signal, layout);
         assert_eq!(names(&ranking, &pods), ["many", "few"], "{signal}");
         assert_eq!(ranking[0].usage, 900);
     }
     // A split imagefs holds images alone, whatever the total says.
-    let ranking = rank(&pods, Signal::ImageFsInodesFree, DiskLayout::SplitImageFs);
+    let ranking = kubelet_rank(&pods, Signal::ImageFsInodesFree, DiskLayout::SplitImageFs);
     assert_eq!(ranking[1].usage, 0);
 }
 
@@ -316,7 +433,7 @@ fn disk_ranks_above_request_then_priority_then_excess() {
         disk_pod("above-small", 0, Some("100Mi"), disk_usage(150, 0, 0)),
         disk_pod("above-big", 0, None, disk_usage(300, 0, 0)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
     assert_eq!(
         names(&ranking, &pods),
         ["above-big", "above-small", "above-important", "within"]
@@ -335,7 +452,7 @@ fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() 
         disk_pod("hider", 10, Some("1Gi"), hidden(0, 1)),
         disk_pod("hider-low", 0, None, hidden(500, 0)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::NodeFsAvailable, DiskLayout::Shared);
     // Before every measured pod, and among themselves by priority only.
     assert_eq!(names(&ranking, &pods), ["hider-low", "hider", "big"]);
     assert!(ranking[1].usage_incomplete);
@@ -348,14 +465,14 @@ fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() 
     );
     assert_eq!(
         names(
-            &rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared),
+            &kubelet_rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared),
             &pods
         )[..2],
         ["hider-low", "hider"]
     );
     // With a dedicated imagefs, the imagefs signals rank by writable
     // layers, which the runtime measures: the walk does not count there.
-    let ranking = rank(
+    let ranking = kubelet_rank(
         &pods,
         Signal::ImageFsAvailable,
         DiskLayout::DedicatedImageFs,
@@ -364,7 +481,7 @@ fn a_pod_whose_disk_usage_was_not_seen_whole_ranks_first_as_one_without_stats() 
     assert!(!ranking[0].usage_incomplete);
     // Memory never looks at it.
     assert!(
-        !rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared)
+        !kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared)
             .iter()
             .any(|r| r.usage_incomplete)
     );
@@ -381,7 +498,7 @@ fn any_inode_use_exceeds_the_zero_request_and_the_storage_request_is_subtracted(
         disk_pod("requested", 0, Some("1000"), inodes(1500)),
         disk_pod("unrequested", 0, None, inodes(1000)),
     ];
-    let ranking = rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::NodeFsInodesFree, DiskLayout::Shared);
     // 1500 - 1000 < 1000 - 0: the storage request counts against inodes,
     // as in kubelet.
     assert_eq!(names(&ranking, &pods), ["unrequested", "requested", "none"]);
@@ -393,7 +510,7 @@ fn explanations_say_why() {
     let mut critical = memory_pod("critical", SYSTEM_CRITICAL, Some("100Mi"), 200 * MI);
     critical.hosts_evictd = true;
     let pods = [critical, memory_pod("web", 0, Some("100Mi"), 50 * MI)];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(
         ranking[0].reason(),
         "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
@@ -423,7 +540,7 @@ proptest! {
                 memory_pod(&format!("p{i}"), priority, Some(&format!("{request}Mi")), usage * MI)
             })
             .collect();
-        let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+        let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
         prop_assert_eq!(ranking.len(), pods.len());
         let first_within = ranking.iter().position(|r| r.exceeds_request == Some(false));
         if let Some(first_within) = first_within {
@@ -443,13 +560,13 @@ fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
         memory_pod("guaranteed", 0, Some("500Mi"), 100 * MI),
         memory_pod("hog", 0, None, 300 * MI),
     ];
-    let ranking = rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
+    let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(names(&ranking, &pods), ["hog", "guaranteed", "stranger"]);
     assert!(
         ranking[2].reason().contains("metadata unknown"),
         "{}",
         ranking[2].reason()
     );
-    let pids = rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
+    let pids = kubelet_rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
     assert_eq!(names(&pids, &pods).last(), Some(&"stranger"));
 }

@@ -523,6 +523,7 @@ fn a_guaranteed_pod_without_metadata_requests_its_memory_limit() {
         &pods,
         crate::decide::thresholds::Signal::MemoryAvailable,
         crate::decide::layout::DiskLayout::Shared,
+        crate::decide::rank::PidRanking::Kubelet,
     );
     assert_eq!(pods[ranking[0].index].key(), burstable.key());
 }

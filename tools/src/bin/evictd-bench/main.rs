@@ -6,7 +6,9 @@
 //!   real threshold crossing to the agent's decision and to the memory
 //!   back; the *oracle* row is no agent at all, the bench killing the bomb
 //!   at the crossing itself (`oracle.rs`): the kernel's floor;
-//! - a fork bomb against `pid.available`;
+//! - a fork bomb against `pid.available`, alone and beside a pod with more
+//!   processes that forks nothing, under kubelet's PID ranking and
+//!   `--pid-ranking fork-rate`;
 //! - decision latency with 10, 100 and 250 pods on the node;
 //! - workload overhead: page faults, munmap and the SIGKILL of a large
 //!   process with each mode's agent attached against no agent, far from
@@ -168,6 +170,10 @@ enum Scenario {
         rate: u64,
     },
     ForkBomb,
+    /// The fork bomb beside a pod of the same priority with more
+    /// processes, all older than the fork-rate window: kubelet's order
+    /// takes that pod first.
+    ForkBombBesideBusyPod,
     /// The memory bomb with this many pods on the node.
     Pods {
         count: usize,
@@ -191,7 +197,7 @@ impl Scenario {
     fn kind(self) -> &'static str {
         match self {
             Self::Memory { .. } => "memory",
-            Self::ForkBomb => "fork-bomb",
+            Self::ForkBomb | Self::ForkBombBesideBusyPod => "fork-bomb",
             Self::Pods { .. } => "pods",
             Self::Overhead { .. } => "overhead",
             Self::Reserve { .. } => "reserve",
@@ -211,6 +217,7 @@ impl fmt::Display for Scenario {
         match self {
             Self::Memory { rate } => write!(f, "memory, {}", rate_name(*rate)),
             Self::ForkBomb => f.write_str("fork bomb"),
+            Self::ForkBombBesideBusyPod => f.write_str("fork bomb beside a busy pod"),
             Self::Pods { count, .. } => write!(f, "{count} pods"),
             Self::Overhead { near: false } => f.write_str("overhead, far from thresholds"),
             Self::Overhead { near: true } => f.write_str("overhead, close to the threshold"),
@@ -221,8 +228,14 @@ impl fmt::Display for Scenario {
     }
 }
 
-/// One agent mode, as its command-line arguments.
+/// One agent mode, as its command-line arguments; `MODE+RANKING` adds
+/// `--pid-ranking RANKING`.
 fn mode_args(mode: &str) -> Result<Vec<String>> {
+    if let Some((mode, ranking)) = mode.split_once('+') {
+        let mut args = mode_args(mode)?;
+        args.extend(["--pid-ranking".into(), ranking.into()]);
+        return Ok(args);
+    }
     Ok(match mode {
         "event" => vec!["--mode".into(), "event".into()],
         "psi" => vec!["--mode".into(), "psi".into()],
@@ -354,6 +367,15 @@ fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>
     if args.pid_limit > 0 && !root {
         let pid_modes = modes.iter().filter(|m| !memory_only(m)).cloned().collect();
         scenarios.push((Scenario::ForkBomb, pid_modes));
+        if modes.iter().any(|mode| mode == "event") {
+            // Event mode only: the fork rate is read the same way in every
+            // mode. Not named `event`, so the event-mode goal leaves out
+            // kubelet's order taking the busy pod, which is the point.
+            scenarios.push((
+                Scenario::ForkBombBesideBusyPod,
+                vec!["event+kubelet".to_owned(), "event+fork-rate".to_owned()],
+            ));
+        }
     }
     let rate = parse_rate(&args.pod_count_rate)?;
     for &count in args.pod_counts.iter().filter(|count| **count > 0) {
@@ -507,7 +529,9 @@ fn bench(args: &Args) -> Result<()> {
                 let run = runs::memory_run(args, node, mode, *rate, args.threshold)?;
                 Ok((serde_json::to_value(&run)?, run.summary()))
             }),
-            Scenario::ForkBomb => runs::fork_bomb_run(args, mode)
+            Scenario::ForkBomb => runs::fork_bomb_run(args, mode, false)
+                .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
+            Scenario::ForkBombBesideBusyPod => runs::fork_bomb_run(args, mode, true)
                 .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
             Scenario::Overhead { near } => {
                 // What a workload pays on a node, where the statistics are
@@ -618,7 +642,7 @@ impl Header<'_> {
                         entry["threshold"] = json!(threshold);
                         entry["rate"] = json!(rate);
                     }
-                    Scenario::ForkBomb => {}
+                    Scenario::ForkBomb | Scenario::ForkBombBesideBusyPod => {}
                 }
                 entry
             }).collect::<Vec<_>>(),
@@ -697,12 +721,16 @@ mod tests {
         );
         // psi watches memory only.
         assert_eq!(modes_of("fork bomb").as_deref(), Some("event"));
+        assert_eq!(
+            modes_of("fork bomb beside a busy pod").as_deref(),
+            Some("event+kubelet,event+fork-rate")
+        );
         assert_eq!(modes_of("10 pods").as_deref(), Some("event"));
         assert_eq!(
             modes_of("overhead, close to the threshold").as_deref(),
             Some("none,event,psi")
         );
-        assert_eq!(planned.len(), 5);
+        assert_eq!(planned.len(), 6);
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use evictd::node::cgroupfs::{CgroupFs, CgroupVersion};
+use evictd::node::{
+    cgroupfs::{CgroupFs, CgroupVersion},
+    forks::FORK_RATE_WINDOW,
+};
 use evictd_integration::{
     Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, VMSTAT, http_get, machine_memory,
     memory_pods, program_stats, quiet_pods, set_oom_score_adj, wait_until, working_set_from_vmstat,
@@ -26,6 +29,9 @@ use crate::{
 /// priority 0, largest usage over its request).
 pub const BOMB: &str = "hog";
 pub const EXPECTED_VICTIM: &str = "default/hog";
+/// The pod of the bomb's priority that holds many quiet processes in the
+/// busy-pod fork bomb.
+const BUSY_POD: &str = "web";
 /// Pods of every node: `memory_pods`.
 pub const MEMORY_PODS: usize = 5;
 /// What each quiet pod of the pod-count scenarios holds.
@@ -474,9 +480,18 @@ fn pod_of(node: &mut SandboxNode, pid: u32) -> Option<String> {
         .map(|name| format!("default/{name}"))
 }
 
-pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
+/// The fork bomb against `pid.available`; with `busy_pod`, beside web
+/// (priority 0, as the bomb) holding 60% of the tasks below the line in
+/// processes that fork nothing, so that the bomb crosses with fewer.
+pub fn fork_bomb_run(args: &Args, mode: &str, busy_pod: bool) -> Result<Run> {
     let mut node = sandbox(args, 0)?;
     node.tree.set_pids_limit("node", args.pid_limit)?;
+    if busy_pod {
+        let tasks = (args.pid_limit - args.pid_threshold) * 6 / 10;
+        node.workload(BUSY_POD)?.fork(u32::try_from(tasks)?)?;
+    }
+    // Once the last of them is born.
+    let busy_since = Instant::now();
     let agent = start_agent(
         &node,
         mode,
@@ -491,6 +506,13 @@ pub fn fork_bomb_run(args: &Args, mode: &str) -> Result<Run> {
         ours.push(node.workload(&pod.name)?.pid());
     }
     let reaper = Reaper::start(ours)?;
+    if busy_pod {
+        // A pod that has been up a while: its processes older than the
+        // fork-rate window when the bomb starts, by more than the clock
+        // ticks start times are counted in.
+        let aged = FORK_RATE_WINDOW + Duration::from_millis(100);
+        std::thread::sleep(aged.saturating_sub(busy_since.elapsed()));
+    }
     node.workload(BOMB)?
         .command(&format!("fork-bomb {}", log.display()))?;
     let exited = node.workload(BOMB)?.wait_exit(RUN_DEADLINE)?;

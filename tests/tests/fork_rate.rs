@@ -1,0 +1,143 @@
+//! `--pid-ranking fork-rate` against kubelet's order, on a node inside this
+//! machine: at equal priority, a database with many quiet processes beside a
+//! fork bomb that has fewer so far. kubelet ranks PID pressure by process
+//! count and takes the database (enhancements #1631); fork-rate takes the
+//! bomb. Either way no fork is refused at pids.max.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::fs;
+
+use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path};
+use serde_json::json;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const NODE_MEMORY: u64 = 512 << 20;
+
+/// The database's quiet processes (plus its own).
+const DB_CHILDREN: u32 = 250;
+/// The node's pids.max and the line: the crossing comes when the bomb
+/// holds about 120 tasks, fewer than the database's 251, after forking for
+/// about 2.4 s at [`BOMB_RATE`], longer than evictd's 2 s fork-rate window:
+/// the database's processes are all older than the window by then.
+const NODE_PIDS_MAX: u64 = 432;
+const PIDS_LINE: &str = "pid.available<60";
+/// Forks a second: order, not speed, is asserted. The 60 tasks between the
+/// line and pids.max take 1.2 s, as in eviction.rs's fork bomb test.
+const BOMB_RATE: u32 = 50;
+
+fn sandbox() -> (SandboxNode, String) {
+    let uid = |n: u32| -> &'static str {
+        Box::leak(format!("00000000-0000-4000-8000-0000000000f{n}").into_boxed_str())
+    };
+    let pods = vec![
+        PodSpec::new(
+            "db",
+            uid(1),
+            cgroupfs_path("besteffort/", uid(1)),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "bomb",
+            uid(2),
+            cgroupfs_path("besteffort/", uid(2)),
+            0,
+            json!({}),
+        ),
+    ];
+    let bomb_dir = format!("node/{}", pods[1].container);
+    let mut node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
+    node.tree.set_pids_limit("node", NODE_PIDS_MAX).unwrap();
+    node.workload("db").unwrap().fork(DB_CHILDREN).unwrap();
+    (node, bomb_dir)
+}
+
+fn start(node: &SandboxNode, ranking: &[&str]) -> Agent {
+    let mut args = vec!["--eviction-hard", PIDS_LINE, "--resync-interval", "1h"];
+    args.extend(ranking);
+    let mut agent = node.start_agent(&args).unwrap();
+    agent.log.expect("eBPF programs attached", &[]);
+    agent.log.expect(
+        "watching scope",
+        &[("scope", &node.node_cgroup()), ("resource", "pids")],
+    );
+    agent
+}
+
+/// Forks in the bomb, 10 at a time, until `victim` is killed (the bomb
+/// itself, whose fork command then fails, or the pod taken in its place).
+fn bomb_until_killed(node: &mut SandboxNode, victim: &str) {
+    let mut children = 0;
+    while node.alive(victim)
+        && node
+            .workload("bomb")
+            .unwrap()
+            .fork_at(10, BOMB_RATE)
+            .is_ok()
+    {
+        children += 10;
+        assert!(children < NODE_PIDS_MAX, "{victim} was never killed");
+    }
+}
+
+fn assert_no_fork_refused(node: &SandboxNode) {
+    let events = node.tree.dir(Controller::Pids, "node").join("pids.events");
+    let events = fs::read_to_string(events).unwrap();
+    assert!(events.contains("max 0"), "a fork hit pids.max: {events}");
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn kubelets_pid_ranking_takes_the_quiet_pod_with_more_processes_before_the_fork_bomb() {
+    let (mut node, _) = sandbox();
+    let mut agent = start(&node, &[]);
+    bomb_until_killed(&mut node, "db");
+    // The rule the flag exists for: the database goes first, the bomb
+    // lives.
+    let first = agent.log.expect_eviction("default/db", "pids");
+    assert!(
+        !first["candidates"]
+            .as_str()
+            .is_some_and(|c| c.contains("forks/s")),
+        "kubelet's order does not look at forks: {first}"
+    );
+    assert!(node.alive("bomb"));
+    assert_no_fork_refused(&node);
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn fork_rate_ranking_takes_the_fork_bomb_and_the_quiet_pod_with_more_processes_lives() {
+    let (mut node, bomb_dir) = sandbox();
+    let mut agent = start(&node, &["--pid-ranking", "fork-rate"]);
+    bomb_until_killed(&mut node, "bomb");
+    let decided = agent.log.expect_eviction("default/bomb", "pids");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    assert!(
+        decided["candidates"]
+            .as_str()
+            .is_some_and(|c| c.contains("forks/s")),
+        "{decided}"
+    );
+    assert!(node.alive("db"), "db was killed");
+    assert!(
+        node.tree
+            .procs(Controller::Pids, &bomb_dir)
+            .unwrap()
+            .is_empty()
+    );
+    assert_no_fork_refused(&node);
+    let (status, log) = agent.stop().unwrap();
+    assert!(status.success());
+    let evictions: Vec<_> = log
+        .seen
+        .iter()
+        .filter(|line| line["message"] == "eviction decided")
+        .collect();
+    assert_eq!(evictions.len(), 1, "{evictions:?}");
+}
