@@ -279,7 +279,8 @@ impl AgentLog {
             .collect()
     }
 
-    fn drain(&mut self) {
+    /// Takes every line printed so far into [`AgentLog::seen`].
+    pub fn drain(&mut self) {
         while let Ok(line) = self.lines.try_recv() {
             self.seen.push(line);
         }

@@ -67,6 +67,11 @@ pub struct BenchArgs {
     vm: bool,
     #[command(flatten)]
     kernel: vm::GuestKernel,
+    /// Keep every agent's log in DIR, one JSON-lines file per run (with
+    /// `--vm`, brought back from the guest). `-- --agent-log-level debug`
+    /// adds a line per engine run.
+    #[arg(long, value_name = "DIR")]
+    agent_logs: Option<PathBuf>,
     /// evictd-bench arguments, e.g. `-- --runs 30 --rates 256Mi,1Gi`
     /// (`-- --help` lists them).
     #[arg(last = true)]
@@ -108,6 +113,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     if quick {
         bench.args(QUICK_ARGS);
     }
+    if let Some(dir) = &args.agent_logs {
+        bench.arg("--agent-logs").arg(dir);
+    }
     setup::step("bench", bench.args(&args.bench_args))?;
     let ranking = rank_bench(
         &tools,
@@ -145,12 +153,26 @@ const VM_GUEST: vm::GuestSpec = vm::GuestSpec {
 
 /// evictd-bench's arguments on the guest's root: every mode v2 has
 /// (memcg-threshold is v1 only), earlyoom beside them.
-const VM_BENCH_ARGS: [&str; 4] = [
-    "--node",
-    "root",
-    "--modes",
-    "event,poll-10s,poll-1s,poll-100ms,psi,earlyoom",
+/// Each is left out where the user's arguments name it.
+const VM_BENCH_ARGS: [(&str, &str); 2] = [
+    ("--node", "root"),
+    ("--modes", "event,poll-10s,poll-1s,poll-100ms,psi,earlyoom"),
 ];
+
+/// [`VM_BENCH_ARGS`] the user's `bench_args` do not name, then those.
+fn vm_bench_args(bench_args: &[String]) -> Vec<String> {
+    let named = |flag: &str| {
+        bench_args
+            .iter()
+            .any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")))
+    };
+    VM_BENCH_ARGS
+        .iter()
+        .filter(|(flag, _)| !named(flag))
+        .flat_map(|(flag, value)| [flag.to_string(), value.to_string()])
+        .chain(bench_args.iter().cloned())
+        .collect()
+}
 
 /// `--vm`: the release tools built here, run in the guest from this
 /// host's filesystem; the results come back through the run directory.
@@ -177,8 +199,14 @@ fn in_vm(args: &BenchArgs) -> Result<()> {
                 "--stop-file".into(),
                 run.join("stop"),
             ];
-            line.extend(VM_BENCH_ARGS.iter().map(PathBuf::from));
-            line.extend(args.bench_args.iter().map(PathBuf::from));
+            if args.agent_logs.is_some() {
+                line.extend(["--agent-logs".into(), run.join(GUEST_AGENT_LOGS)]);
+            }
+            line.extend(
+                vm_bench_args(&args.bench_args)
+                    .into_iter()
+                    .map(PathBuf::from),
+            );
             let line = line
                 .iter()
                 .map(|part| vm::quoted(part))
@@ -205,22 +233,41 @@ fn in_vm(args: &BenchArgs) -> Result<()> {
                 Some(out) => out.clone(),
                 None => workspace.join("results").join(format!("v2-{kernel}")),
             };
-            fs::create_dir_all(&out)?;
-            for entry in fs::read_dir(run.join("bench"))
-                .with_context(|| format!("the guest's results in {}", run.display()))?
-            {
-                let entry = entry?;
-                fs::copy(entry.path(), out.join(entry.file_name()))?;
-            }
+            copy_files(&run.join("bench"), &out)
+                .with_context(|| format!("the guest's results in {}", run.display()))?;
             plot(&out, workspace)?;
             println!(
                 "xtask: Linux {release}: results in {}: bench.json, bench.md, {}",
                 out.display(),
                 PLOTS.join(", ")
             );
+            if let Some(dir) = &args.agent_logs {
+                let kept = copy_files(&run.join(GUEST_AGENT_LOGS), dir)?;
+                println!(
+                    "xtask: Linux {release}: {kept} agent logs in {}",
+                    dir.display()
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// Where the guest's bench keeps the agents' logs, in its run directory.
+const GUEST_AGENT_LOGS: &str = "agent-logs";
+
+/// Copies the files of directory `from` into `to` (made if missing); how
+/// many.
+fn copy_files(from: &Path, to: &Path) -> Result<usize> {
+    fs::create_dir_all(to)?;
+    let mut copied = 0;
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        fs::copy(entry.path(), to.join(entry.file_name()))
+            .with_context(|| format!("copying {}", entry.path().display()))?;
+        copied += 1;
+    }
+    Ok(copied)
 }
 
 /// Debian's earlyoom, unpacked from its package into the cache (not
@@ -413,4 +460,26 @@ fn check_every_scenario_produced_results(out: &Path) -> Result<()> {
         scenarios.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_users_arguments_replace_the_guests_defaults_they_name() {
+        let args = |line: &[&str]| line.iter().map(ToString::to_string).collect::<Vec<_>>();
+        assert_eq!(
+            vm_bench_args(&args(&["--modes", "event", "--runs", "3"])),
+            args(&["--node", "root", "--modes", "event", "--runs", "3"])
+        );
+        assert_eq!(
+            vm_bench_args(&args(&["--node=sandbox"])),
+            args(&[
+                "--modes",
+                "event,poll-10s,poll-1s,poll-100ms,psi,earlyoom",
+                "--node=sandbox"
+            ])
+        );
+    }
 }

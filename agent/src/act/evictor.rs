@@ -24,7 +24,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use eviction::Ended;
 pub use safeguards::EvictionBudget;
@@ -319,11 +319,30 @@ impl<I: Io> Evictor<I> {
         // After the decision: an eviction it started takes the hooks off.
         let precise = self.plan_precise(&wires.scopes);
         let read_after = precise.as_ref().and_then(|plan| plan.read_after);
+        let next = sooner(
+            sooner(sooner(action, reclaiming), read_after),
+            pod_limits.look_again,
+        );
+        // What keeps the engine running (a close watch costs a whole run
+        // every 20 ms): per run, at debug.
+        debug!(
+            cause = wake.cause.as_str(),
+            decided = ?action,
+            reclaiming = ?reclaiming,
+            read_after = ?read_after,
+            next = ?next,
+            engine_raised,
+            starved = assessment.starved.len(),
+            thresholds_met = assessment.thresholds_met.len(),
+            evictions = self.evictions_running(),
+            run_us = self.clock.since(run_ns).as_micros() as u64,
+            on_cpu_us = ThreadUsage::now()
+                .zip(run_usage)
+                .map(|(now, start)| now.since(&start).cpu.as_micros() as u64),
+            "engine run"
+        );
         Evaluation {
-            action: sooner(
-                sooner(sooner(action, reclaiming), read_after),
-                pod_limits.look_again,
-            ),
+            action: next,
             memcg_levels: Some(wires.memcg_levels),
             precise,
         }

@@ -155,6 +155,15 @@ struct Args {
     /// every round, so a bench ended otherwise keeps its complete rounds.
     #[arg(long)]
     stop_file: Option<PathBuf>,
+    /// Keeps every agent's log (JSON lines, one file per run named by
+    /// round, scenario and mode) in this directory: what an agent did in a
+    /// run that a table cannot say.
+    #[arg(long)]
+    agent_logs: Option<PathBuf>,
+    /// The agents' RUST_LOG (`debug` adds a line per engine run: what
+    /// woke it, what it decided, what it cost).
+    #[arg(long, default_value = "info")]
+    agent_log_level: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -436,6 +445,9 @@ fn bench(args: &Args) -> Result<()> {
     // SAFETY: single-threaded here; Agent::start reads it in this thread.
     unsafe { std::env::set_var("EVICTD_BIN", &args.evictd) };
     fs::create_dir_all(&args.out)?;
+    if let Some(dir) = &args.agent_logs {
+        fs::create_dir_all(dir)?;
+    }
     let cgroupfs = CgroupFs::discover().context("finding the cgroup hierarchies")?;
     let modes: Vec<String> = args
         .modes
@@ -466,6 +478,7 @@ fn bench(args: &Args) -> Result<()> {
     let mut idle = serde_json::Map::new();
     for mode in modes.iter().filter(|mode| *mode != EARLYOOM) {
         check_stop()?;
+        runs::name_agent_log(format!("idle-{mode}"));
         let measured = runs::idle_overhead(args, mode)?;
         println!(
             "  {mode:<16} CPU {:.3}% of a core, RSS {:.1} MiB (peak {:.1} MiB)",
@@ -516,6 +529,7 @@ fn bench(args: &Args) -> Result<()> {
             stopped = true;
             break;
         }
+        runs::name_agent_log(format!("r{round:02}-{scenario}-{mode}"));
         let outcome = match scenario {
             Scenario::Memory { rate } => runs::sandbox(args, 0).and_then(|node| {
                 let run = runs::memory_run(args, node, mode, *rate, args.threshold)?;

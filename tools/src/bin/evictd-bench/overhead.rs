@@ -101,6 +101,7 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
     let agent = match mode {
         NO_AGENT | EARLYOOM => None,
         _ => Some(start_agent(
+            args,
             &node,
             mode,
             &format!("memory.available<{}", args.threshold),

@@ -1,8 +1,10 @@
 //! One run of a bomb: the sandbox node, the agent (or the oracle), the
 //! bomb, and what each side logged, on CLOCK_MONOTONIC from the crossing.
 use std::{
+    cell::RefCell,
     fs,
     path::{Path, PathBuf},
+    process::Command,
     time::{Duration, Instant},
 };
 
@@ -216,12 +218,15 @@ pub fn sandbox(args: &Args, pods: usize) -> Result<SandboxNode> {
     Ok(node)
 }
 
-pub fn start_agent(node: &SandboxNode, mode: &str, threshold: &str) -> Result<Agent> {
-    let mut agent_args = node.agent_args();
-    agent_args.extend(mode_args(mode)?);
-    agent_args.extend(["--eviction-hard".into(), threshold.into()]);
-    let agent_args: Vec<&str> = agent_args.iter().map(String::as_str).collect();
-    let mut agent = Agent::start(&agent_args)?;
+pub fn start_agent(args: &Args, node: &SandboxNode, mode: &str, threshold: &str) -> Result<Agent> {
+    let mut command = Command::new(&args.evictd);
+    command
+        .args(node.agent_args())
+        .args(mode_args(mode)?)
+        .args(["--eviction-hard", threshold])
+        .env("RUST_LOG", &args.agent_log_level);
+    AGENT_LOGS.with_borrow_mut(|logs| logs.dir = args.agent_logs.clone());
+    let mut agent = Agent::spawn(command)?;
     if node.is_root() {
         // As kubelet sets it for the DaemonSet's system-node-critical pod;
         // the bench's own -1000 would otherwise be inherited.
@@ -245,8 +250,45 @@ fn machine_working_set() -> Result<u64> {
     working_set_from_vmstat(&text).context("no page counts in /proc/vmstat")
 }
 
+/// Where the agents' logs are kept (`--agent-logs`), and the name of the
+/// next run's file: set per run by the loop, read where the agent stops,
+/// deep in each scenario.
+#[derive(Default)]
+struct AgentLogs {
+    dir: Option<PathBuf>,
+    next_name: String,
+}
+
+thread_local! {
+    static AGENT_LOGS: RefCell<AgentLogs> = RefCell::default();
+}
+
+/// Names the file the next agent's log is kept in (`--agent-logs`).
+pub fn name_agent_log(name: String) {
+    AGENT_LOGS.with_borrow_mut(|logs| logs.next_name = name.replace(['/', ' ', ','], "_"));
+}
+
+fn keep_agent_log(log: &AgentLog) -> Result<()> {
+    let Some(path) = AGENT_LOGS.with_borrow(|logs| {
+        logs.dir
+            .as_ref()
+            .map(|dir| dir.join(format!("{}.jsonl", logs.next_name)))
+    }) else {
+        return Ok(());
+    };
+    let mut text = String::new();
+    for line in &log.seen {
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    fs::write(&path, text).with_context(|| format!("keeping the agent's log in {}", path.display()))
+}
+
 pub fn stop(agent: Agent) -> Result<AgentLog> {
-    let (status, log) = agent.stop()?;
+    let (status, mut log) = agent.stop()?;
+    // Everything it printed, not only what the run waited for.
+    log.drain();
+    keep_agent_log(&log)?;
     if !status.success() {
         bail!("the agent exited with {status}");
     }
@@ -269,6 +311,7 @@ pub fn memory_run(
     let agent = match mode {
         ORACLE | NO_AGENT | EARLYOOM => None,
         _ => Some(start_agent(
+            args,
             &node,
             mode,
             &format!("memory.available<{threshold}"),
@@ -493,6 +536,7 @@ pub fn fork_bomb_run(args: &Args, mode: &str, busy_pod: bool) -> Result<Run> {
     // Once the last of them is born.
     let busy_since = Instant::now();
     let agent = start_agent(
+        args,
         &node,
         mode,
         &format!("pid.available<{}", args.pid_threshold),
@@ -755,7 +799,12 @@ pub struct Idle {
 
 pub fn idle_overhead(args: &Args, mode: &str) -> Result<Idle> {
     let mut node = sandbox(args, 0)?;
-    let agent = start_agent(&node, mode, &format!("memory.available<{}", args.threshold))?;
+    let agent = start_agent(
+        args,
+        &node,
+        mode,
+        &format!("memory.available<{}", args.threshold),
+    )?;
     let before = cpu_time(agent.pid())?;
     let window = Instant::now();
     // The measurement is the waiting: nothing happens on the node.
