@@ -24,7 +24,7 @@ use serde::Serialize;
 use tokio::{
     io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _},
     net::TcpStream,
-    process::{Child, Command},
+    process::Command,
 };
 
 use crate::decide::reason::KillReason;
@@ -230,8 +230,9 @@ impl PreKillHook {
     }
 }
 
-/// A hook's process group, killed when dropped unless its leader has been
-/// reaped (then its id may be another group's).
+/// A hook's process group, killed when dropped (at the deadline, or with
+/// its eviction, which a hard threshold took over) unless its leader has
+/// been reaped (then its id may be another group's).
 struct Group {
     leader: Option<Pid>,
 }
@@ -296,19 +297,15 @@ async fn run_command(path: &PathBuf, call: &PreKillCall, bound: Duration) -> Hoo
             path: path.clone(),
             source,
         }),
+        // The group is killed before the child is dropped, which tokio
+        // reaps when it has died: the eviction never waits for that (a
+        // task in uninterruptible sleep dies only when it wakes).
         Err(_) => {
             drop(group);
-            reap(&mut child, bound).await;
+            drop(child);
             HookOutcome::TimedOut
         }
     }
-}
-
-/// Waits for a killed hook to be reaped, so no zombie is left; at most
-/// `bound` more (a task in uninterruptible sleep dies when it wakes, and
-/// tokio reaps it then).
-async fn reap(child: &mut Child, bound: Duration) {
-    let _ = tokio::time::timeout(bound, child.wait()).await;
 }
 
 /// The first [`OUTPUT_KEPT`] bytes of `output`, read to its end (a hook

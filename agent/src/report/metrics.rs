@@ -427,7 +427,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 39] = [
+        let collectors: [&dyn Collector; 40] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -445,6 +445,7 @@ mod tests {
             &metrics.program_run_time,
             &metrics.evictions,
             &metrics.eviction_failures,
+            &metrics.pre_kill_hooks,
             &metrics.evictions_held,
             &metrics.pressure_outside_pods,
             &metrics.decision_latency,

@@ -3,6 +3,7 @@
 //! for it, else the local kill, with a soft eviction's grace period); its
 //! end reported; then the victim's resource watched until it is back.
 use std::{
+    cell::Cell,
     collections::BTreeMap,
     future::Future,
     pin::Pin,
@@ -131,6 +132,9 @@ struct InFlight {
     decision: Vec<String>,
     wake: Wake,
     started_ns: u64,
+    /// How long the pre-kill hook ran before the kill began (zero without
+    /// one), so that the time to the first signal counts it.
+    hook_took: Rc<Cell<Duration>>,
     /// The victim's working set at the decision, for what coming back
     /// means.
     working_set_before: u64,
@@ -254,7 +258,9 @@ impl<I: Io> Evictor<I> {
                 if let (Some(api), Some(notice)) = (&self.api, eviction.notice.clone()) {
                     api.report(notice);
                 }
-                let to_kill = first_signal_after(&eviction.wake, eviction.started_ns, &report);
+                let kill_started_ns = eviction.started_ns
+                    + u64::try_from(eviction.hook_took.get().as_nanos()).unwrap_or(u64::MAX);
+                let to_kill = first_signal_after(&eviction.wake, kill_started_ns, &report);
                 self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
                 self.safeguards.succeeded(&eviction.uid);
                 info!(
@@ -464,6 +470,8 @@ impl<I: Io> Evictor<I> {
         let killer = self.killer.clone();
         let grace = victim.grace_period;
         let pre_kill = self.pre_kill_for(victim, pod);
+        let hook_took = Rc::new(Cell::new(Duration::ZERO));
+        let hook_time = Rc::clone(&hook_took);
         let kill_cgroup = cgroup.clone();
         let api_notice = notice.clone();
         // Only a soft eviction spares the sandbox its SIGTERM.
@@ -471,7 +479,11 @@ impl<I: Io> Evictor<I> {
         let fallback = self.api_sandbox(&pod.uid);
         let eviction = async move {
             let grace = match pre_kill {
-                Some(pre_kill) => pre_kill.run(grace).await,
+                Some(pre_kill) => {
+                    let took = pre_kill.run(grace).await;
+                    hook_time.set(took);
+                    grace.saturating_sub(took)
+                }
                 None => grace,
             };
             if let (Some(api), Some(notice)) = (api, api_notice) {
@@ -532,6 +544,7 @@ impl<I: Io> Evictor<I> {
                 decision: decision.to_vec(),
                 wake: *wake,
                 started_ns: self.clock.now_ns(),
+                hook_took,
             },
         );
     }
@@ -724,9 +737,10 @@ struct PreKillRun {
 }
 
 impl PreKillRun {
-    /// Runs the hook within its bound, logs and counts how it ended, and
-    /// returns what is left of the pod's `grace` for its SIGTERM: the
-    /// SIGKILL comes when it would without a hook.
+    /// Runs the hook within its bound (of the pod's `grace`), logs and
+    /// counts how it ended, and returns how long it took: the SIGTERM gets
+    /// what is left of the grace, so the SIGKILL comes when it would
+    /// without a hook.
     async fn run(self, grace: Duration) -> Duration {
         let bound = self.hook.bound(grace);
         let started = Instant::now();
@@ -762,7 +776,7 @@ impl PreKillRun {
             .pre_kill_hooks
             .with_label_values(&[outcome.as_str()])
             .inc();
-        grace.saturating_sub(took)
+        took
     }
 }
 
