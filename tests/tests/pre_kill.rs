@@ -36,6 +36,26 @@ fn hook(dir: &Path, body: &str) -> PathBuf {
     path
 }
 
+/// A soft memory threshold the hog's 200 MiB pass, its grace period, and
+/// the hook at `script` with `timeout`.
+fn with_hook(script: &Path, timeout: &str) -> Vec<String> {
+    [
+        "--eviction-hard=",
+        "--eviction-soft",
+        "memory.available<200Mi",
+        "--eviction-soft-grace-period",
+        "memory.available=1s",
+        "--eviction-max-pod-grace-period",
+        GRACE_SECONDS,
+        "--pre-kill-hook",
+        script.to_str().unwrap(),
+        "--pre-kill-hook-timeout",
+        timeout,
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
 /// The node, the agent with the hook `script` makes for the node and
 /// `timeout`, and the hog pushing the node past a soft memory threshold.
 fn soft_eviction_with_hook(
@@ -45,21 +65,9 @@ fn soft_eviction_with_hook(
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     node.alloc(&MEMORY_PODS_HELD).unwrap();
     let script = script(&node);
-    let agent = node
-        .start_agent(&[
-            "--eviction-hard=",
-            "--eviction-soft",
-            "memory.available<200Mi",
-            "--eviction-soft-grace-period",
-            "memory.available=1s",
-            "--eviction-max-pod-grace-period",
-            GRACE_SECONDS,
-            "--pre-kill-hook",
-            script.to_str().unwrap(),
-            "--pre-kill-hook-timeout",
-            timeout,
-        ])
-        .unwrap();
+    let args = with_hook(&script, timeout);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = node.start_agent(&args).unwrap();
     // Past the threshold, far from the node's limit.
     node.alloc(&[("hog", 200 * MIB)]).unwrap();
     (node, agent)
@@ -203,22 +211,7 @@ fn the_daemonsets_confinement_lets_the_agent_start_a_hook_and_kill_it_at_its_dea
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     node.alloc(&MEMORY_PODS_HELD).unwrap();
     let mut args = node.agent_args();
-    args.extend(
-        [
-            "--eviction-hard=",
-            "--eviction-soft",
-            "memory.available<200Mi",
-            "--eviction-soft-grace-period",
-            "memory.available=1s",
-            "--eviction-max-pod-grace-period",
-            GRACE_SECONDS,
-            "--pre-kill-hook",
-            yes.to_str().unwrap(),
-            "--pre-kill-hook-timeout",
-            "1s",
-        ]
-        .map(str::to_owned),
-    );
+    args.extend(with_hook(yes, "1s"));
     let mut agent = confined_agent(
         SECCOMP.as_ref(),
         &node.node_cgroup(),

@@ -1,11 +1,9 @@
 //! Why a pod is killed, one type from the decision to every report of the
 //! kill (its log line, the `reason` label of `evictd_evictions_total`, the
-//! pod's `Evicted` event, the pre-kill hook, `evictd simulate`), as
+//! pod's `Evicted` event and its report journal, the pre-kill hook), as
 //! Android's lmkd records one of its typed kill reasons. Only reasons
 //! evictd acts on today have a variant; thrashing and KEP-5986's second
 //! stage get theirs with those features.
-use std::fmt;
-
 use crate::decide::{rank::Ranked, thresholds::Signal};
 
 /// Why a pod is killed.
@@ -86,11 +84,5 @@ impl KillReason {
         } else {
             Self::Threshold(signal)
         }
-    }
-}
-
-impl fmt::Display for KillReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} ({})", self.as_str(), self.signal())
     }
 }

@@ -114,7 +114,6 @@ pub fn run(
                 .iter()
                 .map(|v| v.grace_period.as_secs())
                 .collect(),
-            victim_reasons: choice.victims.iter().map(|v| v.reason.as_str()).collect(),
         };
         serde_json::to_writer(&mut *out, &line)
             .map_err(|e| SimulateError::Write(io::Error::from(e)))?;
@@ -140,9 +139,6 @@ struct Decision<'a> {
     deficit: Option<i64>,
     /// Per victim, in the order of `victims`.
     victim_grace_period_seconds: Vec<u64>,
-    /// Per victim, in the order of `victims`: why it is killed
-    /// ([`KillReason::as_str`](crate::decide::reason::KillReason::as_str)).
-    victim_reasons: Vec<&'static str>,
 }
 
 /// Whole seconds print as integers, as they were most likely written.

@@ -613,5 +613,5 @@ fn a_pid_kill_decided_by_priority_is_for_the_threshold_under_either_ranking() {
     let reason = first_victims_reason(&pods, PidRanking::ForkRate);
     assert_eq!(reason, KillReason::Threshold(Signal::PidAvailable));
     assert_eq!(reason.as_str(), "threshold");
-    assert_eq!(reason.to_string(), "threshold (pid.available)");
+    assert_eq!(reason.signal(), "pid.available");
 }
