@@ -5,8 +5,13 @@ use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
-    act::evictor::EvictionBudget, decide::engine::VictimPolicy, decide::rank::PidRanking, duration,
-    node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE, quantity::Quantity,
+    act::evictor::EvictionBudget,
+    act::pre_kill::{HookTarget, PreKillHook},
+    decide::engine::VictimPolicy,
+    decide::rank::PidRanking,
+    duration,
+    node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE,
+    quantity::Quantity,
     scopes::spec::WatchSpec,
 };
 
@@ -416,9 +421,34 @@ pub struct RunArgs {
     /// housekeeping. It also bounds an --evict-set decision.
     #[arg(long, value_name = "COUNT/DURATION", default_value = "10/1m")]
     pub eviction_budget: EvictionBudget,
+
+    /// Runs before each soft eviction's SIGTERM (and each local-storage
+    /// one's): an absolute path to an executable, run without a shell in a
+    /// process group of its own and told the pod, the kill reason and its
+    /// deadline in EVICTD_* variables, or an http:// URL that gets the same
+    /// as a JSON POST. Hard evictions run none. A hook that fails or is
+    /// still running at its deadline is logged and counted; the eviction
+    /// goes on.
+    #[arg(long, value_name = "PATH|URL")]
+    pub pre_kill_hook: Option<HookTarget>,
+
+    /// How long the pre-kill hook may run, and never more than half the
+    /// pod's grace period: then it is killed (or hung up on) and the
+    /// pod's SIGTERM follows. Long enough for a script to write a line or
+    /// post a message, short against the 30 s grace a pod has by default.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_period)]
+    pub pre_kill_hook_timeout: Duration,
 }
 
 impl RunArgs {
+    /// The pre-kill hook, if one is set.
+    pub fn pre_kill_hook(&self) -> Option<PreKillHook> {
+        self.pre_kill_hook.clone().map(|target| PreKillHook {
+            target,
+            timeout: self.pre_kill_hook_timeout,
+        })
+    }
+
     /// kubelet's `imageMinimumGCAge`: the flag, else --config, else
     /// kubelet's default.
     pub fn image_minimum_gc_age(&self) -> Result<Duration, ConfigError> {

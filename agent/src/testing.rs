@@ -101,6 +101,7 @@ pub(crate) mod fakes {
             evictor::{Evaluation, EvictionBudget, Evictor, EvictorOptions, Parts, SpentBudget},
             io::{EvictionApi, Io, KernelRecords, NodeSource, PodKiller},
             kill::{KillError, KillMethod, KillReport, Sandbox},
+            pre_kill::PreKillHook,
             wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
@@ -625,6 +626,8 @@ pub(crate) mod fakes {
         pub zone: Option<ZoneOptions>,
         /// The state directory that keeps the budget spent.
         pub state_dir: Option<PathBuf>,
+        pub pid_ranking: PidRanking,
+        pub pre_kill: Option<PreKillHook>,
     }
 
     impl Default for HarnessOptions {
@@ -645,6 +648,8 @@ pub(crate) mod fakes {
                 },
                 zone: None,
                 state_dir: None,
+                pid_ranking: PidRanking::Kubelet,
+                pre_kill: None,
             }
         }
     }
@@ -704,12 +709,13 @@ pub(crate) mod fakes {
                     spent_budget: options
                         .state_dir
                         .and_then(|dir| SpentBudget::new(&dir, "node-a")),
+                    pre_kill: options.pre_kill,
                 },
                 metrics.clone(),
                 Clock::new(),
                 EvictorOptions {
                     policy: VictimPolicy::One,
-                    pid_ranking: PidRanking::Kubelet,
+                    pid_ranking: options.pid_ranking,
                     dry_run: options.dry_run,
                     reclaim_timeout: Duration::from_secs(10),
                     kernel_triggers: options.kernel,

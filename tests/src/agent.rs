@@ -232,6 +232,11 @@ impl AgentLog {
         decided
     }
 
+    /// Where `line` came among the lines seen so far, to assert order.
+    pub fn position(&self, line: &Value) -> Option<usize> {
+        self.seen.iter().position(|l| l == line)
+    }
+
     /// Every WARN or ERROR line seen so far.
     pub fn problems(&mut self) -> Vec<Value> {
         self.drain();

@@ -146,7 +146,9 @@ fn a_pod_past_memory_and_pid_thresholds_at_once_is_killed_and_reported_once() {
     let decisions = |signal: &str| {
         metric(
             &metrics,
-            &format!(r#"evictd_evictions_total{{qos="BestEffort",signal="{signal}"}}"#),
+            &format!(
+                r#"evictd_evictions_total{{qos="BestEffort",reason="threshold",signal="{signal}"}}"#
+            ),
         )
         .unwrap_or(0.0)
     };

@@ -170,6 +170,11 @@ fn a_kill_is_reported_to_the_api_as_kubelet_reports_an_eviction() {
         pod_event["metadata"]["annotations"]["starved_resource"],
         "memory"
     );
+    // evictd's own: why the pod went.
+    assert_eq!(
+        pod_event["metadata"]["annotations"]["evictd.io/kill-reason"],
+        "threshold"
+    );
     assert_eq!(patch.content_type, "application/strategic-merge-patch+json");
     let status = &patch.body["status"];
     assert_eq!(

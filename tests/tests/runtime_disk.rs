@@ -491,7 +491,7 @@ fn a_pod_over_its_empty_dir_size_limit_is_evicted_with_kubelets_message_without_
     assert_eq!(
         metric(
             &metrics,
-            r#"evictd_evictions_total{qos="BestEffort",signal="emptydirfs.limit"}"#
+            r#"evictd_evictions_total{qos="BestEffort",reason="pod-limit",signal="emptydirfs.limit"}"#
         ),
         Some(1.0),
         "{metrics}"

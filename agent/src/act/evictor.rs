@@ -33,6 +33,7 @@ pub use spent::{REMEMBERED as REMEMBERED_EVICTIONS, SpentBudget};
 use crate::{
     act::{
         io::{Io, NodeSource, PodKiller},
+        pre_kill::PreKillHook,
         wake::{Clock, ThreadUsage, Wake},
     },
     decide::{
@@ -166,6 +167,8 @@ pub struct Evictor<I: Io> {
     safeguards: safeguards::Safeguards,
     /// The budget on disk, for the next agent (`--state-dir`).
     spent_budget: Option<SpentBudget>,
+    /// Shared with the evictions under way.
+    pre_kill: Option<Rc<PreKillHook>>,
     zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
     /// Disk thresholds whose node-level reclaim is under way: each is
@@ -184,6 +187,8 @@ pub struct Parts<I: Io> {
     /// Where the budget spent is kept across restarts; none in a dry run,
     /// which spends nothing.
     pub spent_budget: Option<SpentBudget>,
+    /// What runs before a soft eviction's SIGTERM (`--pre-kill-hook`).
+    pub pre_kill: Option<PreKillHook>,
 }
 
 impl<I: Io> Evictor<I> {
@@ -218,6 +223,7 @@ impl<I: Io> Evictor<I> {
             evictions: eviction::Evictions::default(),
             safeguards,
             spent_budget: parts.spent_budget,
+            pre_kill: parts.pre_kill.map(Rc::new),
             zone: options.zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
             reclaim_asked: BTreeMap::new(),

@@ -1,8 +1,9 @@
 //! Acting on pressure: the evictor loop (one observation per wake-up,
 //! decisions, their execution), the seams it reaches the world through,
-//! and the kill of a pod.
+//! the pre-kill hook, and the kill of a pod.
 pub mod evictor;
 pub mod io;
 pub mod kill;
+pub mod pre_kill;
 pub mod timer;
 pub mod wake;

@@ -17,6 +17,7 @@ use std::{
 use crate::{
     decide::layout::DiskLayout,
     decide::rank::{self, PidRanking, Ranked},
+    decide::reason::KillReason,
     decide::thresholds::{
         EvictionConfig, NodeCondition, Resource, Signal, Threshold, with_containerfs_thresholds,
     },
@@ -345,6 +346,11 @@ impl Engine {
                     usage: ranked.usage,
                     grace_period: self
                         .grace_period(&starvation.threshold, pods[ranked.index].borrow()),
+                    reason: KillReason::for_threshold(
+                        starvation.threshold.signal,
+                        &ranking,
+                        position,
+                    ),
                 }
             })
             .collect();

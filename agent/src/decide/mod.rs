@@ -1,8 +1,9 @@
 //! kubelet's eviction policy, pure: thresholds, the engine (thresholds
 //! met, grace periods, node conditions, the starved resource), the disk
 //! layout that decides what a disk signal measures, the ranking of pods and
-//! the choice of victims.
+//! the choice of victims, and why each is killed.
 pub mod engine;
 pub mod layout;
 pub mod rank;
+pub mod reason;
 pub mod thresholds;

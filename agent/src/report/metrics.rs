@@ -48,11 +48,14 @@ pub struct Metrics {
     pub program_runs: IntGaugeVec,
     /// Total run time of each eBPF program, nanoseconds (same condition).
     pub program_run_time: IntGaugeVec,
-    /// Pods evicted (or, with --dry-run, that would have been) by signal and
-    /// QoS class.
+    /// Pods evicted (or, with --dry-run, that would have been) by signal,
+    /// QoS class and kill reason (`threshold`, `fork-rate`, `pod-limit`).
     pub evictions: IntCounterVec,
     /// Evictions that failed (the kill did not complete).
     pub eviction_failures: IntCounterVec,
+    /// Pre-kill hook runs by outcome (`done`, `failed`, `timeout`), and
+    /// hard evictions that ran none (`skipped`).
+    pub pre_kill_hooks: IntCounterVec,
     /// Decisions held back by a safeguard (`budget`: --eviction-budget
     /// spent; `outside-pods`: a kill did not give the node back what the
     /// pod held).
@@ -163,13 +166,18 @@ impl Metrics {
         Ok(Arc::new(Self {
             evictions: counter_vec(
                 "evictions_total",
-                "Pods evicted by signal and QoS class (with --dry-run: would have been)",
-                &["signal", "qos"],
+                "Pods evicted by signal, QoS class and kill reason (with --dry-run: would have been)",
+                &["signal", "qos", "reason"],
             )?,
             eviction_failures: counter_vec(
                 "eviction_failures_total",
                 "Evictions whose kill did not complete, by signal",
                 &["signal"],
+            )?,
+            pre_kill_hooks: counter_vec(
+                "pre_kill_hooks_total",
+                "Pre-kill hook runs by outcome (done, failed, timeout; skipped: a hard eviction runs none)",
+                &["outcome"],
             )?,
             evictions_held: counter_vec(
                 "evictions_held_total",
@@ -419,7 +427,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 39] = [
+        let collectors: [&dyn Collector; 40] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -437,6 +445,7 @@ mod tests {
             &metrics.program_run_time,
             &metrics.evictions,
             &metrics.eviction_failures,
+            &metrics.pre_kill_hooks,
             &metrics.evictions_held,
             &metrics.pressure_outside_pods,
             &metrics.decision_latency,

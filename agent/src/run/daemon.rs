@@ -309,6 +309,7 @@ pub async fn run(
                     args.kubernetes.node_name.as_deref().unwrap_or_default(),
                 )
             },
+            pre_kill: args.pre_kill_hook(),
         },
         metrics.clone(),
         Clock::new(),

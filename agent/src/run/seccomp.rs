@@ -55,6 +55,14 @@ mod tests {
             "unlink",
             "geteuid",
             "fchmod",
+            // An executable --pre-kill-hook: its stderr pipe, its own
+            // process group and standard streams, its kill at the
+            // deadline, its reaping (clone and execve are there already).
+            "pipe2",
+            "setpgid",
+            "dup2",
+            "kill",
+            "wait4",
         ] {
             assert!(allowed.contains(&needed), "{needed} is not allowed");
         }

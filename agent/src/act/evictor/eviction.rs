@@ -3,9 +3,11 @@
 //! for it, else the local kill, with a soft eviction's grace period); its
 //! end reported; then the victim's resource watched until it is back.
 use std::{
+    cell::Cell,
     collections::BTreeMap,
     future::Future,
     pin::Pin,
+    rc::Rc,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -15,6 +17,7 @@ use futures::{
     future::{AbortHandle, abortable},
     stream::FuturesUnordered,
 };
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
 use super::{Action, CANDIDATES_LOGGED, DecisionTimes, Evictor, Ranking};
@@ -22,15 +25,20 @@ use crate::{
     act::{
         io::{EvictionApi, Io, NodeSource, PodKiller},
         kill::{KillError, KillReport, Sandbox, describe_holdouts},
+        pre_kill::{HookOutcome, PreKillCall, PreKillHook},
         wake::{ThreadUsage, Wake},
     },
     config::EvictionAction,
     decide::{
         engine::{Assessment, Choice, Starvation, Victim},
+        reason::KillReason,
         thresholds::{Resource, Signal},
     },
     node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
-    report::kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
+    report::{
+        kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
+        metrics::Metrics,
+    },
 };
 
 /// How long a soft eviction waits for the container runtime to say which
@@ -124,6 +132,9 @@ struct InFlight {
     decision: Vec<String>,
     wake: Wake,
     started_ns: u64,
+    /// How long the pre-kill hook ran before the kill began (zero without
+    /// one), so that the time to the first signal counts it.
+    hook_took: Rc<Cell<Duration>>,
     /// The victim's working set at the decision, for what coming back
     /// means.
     working_set_before: u64,
@@ -230,12 +241,12 @@ impl<I: Io> Evictor<I> {
                     .with_label_values(&[eviction.cause.label()])
                     .inc();
                 let until = self.safeguards.failed(&eviction.uid, self.clock.now_ns());
-                warn!(victim = %pod, error = %e, backoff_ms = until.as_millis() as u64,
+                warn!(victim = %pod, reason = eviction.victim.reason.as_str(), error = %e, backoff_ms = until.as_millis() as u64,
                     "eviction failed; the next candidate is taken and this pod is left alone for the back-off");
                 return;
             }
             Ended::ByApi => {
-                info!(victim = %pod, "evicted through the Kubernetes Eviction API");
+                info!(victim = %pod, reason = eviction.victim.reason.as_str(), "evicted through the Kubernetes Eviction API");
                 if let (Some(api), Some(notice)) = (&self.api, eviction.notice.clone()) {
                     api.report(EvictionNotice {
                         evicted_by_api: true,
@@ -247,11 +258,14 @@ impl<I: Io> Evictor<I> {
                 if let (Some(api), Some(notice)) = (&self.api, eviction.notice.clone()) {
                     api.report(notice);
                 }
-                let to_kill = first_signal_after(&eviction.wake, eviction.started_ns, &report);
+                let kill_started_ns = eviction.started_ns
+                    + u64::try_from(eviction.hook_took.get().as_nanos()).unwrap_or(u64::MAX);
+                let to_kill = first_signal_after(&eviction.wake, kill_started_ns, &report);
                 self.metrics.trigger_to_kill.observe(to_kill.as_secs_f64());
                 self.safeguards.succeeded(&eviction.uid);
                 info!(
                     victim = %pod,
+                    reason = eviction.victim.reason.as_str(),
                     trigger_to_kill_us = to_kill.as_micros() as u64,
                     sigterm = report.sigterm_sent,
                     sigkill = report.sigkill_sent,
@@ -390,6 +404,7 @@ impl<I: Io> Evictor<I> {
             hard = starvation.threshold.hard,
             resource = %starvation.resource,
             victim = %victim.pod,
+            reason = victim.reason.as_str(),
             victim_usage = victim.usage,
             ?qos,
             grace_seconds = victim.grace_period.as_secs(),
@@ -413,7 +428,7 @@ impl<I: Io> Evictor<I> {
         );
         self.metrics
             .evictions
-            .with_label_values(&[signal.as_str(), qos.as_str()])
+            .with_label_values(&[signal.as_str(), qos.as_str(), victim.reason.as_str()])
             .inc();
     }
 
@@ -445,19 +460,32 @@ impl<I: Io> Evictor<I> {
                 soft.abort.abort();
             }
         }
-        let notice = self.notice(&cause, pod, &cgroup);
+        let notice = self
+            .notice(&cause, pod, &cgroup)
+            .map(|notice| notice.with_kill_reason(victim.reason));
         let api = self
             .api
             .clone()
             .filter(|api| api.action() == EvictionAction::Evict && !hard && notice.is_some());
         let killer = self.killer.clone();
         let grace = victim.grace_period;
+        let pre_kill = self.pre_kill_for(victim, pod);
+        let hook_took = Rc::new(Cell::new(Duration::ZERO));
+        let hook_time = Rc::clone(&hook_took);
         let kill_cgroup = cgroup.clone();
         let api_notice = notice.clone();
         // Only a soft eviction spares the sandbox its SIGTERM.
         let sandbox_lookup = (!grace.is_zero()).then(|| self.node.sandbox_of(&pod.uid));
         let fallback = self.api_sandbox(&pod.uid);
         let eviction = async move {
+            let grace = match pre_kill {
+                Some(pre_kill) => {
+                    let took = pre_kill.run(grace).await;
+                    hook_time.set(took);
+                    grace.saturating_sub(took)
+                }
+                None => grace,
+            };
             if let (Some(api), Some(notice)) = (api, api_notice) {
                 match api.evict(notice, grace).await {
                     EvictOutcome::Evicted => return Ended::ByApi,
@@ -516,8 +544,33 @@ impl<I: Io> Evictor<I> {
                 decision: decision.to_vec(),
                 wake: *wake,
                 started_ns: self.clock.now_ns(),
+                hook_took,
             },
         );
+    }
+
+    /// The pre-kill hook's run before the eviction of `victim`, if one is
+    /// set and the eviction is soft. A hard eviction runs none, neither
+    /// before its kill nor beside it: its threshold says the node is out of
+    /// memory or PIDs now, which a process or a connection started then
+    /// would take from the kill, and the pod is gone before a hook could
+    /// look at it (its log line, event and metric say why it went).
+    fn pre_kill_for(&self, victim: &Victim, pod: &PodSnapshot) -> Option<PreKillRun> {
+        let hook = self.pre_kill.clone()?;
+        if victim.grace_period.is_zero() {
+            self.metrics
+                .pre_kill_hooks
+                .with_label_values(&["skipped"])
+                .inc();
+            return None;
+        }
+        Some(PreKillRun {
+            hook,
+            pod: (pod.namespace.clone(), pod.name.clone(), pod.uid.clone()),
+            victim: victim.pod.clone(),
+            reason: victim.reason,
+            metrics: Arc::clone(&self.metrics),
+        })
     }
 
     /// The pod's sandbox as far as the Kubernetes API can tell without a
@@ -669,6 +722,61 @@ impl<I: Io> Evictor<I> {
              (a host process, kernel memory, host tmpfs?); no more evictions for this signal \
              during the hold, watching"
         );
+    }
+}
+
+/// One run of the pre-kill hook, moved into its eviction.
+struct PreKillRun {
+    hook: Rc<PreKillHook>,
+    /// Namespace, name and uid.
+    pod: (String, String, String),
+    /// `namespace/name`, for the log.
+    victim: String,
+    reason: KillReason,
+    metrics: Arc<Metrics>,
+}
+
+impl PreKillRun {
+    /// Runs the hook within its bound (of the pod's `grace`), logs and
+    /// counts how it ended, and returns how long it took: the SIGTERM gets
+    /// what is left of the grace, so the SIGKILL comes when it would
+    /// without a hook.
+    async fn run(self, grace: Duration) -> Duration {
+        let bound = self.hook.bound(grace);
+        let started = Instant::now();
+        let (namespace, name, uid) = &self.pod;
+        let call = PreKillCall::new(
+            (namespace, name, uid),
+            self.reason,
+            SystemTime::now(),
+            bound,
+        );
+        let outcome = self.hook.run(&call, bound).await;
+        let took = started.elapsed();
+        let took_ms = took.as_millis() as u64;
+        match &outcome {
+            HookOutcome::Done => {
+                info!(
+                    victim = self.victim,
+                    reason = call.reason,
+                    took_ms,
+                    "pre-kill hook done"
+                );
+            }
+            HookOutcome::Failed(e) => {
+                warn!(victim = self.victim, reason = call.reason, error = %e, took_ms,
+                    "pre-kill hook failed; the eviction goes on");
+            }
+            HookOutcome::TimedOut => {
+                warn!(victim = self.victim, reason = call.reason, bound_ms = bound.as_millis() as u64,
+                    hook = %self.hook.target, "pre-kill hook still running at its deadline: killed; the eviction goes on");
+            }
+        }
+        self.metrics
+            .pre_kill_hooks
+            .with_label_values(&[outcome.as_str()])
+            .inc();
+        took
     }
 }
 

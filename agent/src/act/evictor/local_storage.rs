@@ -15,7 +15,7 @@ use crate::{
         io::{Io, NodeSource as _},
         wake::Wake,
     },
-    decide::engine::Victim,
+    decide::{engine::Victim, reason::KillReason},
     node::{
         inventory::InventoryError,
         runtime::local_storage::{LocalStorageEviction, LocalStorageViolation},
@@ -117,6 +117,7 @@ impl<I: Io> Evictor<I> {
                 index: 0,
                 usage: i64::try_from(used_bytes).unwrap_or(i64::MAX),
                 grace_period: IMMEDIATE_EVICTION_GRACE_PERIOD,
+                reason: KillReason::PodLimit(violation.limit()),
             };
             let decision = [victim.pod.clone()];
             self.start(
@@ -140,8 +141,10 @@ impl<I: Io> Evictor<I> {
     ) {
         let (limit, used_bytes) = violation.limit_and_use();
         let qos = pod.qos_class();
+        let reason = KillReason::PodLimit(violation.limit());
         info!(
             signal = violation.signal(),
+            reason = reason.as_str(),
             resource = "ephemeral-storage",
             victim = %pod.key(),
             limit = %limit,
@@ -156,7 +159,7 @@ impl<I: Io> Evictor<I> {
         );
         self.metrics
             .evictions
-            .with_label_values(&[violation.signal(), qos.as_str()])
+            .with_label_values(&[violation.signal(), qos.as_str(), reason.as_str()])
             .inc();
     }
 }

@@ -6,14 +6,17 @@ use evictd_common::Band;
 
 use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
+    act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},
     config::EvictionArgs,
+    decide::rank::PidRanking,
     kernel::bpf::ScopeKind,
     node::runtime::{
         disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
         local_storage::EmptyDirVolume,
     },
-    report::kubernetes::EvictOutcome,
+    node::snapshot::ForkRate,
+    report::kubernetes::{EvictOutcome, KILL_REASON_KEY},
     testing::{
         LogCapture,
         fakes::{FakeApi, Harness, HarnessOptions, MIB, NODE_CAPACITY, pod},
@@ -174,7 +177,7 @@ async fn a_decision_not_acted_on_is_reported_once() {
     let evictions = harness
         .metrics
         .evictions
-        .with_label_values(&["memory.available", "BestEffort"])
+        .with_label_values(&["memory.available", "BestEffort", "threshold"])
         .get();
     assert_eq!(evictions, 1);
 }
@@ -377,7 +380,7 @@ async fn a_pod_past_two_thresholds_is_killed_once_and_the_other_resource_waits_f
             harness
                 .metrics
                 .evictions
-                .with_label_values(&[signal, "BestEffort"])
+                .with_label_values(&[signal, "BestEffort", "threshold"])
                 .get()
         })
         .sum();
@@ -954,11 +957,15 @@ async fn a_pod_over_its_empty_dir_limit_is_killed_at_once_with_kubelets_message_
         reports[0].message.text,
         "Usage of EmptyDir volume \"scratch\" exceeds the limit \"4Mi\". "
     );
-    assert!(reports[0].message.annotations.is_empty());
+    // kubelet adds no annotation to these; evictd adds its kill reason.
+    assert_eq!(
+        reports[0].message.annotations,
+        BTreeMap::from([(KILL_REASON_KEY.to_owned(), "pod-limit".to_owned())])
+    );
     let counted = harness
         .metrics
         .evictions
-        .with_label_values(&["emptydirfs.limit", "BestEffort"])
+        .with_label_values(&["emptydirfs.limit", "BestEffort", "pod-limit"])
         .get();
     assert_eq!(counted, 1);
 
@@ -1085,4 +1092,156 @@ fn a_victim_slow_to_give_its_memory_back_is_looked_at_less_and_less_often() {
     // Ten in the first 50 ms, then each a tenth later than the last: 61.
     // A fixed 5 ms: 1,200 whole engine runs.
     assert!(looks <= 64, "{looks} engine runs");
+}
+
+/// Lines of `log` with `message` and the field `key` equal to `value`
+/// (quoted, as a string is written, or not).
+fn lines_with(log: &LogCapture, message: &str, key: &str, value: &str) -> usize {
+    let quoted = format!("{key}=\"{value}\"");
+    let bare = format!("{key}={value}");
+    log.lines()
+        .iter()
+        .filter(|line| line.contains(message))
+        .filter(|line| {
+            line.split_whitespace()
+                .any(|field| field == quoted || field == bare)
+        })
+        .count()
+}
+
+/// A pod of `pids` tasks forking `per_second` times a second.
+fn forking(name: &str, pids: u64, per_second: f64) -> PodSnapshot {
+    let mut pod = pod(name, 10);
+    pod.usage.pids = pids;
+    pod.usage.forks_per_second = Some(ForkRate::try_from(per_second).unwrap());
+    pod
+}
+
+#[rstest::rstest]
+#[case::kubelets_ranking_takes_the_quiet_pod_for_the_threshold(
+    PidRanking::Kubelet,
+    "db",
+    "threshold"
+)]
+#[case::the_fork_rate_takes_the_bomb_and_says_so(PidRanking::ForkRate, "bomb", "fork-rate")]
+#[tokio::test(start_paused = true)]
+async fn the_kill_reason_goes_from_the_decision_to_its_log_metric_and_event(
+    #[case] pid_ranking: PidRanking,
+    #[case] victim: &str,
+    #[case] reason: &str,
+) {
+    let pods = vec![forking("db", 500, 0.0), forking("bomb", 420, 400.0)];
+    let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["pid.available<100".into()],
+            ..EvictionArgs::default()
+        },
+        pods,
+        api: Some(api.clone()),
+        pid_ranking,
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    let (log, _guard) = LogCapture::start();
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup(victim)]);
+    let key = format!("default/{victim}");
+    assert_eq!(lines_with(&log, "eviction decided", "reason", reason), 1);
+    assert_eq!(lines_with(&log, "pod killed", "victim", &key), 1);
+    assert_eq!(lines_with(&log, "pod killed", "reason", reason), 1);
+    let counted = harness
+        .metrics
+        .evictions
+        .with_label_values(&["pid.available", "BestEffort", reason])
+        .get();
+    assert_eq!(counted, 1);
+    let reports = api.0.borrow().reports.clone();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(reports[0].message.annotations[KILL_REASON_KEY], reason);
+}
+
+/// A hook that cannot run: its run fails at once, whatever the clock.
+fn missing_hook(dir: &std::path::Path) -> PreKillHook {
+    PreKillHook {
+        target: HookTarget::Command(dir.join("missing-hook")),
+        timeout: Duration::from_secs(2),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hook_that_fails_is_logged_and_counted_and_the_soft_eviction_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let hog = PodSnapshot {
+        termination_grace_period_seconds: Some(10),
+        ..pod("hog", 300)
+    };
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec![String::new()],
+            eviction_soft: vec!["memory.available<100Mi".into()],
+            eviction_soft_grace_period: vec!["memory.available=1s".into()],
+            eviction_max_pod_grace_period: Some("10".into()),
+            ..EvictionArgs::default()
+        },
+        pods: vec![hog],
+        outside_pods: outside(300, 50),
+        pre_kill: Some(missing_hook(dir.path())),
+        ..HarnessOptions::default()
+    });
+    let (log, _guard) = LogCapture::start();
+    harness.evictor.evaluate(wake(&harness));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(
+        *harness.killer.graces.borrow(),
+        [Duration::from_secs(10)],
+        "a hook that failed at once took nothing from the grace period"
+    );
+    assert_eq!(killed(&harness), [cgroup("hog")]);
+    assert_eq!(
+        lines_with(
+            &log,
+            "pre-kill hook failed; the eviction goes on",
+            "victim",
+            "default/hog"
+        ),
+        1,
+        "{:?}",
+        log.lines()
+    );
+    let hooks = |outcome: &str| {
+        harness
+            .metrics
+            .pre_kill_hooks
+            .with_label_values(&[outcome])
+            .get()
+    };
+    assert_eq!(hooks("failed"), 1);
+    assert_eq!(hooks("skipped"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hard_eviction_runs_no_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut harness = Harness::new(HarnessOptions {
+        pods: vec![pod("hog", 300)],
+        outside_pods: outside(300, 50),
+        pre_kill: Some(missing_hook(dir.path())),
+        ..HarnessOptions::default()
+    });
+    let (log, _guard) = LogCapture::start();
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("hog")]);
+    assert!(
+        log.lines()
+            .iter()
+            .all(|line| !line.contains("pre-kill hook"))
+    );
+    let skipped = harness
+        .metrics
+        .pre_kill_hooks
+        .with_label_values(&["skipped"])
+        .get();
+    assert_eq!(skipped, 1);
 }

@@ -2,7 +2,7 @@
 //! (--evict-set) the smallest set that covers the deficit at once.
 use std::time::Duration;
 
-use crate::decide::rank::Ranked;
+use crate::decide::{rank::Ranked, reason::KillReason};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum VictimPolicy {
@@ -36,6 +36,7 @@ pub struct Victim {
     pub usage: i64,
     /// How long the pod gets between SIGTERM and SIGKILL.
     pub grace_period: Duration,
+    pub reason: KillReason,
 }
 
 /// Positions in `ranking` of the pods to evict, in ranking order.

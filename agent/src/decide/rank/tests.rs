@@ -3,7 +3,10 @@ use rstest::rstest;
 use serde_json::json;
 
 use super::*;
-use crate::node::snapshot::{ForkRate, QosClass};
+use crate::{
+    decide::reason::KillReason,
+    node::snapshot::{ForkRate, QosClass},
+};
 
 const MI: u64 = 1 << 20;
 
@@ -569,4 +572,46 @@ fn a_pod_without_metadata_goes_after_every_pod_evictd_knows() {
     );
     let pids = kubelet_rank(&pods, Signal::PidAvailable, DiskLayout::Shared);
     assert_eq!(names(&pids, &pods).last(), Some(&"stranger"));
+}
+
+/// Why the first pod of `pods` ranked under `pid_ranking` is killed.
+fn first_victims_reason(pods: &[PodSnapshot], pid_ranking: PidRanking) -> KillReason {
+    let ranking = rank(pods, Signal::PidAvailable, DiskLayout::Shared, pid_ranking);
+    KillReason::for_threshold(Signal::PidAvailable, &ranking, 0)
+}
+
+#[rstest]
+#[case::kubelet_ranking_is_the_threshold(
+    PidRanking::Kubelet,
+    Some(0.0),
+    KillReason::Threshold(Signal::PidAvailable)
+)]
+#[case::the_bomb_put_first_by_its_fork_rate(PidRanking::ForkRate, Some(0.0), KillReason::ForkRate)]
+#[case::a_tie_in_fork_rate_is_the_process_count(
+    PidRanking::ForkRate,
+    Some(400.0),
+    KillReason::Threshold(Signal::PidAvailable)
+)]
+fn a_pid_kill_is_for_the_fork_rate_only_when_the_fork_rate_put_the_pod_first(
+    #[case] pid_ranking: PidRanking,
+    #[case] quiet_rate: Option<f64>,
+    #[case] reason: KillReason,
+) {
+    let pods = [
+        forking_pod("db", 0, 200, quiet_rate),
+        forking_pod("bomb", 0, 250, Some(400.0)),
+    ];
+    assert_eq!(first_victims_reason(&pods, pid_ranking), reason);
+}
+
+#[test]
+fn a_pid_kill_decided_by_priority_is_for_the_threshold_under_either_ranking() {
+    let pods = [
+        forking_pod("important-quiet", 100, 10, Some(0.0)),
+        forking_pod("bomb", 0, 150, Some(400.0)),
+    ];
+    let reason = first_victims_reason(&pods, PidRanking::ForkRate);
+    assert_eq!(reason, KillReason::Threshold(Signal::PidAvailable));
+    assert_eq!(reason.as_str(), "threshold");
+    assert_eq!(reason.signal(), "pid.available");
 }

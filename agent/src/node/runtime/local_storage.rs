@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::disk_usage::{Incomplete, PodDiskUsage};
 use crate::{
+    decide::reason::PodLimit,
     node::{resources, snapshot::PodSnapshot},
     quantity::Quantity,
 };
@@ -128,17 +129,24 @@ impl LocalStorageViolation {
         }
     }
 
-    /// The signal kubelet counts the eviction under in its
-    /// `evictions_total` metric.
-    pub fn signal(&self) -> &'static str {
+    /// The limit outgrown.
+    pub fn limit(&self) -> PodLimit {
         match self {
             Self::EmptyDir { .. }
             | Self::Unmeasured {
                 volume: Some(_), ..
-            } => "emptydirfs.limit",
-            Self::Pod { .. } | Self::Unmeasured { volume: None, .. } => "ephemeralpodfs.limit",
-            Self::Container { .. } => "ephemeralcontainerfs.limit",
+            } => PodLimit::EmptyDir,
+            Self::Pod { .. } | Self::Unmeasured { volume: None, .. } => {
+                PodLimit::PodEphemeralStorage
+            }
+            Self::Container { .. } => PodLimit::Container,
         }
+    }
+
+    /// The signal kubelet counts the eviction under in its
+    /// `evictions_total` metric.
+    pub fn signal(&self) -> &'static str {
+        self.limit().signal()
     }
 
     /// The limit exceeded and what was measured against it.

@@ -10,6 +10,9 @@ use crate::{decide::thresholds::Resource, quantity::Quantity};
 pub const OFFENDING_CONTAINERS_KEY: &str = "offending_containers";
 pub const OFFENDING_CONTAINERS_USAGE_KEY: &str = "offending_containers_usage";
 pub const STARVED_RESOURCE_KEY: &str = "starved_resource";
+/// evictd's own annotation of the `Evicted` event: why the pod was killed
+/// ([`KillReason::as_str`](crate::decide::reason::KillReason::as_str)).
+pub const KILL_REASON_KEY: &str = "evictd.io/kill-reason";
 
 /// One container of the victim as it was just before the kill.
 #[derive(Debug, Clone, PartialEq)]

@@ -23,14 +23,16 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal};
-pub use message::{ContainerUsage, EvictionMessage, StarvedSignal, eviction_message};
+pub use message::{
+    ContainerUsage, EvictionMessage, KILL_REASON_KEY, StarvedSignal, eviction_message,
+};
 pub use pod_cache::PodCache;
 pub use pods::{KnownPod, PodStore, known_pod};
 pub use report::{EvictOutcome, EvictionNotice};
 
 use crate::{
     config::{EvictionAction, KubernetesArgs},
-    decide::thresholds::Resource,
+    decide::{reason::KillReason, thresholds::Resource},
     report::metrics::Metrics,
     state::StateDir,
 };
@@ -320,6 +322,17 @@ impl EvictionNotice {
             evicted_by_api: false,
             pod_limit: true,
         }
+    }
+
+    /// The notice with evictd's typed kill reason as an annotation of the
+    /// pod's `Evicted` event ([`KILL_REASON_KEY`]): kubelet's message and
+    /// annotations stay word for word, and the journal keeps the reason
+    /// with them.
+    pub fn with_kill_reason(mut self, reason: KillReason) -> Self {
+        self.message
+            .annotations
+            .insert(KILL_REASON_KEY.to_owned(), reason.as_str().to_owned());
+        self
     }
 }
 
