@@ -16,13 +16,19 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
+use hyper::{
+    Request, Uri,
+    client::conn::http1,
+    header::{CONTENT_TYPE, HOST, USER_AGENT},
+};
+use hyper_util::rt::TokioIo;
 use nix::{
     sys::signal::{Signal as UnixSignal, killpg},
     unistd::Pid,
 };
 use serde::Serialize;
 use tokio::{
-    io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _},
+    io::{AsyncRead, AsyncReadExt as _},
     net::TcpStream,
     process::Command,
 };
@@ -31,8 +37,12 @@ use crate::decide::reason::KillReason;
 
 /// The hook's output kept for the log: a hook a tenant can make talk (it
 /// prints the pod's name) must not grow the agent; the rest is read and
-/// dropped. The same bound holds an HTTP answer's head.
+/// dropped.
 const OUTPUT_KEPT: usize = 1024;
+
+/// What an HTTP hook's answer may take while its head is read (hyper's
+/// least): its body is never read.
+const HTTP_ANSWER_BUFFER: usize = 8192;
 
 /// The only environment a hook executable gets besides its call: not the
 /// agent's (its service account token path, its proxies).
@@ -62,14 +72,32 @@ pub enum PreKillError {
         status: ExitStatus,
         output: String,
     },
-    #[error("pre-kill hook {url}: {source}")]
-    Http {
-        url: String,
+    #[error("pre-kill hook {url}: cannot encode the call: {source}")]
+    Encode {
+        url: Uri,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("pre-kill hook {url}: cannot make the request: {source}")]
+    Request {
+        url: Uri,
+        #[source]
+        source: hyper::http::Error,
+    },
+    #[error("pre-kill hook {url}: cannot connect: {source}")]
+    Connect {
+        url: Uri,
         #[source]
         source: std::io::Error,
     },
-    #[error("pre-kill hook {url} answered {status_line:?}")]
-    HttpStatus { url: String, status_line: String },
+    #[error("pre-kill hook {url}: {source}")]
+    Http {
+        url: Uri,
+        #[source]
+        source: hyper::Error,
+    },
+    #[error("pre-kill hook {url} answered {status}")]
+    HttpStatus { url: Uri, status: hyper::StatusCode },
 }
 
 /// Where the hook is.
@@ -83,9 +111,9 @@ pub enum HookTarget {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpEndpoint {
-    /// `host:port`, as connected to and sent in `Host`.
-    authority: String,
-    path: String,
+    url: Uri,
+    /// `host:port`, as connected to.
+    address: String,
 }
 
 impl FromStr for HookTarget {
@@ -93,18 +121,30 @@ impl FromStr for HookTarget {
 
     fn from_str(text: &str) -> Result<Self, PreKillError> {
         let refuse = || PreKillError::Target(text.to_owned());
-        if let Some(rest) = text.strip_prefix("http://") {
-            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let (host, port) = authority.rsplit_once(':').unwrap_or((authority, "80"));
-            // Control characters or spaces would let the URL write headers.
-            let clean = |part: &str| part.bytes().all(|b| b.is_ascii_graphic());
-            if host.is_empty() || port.parse::<u16>().is_err() || !clean(rest) {
+        if text.starts_with("http://") {
+            // A URL parses without spaces or control characters, which
+            // would let it write headers; credentials are not sent.
+            let url: Uri = text.parse().map_err(|_| refuse())?;
+            let host = url.host().filter(|host| !host.is_empty());
+            let credentials = url.authority().is_some_and(|a| a.as_str().contains('@'));
+            // What follows the host; `Uri::port` would pass over a port
+            // past 65535 as none.
+            let after_host = match (url.authority(), host) {
+                (Some(authority), Some(host)) => authority.as_str().strip_prefix(host),
+                _ => None,
+            };
+            let port = match after_host {
+                Some("") => Some(80),
+                Some(rest) => rest
+                    .strip_prefix(':')
+                    .and_then(|port| port.parse::<u16>().ok()),
+                None => None,
+            };
+            let (Some(host), Some(port), false) = (host, port, credentials) else {
                 return Err(refuse());
-            }
-            return Ok(Self::Http(HttpEndpoint {
-                authority: format!("{host}:{port}"),
-                path: if path.is_empty() { "/" } else { path }.to_owned(),
-            }));
+            };
+            let address = format!("{host}:{port}");
+            return Ok(Self::Http(HttpEndpoint { url, address }));
         }
         let path = PathBuf::from(text);
         if text.contains("://") || !path.is_absolute() {
@@ -118,7 +158,7 @@ impl fmt::Display for HookTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Command(path) => write!(f, "{}", path.display()),
-            Self::Http(endpoint) => write!(f, "http://{}{}", endpoint.authority, endpoint.path),
+            Self::Http(endpoint) => write!(f, "{}", endpoint.url),
         }
     }
 }
@@ -330,46 +370,57 @@ async fn read_bounded(output: Option<impl AsyncRead + Unpin>) -> String {
     String::from_utf8_lossy(&kept).into_owned()
 }
 
-/// POSTs `call` to `endpoint` and reads the answer's status line (its
-/// first [`OUTPUT_KEPT`] bytes at most): 2xx is done.
+/// POSTs `call` to `endpoint` and reads the answer's head: 2xx is done.
 async fn post(endpoint: &HttpEndpoint, call: &PreKillCall) -> Result<(), PreKillError> {
-    let url = format!("http://{}{}", endpoint.authority, endpoint.path);
+    let url = &endpoint.url;
     let http = |source| PreKillError::Http {
         url: url.clone(),
         source,
     };
-    let body = serde_json::to_vec(call).map_err(|e| http(std::io::Error::from(e)))?;
-    let mut stream = TcpStream::connect(&endpoint.authority)
+    let stream = TcpStream::connect(&endpoint.address)
+        .await
+        .map_err(|source| PreKillError::Connect {
+            url: url.clone(),
+            source,
+        })?;
+    let (mut sender, connection) = http1::Builder::new()
+        .max_buf_size(HTTP_ANSWER_BUFFER)
+        .handshake(TokioIo::new(stream))
         .await
         .map_err(http)?;
-    let head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: evictd\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        endpoint.path,
-        endpoint.authority,
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await.map_err(http)?;
-    stream.write_all(&body).await.map_err(http)?;
-    let mut answer = Vec::with_capacity(OUTPUT_KEPT);
-    let mut buffer = [0u8; 256];
-    while !answer.contains(&b'\n') && answer.len() < OUTPUT_KEPT {
-        let read = stream.read(&mut buffer).await.map_err(http)?;
-        if read == 0 {
-            break;
+    let authority = url.authority().map_or("", |authority| authority.as_str());
+    let body = serde_json::to_vec(call).map_err(|source| PreKillError::Encode {
+        url: url.clone(),
+        source,
+    })?;
+    let request = Request::post(url.path_and_query().map_or("/", |path| path.as_str()))
+        .header(HOST, authority)
+        .header(USER_AGENT, "evictd")
+        .header(CONTENT_TYPE, "application/json")
+        .body(axum::body::Body::from(body))
+        .map_err(|source| PreKillError::Request {
+            url: url.clone(),
+            source,
+        })?;
+    // The connection is driven beside the request, on this task; once it
+    // has ended, the request has its answer or its error.
+    let exchange = sender.send_request(request);
+    tokio::pin!(connection, exchange);
+    let response = tokio::select! {
+        response = &mut exchange => response,
+        closed = &mut connection => {
+            closed.map_err(http)?;
+            exchange.await
         }
-        let room = OUTPUT_KEPT - answer.len();
-        answer.extend_from_slice(&buffer[..read.min(room)]);
     }
-    let status_line = String::from_utf8_lossy(&answer)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    let code = status_line.split(' ').nth(1).unwrap_or_default();
-    if status_line.starts_with("HTTP/1.") && code.len() == 3 && code.starts_with('2') {
+    .map_err(http)?;
+    if response.status().is_success() {
         Ok(())
     } else {
-        Err(PreKillError::HttpStatus { url, status_line })
+        Err(PreKillError::HttpStatus {
+            url: url.clone(),
+            status: response.status(),
+        })
     }
 }
 
