@@ -10,6 +10,13 @@
 //! cgroup are counted (the pod's whole subtree is read); a task that exits
 //! at once is not counted, but holds no PID either; a bomb that moves
 //! (each task forks a successor and exits) keeps every task young.
+//!
+//! Bounded, since the pods ranked are the ones holding the node's PIDs: at
+//! most [`STAT_READS_PER_POD`] start times are read per pod (past that its
+//! tasks are sampled evenly and the count scaled), and a pod whose subtree
+//! holds more than [`CGROUPS_PER_POD`] cgroups gets no rate at all (the
+//! decision then ranks in kubelet's order) rather than one from the part
+//! walked, which the pod could keep quiet.
 use std::{
     fs, io,
     path::{Path, PathBuf},
@@ -29,6 +36,15 @@ use crate::node::{
 /// workers minutes ago does not look like it is forking.
 pub const FORK_RATE_WINDOW: Duration = Duration::from_secs(2);
 
+/// Task start times read per pod at a decision (a few ms): a fork bomb
+/// with 100,000 tasks must not make the decision that would stop it read
+/// 100,000 files first. Sampled evenly, 2,048 reads put a pod's share of
+/// young tasks within a few percent.
+pub const STAT_READS_PER_POD: usize = 2048;
+
+/// Cgroups walked per pod; kubelet makes one per container.
+pub const CGROUPS_PER_POD: usize = 256;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ForkRateError {
     #[error(transparent)]
@@ -43,6 +59,8 @@ pub enum ForkRateError {
     StartTime { path: PathBuf, text: String },
     #[error("reading the boot time clock: {0}")]
     Clock(#[source] nix::Error),
+    #[error("{path}: more than {CGROUPS_PER_POD} cgroups below the pod")]
+    TooManyCgroups { path: PathBuf },
 }
 
 /// Reads fork rates against the clock `/proc/<tid>/stat` counts start
@@ -79,6 +97,7 @@ impl ForkClock {
             &cgroupfs.memory_dir(path),
             threads,
             now_ticks.saturating_sub(window_ticks),
+            STAT_READS_PER_POD,
         )?;
         Ok(
             ForkRate::try_from(born as f64 / FORK_RATE_WINDOW.as_secs_f64())
@@ -94,34 +113,71 @@ impl Default for ForkClock {
 }
 
 /// Tasks listed in `threads` of `dir` and every cgroup below it whose start
-/// time is `since_ticks` or later. A task gone before its start time is
-/// read, or a descendant removed meanwhile, counts nothing; `dir` itself
-/// removed is [`CgroupError::Gone`].
-fn tasks_born_since(dir: &Path, threads: &str, since_ticks: u64) -> Result<u64, ForkRateError> {
-    let list = dir.join(threads);
-    let text = fs::read_to_string(&list).map_err(|e| CgroupError::io(&list, e))?;
-    let mut born = 0;
-    for tid in text.split_whitespace() {
-        if start_ticks(tid)?.is_some_and(|start| start >= since_ticks) {
+/// time is `since_ticks` or later: every one's read if there are at most
+/// `reads`, else `reads` of them evenly spaced and the count scaled. A task
+/// gone before its start time is read, or a descendant removed meanwhile,
+/// counts nothing; `dir` itself removed is [`CgroupError::Gone`].
+fn tasks_born_since(
+    dir: &Path,
+    threads: &str,
+    since_ticks: u64,
+    reads: usize,
+) -> Result<u64, ForkRateError> {
+    let mut tids = Vec::new();
+    list_subtree(dir, threads, &mut tids, &mut 0)?;
+    let (step, sampled) = match tids.len() {
+        0 => return Ok(0),
+        listed if listed <= reads => (1, listed),
+        listed => (
+            listed.div_ceil(reads),
+            listed.div_ceil(listed.div_ceil(reads)),
+        ),
+    };
+    let mut born = 0u64;
+    for tid in tids.iter().step_by(step) {
+        if start_ticks(*tid)?.is_some_and(|start| start >= since_ticks) {
             born += 1;
         }
     }
+    Ok(born * tids.len() as u64 / sampled as u64)
+}
+
+/// Appends the tasks of `dir` and of every cgroup below it to `tids`,
+/// counting the cgroups walked in `walked`.
+fn list_subtree(
+    dir: &Path,
+    threads: &str,
+    tids: &mut Vec<u32>,
+    walked: &mut usize,
+) -> Result<(), ForkRateError> {
+    *walked += 1;
+    if *walked > CGROUPS_PER_POD {
+        return Err(ForkRateError::TooManyCgroups {
+            path: dir.to_owned(),
+        });
+    }
+    let list = dir.join(threads);
+    let text = fs::read_to_string(&list).map_err(|e| CgroupError::io(&list, e))?;
+    // Four bytes a task: the list is as long as the PIDs the pod holds.
+    tids.extend(
+        text.split_whitespace()
+            .filter_map(|tid| tid.parse::<u32>().ok()),
+    );
     let entries = fs::read_dir(dir).map_err(|e| CgroupError::io(dir, e))?;
     for entry in entries.filter_map(Result::ok) {
         if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            match tasks_born_since(&entry.path(), threads, since_ticks) {
-                Ok(n) => born += n,
-                Err(ForkRateError::Cgroup(CgroupError::Gone(_))) => {}
+            match list_subtree(&entry.path(), threads, tids, walked) {
+                Ok(()) | Err(ForkRateError::Cgroup(CgroupError::Gone(_))) => {}
                 Err(e) => return Err(e),
             }
         }
     }
-    Ok(born)
+    Ok(())
 }
 
 /// Task `tid`'s start time in clock ticks since boot; `None` once it has
 /// exited.
-fn start_ticks(tid: &str) -> Result<Option<u64>, ForkRateError> {
+fn start_ticks(tid: u32) -> Result<Option<u64>, ForkRateError> {
     let path = PathBuf::from(format!("/proc/{tid}/stat"));
     let text = match fs::read_to_string(&path) {
         Ok(text) => text,
@@ -169,13 +225,13 @@ mod tests {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
-        let fresh_start = start_ticks(&fresh.id().to_string()).unwrap().unwrap();
+        let fresh_start = start_ticks(fresh.id()).unwrap().unwrap();
         // pid 1 was born at boot; the third task has exited (past any pid_max).
         fs::write(dir.join("tasks"), "1\n4194305\n").unwrap();
         fs::write(child_dir.join("tasks"), format!("{}\n", fresh.id())).unwrap();
 
-        let since_fresh = tasks_born_since(&dir, "tasks", fresh_start);
-        let since_boot = tasks_born_since(&dir, "tasks", 0);
+        let since_fresh = tasks_born_since(&dir, "tasks", fresh_start, STAT_READS_PER_POD);
+        let since_boot = tasks_born_since(&dir, "tasks", 0, STAT_READS_PER_POD);
         let _ = fresh.kill();
         let _ = fresh.wait();
         let _ = fs::remove_dir_all(&dir);
@@ -185,10 +241,60 @@ mod tests {
 
     #[test]
     fn a_removed_cgroup_is_gone() {
-        let error = tasks_born_since(Path::new("/nonexistent/evictd-pod"), "tasks", 0);
+        let error = tasks_born_since(
+            Path::new("/nonexistent/evictd-pod"),
+            "tasks",
+            0,
+            STAT_READS_PER_POD,
+        );
         assert!(matches!(
             error,
             Err(ForkRateError::Cgroup(CgroupError::Gone(_)))
         ));
+    }
+
+    #[test]
+    fn past_its_reads_a_pod_is_sampled_evenly_and_its_count_scaled() {
+        let dir = std::env::temp_dir().join(format!("evictd-forks-sample-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let me = std::process::id();
+        let my_start = start_ticks(me).unwrap().unwrap();
+        // The first 750 listed were born at boot (pid 1), the last 250 with
+        // this test (a cgroup lists its tasks about in the order they joined
+        // it): 1,000 listed, 100 read.
+        let list: String = (0..1000)
+            .map(|i| {
+                if i >= 750 {
+                    format!("{me}\n")
+                } else {
+                    "1\n".to_owned()
+                }
+            })
+            .collect();
+        fs::write(dir.join("tasks"), list).unwrap();
+        let sampled = tasks_born_since(&dir, "tasks", my_start, 100);
+        let every = tasks_born_since(&dir, "tasks", my_start, 1000);
+        let _ = fs::remove_dir_all(&dir);
+        assert_eq!(every.unwrap(), 250);
+        let sampled = sampled.unwrap();
+        assert!((200..=300).contains(&sampled), "{sampled}");
+    }
+
+    #[test]
+    fn a_pod_with_more_cgroups_than_the_bound_gets_no_rate() {
+        let dir = std::env::temp_dir().join(format!("evictd-forks-wide-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("tasks"), "").unwrap();
+        for n in 0..CGROUPS_PER_POD {
+            let child = dir.join(format!("c{n}"));
+            fs::create_dir_all(&child).unwrap();
+            fs::write(child.join("tasks"), "").unwrap();
+        }
+        let error = tasks_born_since(&dir, "tasks", 0, STAT_READS_PER_POD);
+        let _ = fs::remove_dir_all(&dir);
+        assert!(
+            matches!(error, Err(ForkRateError::TooManyCgroups { .. })),
+            "{error:?}"
+        );
     }
 }
