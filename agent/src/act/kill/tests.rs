@@ -92,6 +92,43 @@ async fn v2_writes_cgroup_kill_once_for_the_subtree() {
     assert!(!pod.join("c1/cgroup.kill").exists());
 }
 
+#[test]
+fn a_v2_kill_is_sent_even_when_no_thread_can_run_its_reaper() {
+    // One blocking thread, held: the reaper that would send the kill never
+    // runs. (The child is only listed: writing the fixture's cgroup.kill
+    // signals nothing, and process_mrelease refuses a process not dying.)
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .max_blocking_threads(1)
+        .build()
+        .unwrap();
+    let fixture = Fixture::new("v2-busy");
+    let mut listed = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pod = fixture.cgroup("unified/pod1", &format!("{}\n", listed.id()));
+    fs::write(pod.join("cgroup.kill"), "").unwrap();
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    let written = runtime.block_on(async {
+        let busy = tokio::task::spawn_blocking(move || {
+            let _ = held.recv();
+        });
+        let killer = Killer::new(fixture.v2()).with_deadline(Duration::from_millis(500));
+        // Fails at its deadline: the listed child never leaves the file.
+        let _ = killer
+            .kill_pod("/pod1", Duration::ZERO, &Sandbox::Unknown)
+            .await;
+        let written = read(&pod.join("cgroup.kill"));
+        release.send(()).unwrap();
+        busy.await.unwrap();
+        written
+    });
+    let _ = listed.kill();
+    let _ = listed.wait();
+    assert_eq!(written, "1");
+}
+
 #[tokio::test]
 async fn the_threads_of_a_kill_are_started_beforehand_all_at_once() {
     let fixture = Fixture::new("threads");
