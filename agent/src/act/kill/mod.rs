@@ -528,12 +528,18 @@ impl Pod<'_> {
             let sends_the_kill = kill.take();
             let gate = gate.clone();
             let thread = tokio::task::spawn_blocking(move || {
+                // No kill, no reaping: its victims may be reaped by a later
+                // kill.
+                let let_go = |share: &[PidFd]| {
+                    lock(&being_reaped).retain(|pid| !share.iter().any(|p| p.pid == *pid));
+                    Vec::new()
+                };
                 // The thread that kills reaps where it runs: moving first
                 // would give the victims the time to let go of their memory.
                 let _off_victim_cpu = match sends_the_kill {
                     Some(kill) => {
                         if !kill.send() {
-                            return Vec::new();
+                            return let_go(&share);
                         }
                         None
                     }
@@ -542,8 +548,7 @@ impl Pod<'_> {
                         .and_then(|pidfd| OffVictimCpu::enter(pidfd.pid)),
                 };
                 if gate.is_some_and(|gate| !gate.wait()) {
-                    lock(&being_reaped).retain(|pid| !share.iter().any(|p| p.pid == *pid));
-                    return Vec::new();
+                    return let_go(&share);
                 }
                 let _ = begin.send(());
                 share
