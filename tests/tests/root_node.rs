@@ -12,13 +12,13 @@
     reason = "test helpers: a failed step is a failed test"
 )]
 
-use std::fs;
+use std::{fs, time::Duration};
 
 use evictd::node::{
     cgroupfs::{CgroupFs, CgroupVersion, KeptOpen},
     stats::NodeSignals,
 };
-use evictd_integration::{Agent, PrivateCgroupTree, Workload, run_evictd};
+use evictd_integration::{Agent, PrivateCgroupTree, Workload, run_evictd, wait_until};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -285,15 +285,26 @@ fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_
 fn the_machines_working_set_in_vmstat_is_kubelets() {
     let cgroupfs = CgroupFs::discover().unwrap();
     let vmstat = |key: &str| field(&fs::read_to_string("/proc/vmstat").unwrap(), key) * 4096;
-    let before = kubelet_working_set(&cgroupfs);
-    let counted = vmstat("nr_anon_pages") + vmstat("nr_file_pages") - vmstat("nr_inactive_file");
-    let after = kubelet_working_set(&cgroupfs);
     // The kernel's running counters fold each CPU's changes in past a
     // threshold of at most 125 pages per item.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let slack = charge_batches() + 3 * 125 * 4096 * cpus;
-    assert!(
-        (before.min(after) - slack..=before.max(after) + slack).contains(&counted),
-        "vmstat gives {counted}; kubelet's formula {before} then {after}"
+    // The root's memory.stat may still hold what a process freed just
+    // before (the previous test's 768 MiB, 7.2 guest: 770 MB against
+    // vmstat's 4 MB) until its statistics are next flushed, at most 2 s
+    // on: the two must meet by then.
+    let mut seen = String::new();
+    let met = wait_until(
+        Duration::from_secs(10),
+        "vmstat and memory.stat to agree",
+        || {
+            let before = kubelet_working_set(&cgroupfs);
+            let counted =
+                vmstat("nr_anon_pages") + vmstat("nr_file_pages") - vmstat("nr_inactive_file");
+            let after = kubelet_working_set(&cgroupfs);
+            seen = format!("vmstat gives {counted}; kubelet's formula {before} then {after}");
+            (before.min(after).saturating_sub(slack)..=before.max(after) + slack).contains(&counted)
+        },
     );
+    assert!(met.is_ok(), "{seen}");
 }
