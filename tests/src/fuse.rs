@@ -5,7 +5,9 @@
 //! which is how a victim's memory can be locked against `process_mrelease`
 //! for as long as the task sleeps.
 //!
-//! How (fs/fuse, Linux 6.9 and later): the file is opened with
+//! How (fs/fuse, Linux 6.9 and later: FUSE protocol 7.40, whose inode I/O
+//! modes make the mapping wait; [`StuckFile::mount`] fails with
+//! `Unsupported` on an older kernel): the file is opened with
 //! `FOPEN_DIRECT_IO | FOPEN_PARALLEL_DIRECT_WRITES`, and the connection
 //! allows shared mappings of such files (`FUSE_DIRECT_IO_ALLOW_MMAP`).
 //! [`StuckFile::mount`] starts a write to it that the server never answers:
@@ -34,6 +36,9 @@ use crate::wait::wait_until;
 
 /// How long the kernel may take to send the write the server holds.
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+/// The FUSE protocol's minor version that came with the inode I/O modes
+/// (Linux 6.9), without which a shared mapping does not wait for the write.
+const IO_MODES_MINOR: u32 = 40;
 
 // Opcodes and flags of include/uapi/linux/fuse.h.
 const LOOKUP: u32 = 1;
@@ -74,6 +79,8 @@ struct Held {
     /// (unique, size) of each write not answered.
     writes: Vec<(u64, u32)>,
     released: bool,
+    /// The kernel's FUSE protocol minor version, from its INIT.
+    kernel_minor: Option<u32>,
 }
 
 /// A mounted test filesystem with a write to its file held.
@@ -136,6 +143,20 @@ impl StuckFile {
         wait_until(WRITE_DEADLINE, "the write held by the server", || {
             !lock(&stuck.held).writes.is_empty()
         })?;
+        // Dropped on failure: the write answered, the mount detached.
+        match lock(&stuck.held).kernel_minor {
+            Some(minor) if minor >= IO_MODES_MINOR => {}
+            minor => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    format!(
+                        "the kernel's FUSE protocol 7.{} predates 7.{IO_MODES_MINOR} \
+                         (Linux 6.9): a shared mapping would not wait for the held write",
+                        minor.map_or("?".to_owned(), |m| m.to_string())
+                    ),
+                ));
+            }
+        }
         Ok(stuck)
     }
 
@@ -202,7 +223,10 @@ fn serve(device: &File, held: &Mutex<Held>) {
         let node = u64_at(request, 16);
         let body = &request[IN_HEADER..];
         let answer = match opcode {
-            INIT => Some(Ok(init_out(body))),
+            INIT => {
+                lock(held).kernel_minor = Some(u32_at(body, 4));
+                Some(Ok(init_out(body)))
+            }
             LOOKUP
                 if node == ROOT && body.split(|&b| b == 0).next() == Some(FILE_NAME.as_bytes()) =>
             {

@@ -19,13 +19,24 @@ pub struct TestArgs {
     vm: bool,
     #[command(flatten)]
     kernel: vm::GuestKernel,
+    /// With --vm: the guests (kernel series, comma-separated, among
+    /// --kernel's) that also run the containerd tiers (default: every
+    /// guest). CI names the guest that ends first, so that the two side by
+    /// side still end together.
+    #[arg(long, value_name = "VERSIONS", requires = "vm")]
+    containerd_on: Option<String>,
 }
 
 pub fn run(args: &TestArgs) -> Result<()> {
     let toolchain = setup::ensure()?;
     let target = crate::target_dir()?;
     if args.vm {
-        return vm::test(&toolchain, &target, &args.kernel.kernel);
+        return vm::test(
+            &toolchain,
+            &target,
+            &args.kernel.kernel,
+            args.containerd_on.as_deref(),
+        );
     }
     setup::step(
         "rustfmt",

@@ -1,7 +1,7 @@
 //! The guest kernel: the newest Debian kernel of a series (see `debian`
 //! for where each comes from), downloaded once into `~/.cache/evictd/vm`
 //! and reduced to what booting needs (the uncompressed image and the
-//! virtio/9p modules, in load order).
+//! virtio/9p, overlay and FUSE modules, in load order).
 use std::{
     fs,
     io::{Read as _, Write as _},
@@ -18,8 +18,17 @@ use debian::{Package, Source};
 
 mod debian;
 
-/// Modules the guest loads to reach its 9p shares (with their dependencies).
-const GUEST_MODULES: [&str; 3] = ["virtio_pci", "9pnet_virtio", "9p"];
+/// Modules the guest loads (with their dependencies): to reach its 9p
+/// shares, overlayfs for containerd's snapshotter, and FUSE for the
+/// confined tests' file that never answers.
+const GUEST_MODULES: [&str; 5] = ["virtio_pci", "9pnet_virtio", "9p", "overlay", "fuse"];
+
+/// Whether `dir` holds a kernel unpacked with today's [`GUEST_MODULES`]:
+/// its marker names them, so a cache from before a module was added is
+/// unpacked again.
+fn is_complete(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("complete")).is_ok_and(|kept| kept == GUEST_MODULES.join(" "))
+}
 
 /// A guest kernel in the cache: its image, its release, and the modules
 /// the initramfs loads, in load order.
@@ -40,7 +49,7 @@ impl Kernel {
         let package = match newest_listed(asked, &cache) {
             Ok((package, source)) => {
                 let dir = cache.join(package.name());
-                if dir.join("complete").exists() {
+                if is_complete(&dir) {
                     package
                 } else {
                     match unpack(&package, &source, &dir) {
@@ -117,7 +126,7 @@ fn newest_listed(asked: &str, cache: &Path) -> Result<(Package, Source)> {
 fn newest_cached(cache: &Path, asked: &str) -> Result<Package> {
     let names: Vec<String> = fs::read_dir(cache)?
         .flatten()
-        .filter(|entry| entry.path().join("complete").exists())
+        .filter(|entry| is_complete(&entry.path()))
         .filter_map(|entry| entry.file_name().into_string().ok())
         .collect();
     debian::newest(names.iter().map(String::as_str), asked).context("nothing cached")
@@ -207,7 +216,7 @@ fn unpack(package: &Package, source: &Source, dir: &Path) -> Result<()> {
     for deb in &debs {
         fs::remove_file(deb)?;
     }
-    fs::write(dir.join("complete"), "")?;
+    fs::write(dir.join("complete"), GUEST_MODULES.join(" "))?;
     Ok(())
 }
 
