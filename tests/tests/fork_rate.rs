@@ -2,7 +2,9 @@
 //! machine: at equal priority, a database with many quiet processes beside a
 //! fork bomb that has fewer so far. kubelet ranks PID pressure by process
 //! count and takes the database (enhancements #1631); fork-rate takes the
-//! bomb. Either way no fork is refused at pids.max.
+//! bomb. Either way no fork is refused at pids.max; fork-rate also as the
+//! DaemonSet runs the agent (its capabilities, its seccomp profile, the
+//! cgroup filesystem read-only but the pods').
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
@@ -10,10 +12,11 @@
 
 use std::fs;
 
-use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path};
+use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path, confined_agent};
 use serde_json::json;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const NODE_MEMORY: u64 = 512 << 20;
 
 /// The database's quiet processes (plus its own).
@@ -55,10 +58,34 @@ fn sandbox() -> (SandboxNode, String) {
     (node, bomb_dir)
 }
 
-fn start(node: &SandboxNode, ranking: &[&str]) -> Agent {
-    let mut args = vec!["--eviction-hard", PIDS_LINE, "--resync-interval", "1h"];
-    args.extend(ranking);
-    let mut agent = node.start_agent(&args).unwrap();
+/// How the agent runs: as root, or confined as the DaemonSet runs it.
+#[derive(Clone, Copy)]
+enum Run {
+    Root,
+    Confined,
+}
+
+fn start(node: &SandboxNode, ranking: &[&str], run: Run) -> Agent {
+    let mut args = node.agent_args();
+    args.extend(
+        ["--eviction-hard", PIDS_LINE, "--resync-interval", "1h"]
+            .iter()
+            .chain(ranking)
+            .map(|arg| (*arg).to_owned()),
+    );
+    let mut agent = match run {
+        Run::Root => {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            Agent::start(&args).unwrap()
+        }
+        Run::Confined => confined_agent(
+            SECCOMP.as_ref(),
+            &node.node_cgroup(),
+            &node.tree.dir(Controller::Memory, "node"),
+            &args,
+        )
+        .unwrap(),
+    };
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(
         "watching scope",
@@ -93,7 +120,7 @@ fn assert_no_fork_refused(node: &SandboxNode) {
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn kubelets_pid_ranking_takes_the_quiet_pod_with_more_processes_before_the_fork_bomb() {
     let (mut node, _) = sandbox();
-    let mut agent = start(&node, &[]);
+    let mut agent = start(&node, &[], Run::Root);
     bomb_until_killed(&mut node, "db");
     // The rule the flag exists for: the database goes first, the bomb
     // lives.
@@ -113,8 +140,20 @@ fn kubelets_pid_ranking_takes_the_quiet_pod_with_more_processes_before_the_fork_
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn fork_rate_ranking_takes_the_fork_bomb_and_the_quiet_pod_with_more_processes_lives() {
+    fork_rate_takes_the_bomb(Run::Root);
+}
+
+/// The fork counts come from the kernel's map and the tasks from the pods'
+/// cgroups: nothing the confinement refuses.
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn as_the_daemonset_runs_fork_rate_ranking_still_takes_the_fork_bomb() {
+    fork_rate_takes_the_bomb(Run::Confined);
+}
+
+fn fork_rate_takes_the_bomb(run: Run) {
     let (mut node, bomb_dir) = sandbox();
-    let mut agent = start(&node, &["--pid-ranking", "fork-rate"]);
+    let mut agent = start(&node, &["--pid-ranking", "fork-rate"], run);
     bomb_until_killed(&mut node, "bomb");
     let decided = agent.log.expect_eviction("default/bomb", "pids");
     assert_eq!(decided["trigger"], "kernel", "{decided}");
