@@ -282,7 +282,7 @@ fn a_kill_whose_reaper_cannot_finish_ends_at_its_deadline_and_the_next_pod_goes(
     assert_eq!(
         metric(
             &metrics,
-            r#"evictd_eviction_failures_total{signal="memory.available"}"#
+            r#"evictd_eviction_failures_total{reason="threshold",signal="memory.available"}"#
         ),
         Some(1.0),
         "{metrics}"

@@ -171,8 +171,8 @@ impl Metrics {
             )?,
             eviction_failures: counter_vec(
                 "eviction_failures_total",
-                "Evictions whose kill did not complete, by signal",
-                &["signal"],
+                "Evictions whose kill did not complete, by signal and kill reason",
+                &["signal", "reason"],
             )?,
             pre_kill_hooks: counter_vec(
                 "pre_kill_hooks_total",

@@ -238,7 +238,7 @@ impl<I: Io> Evictor<I> {
             Ended::Failed(e) => {
                 self.metrics
                     .eviction_failures
-                    .with_label_values(&[eviction.cause.label()])
+                    .with_label_values(&[eviction.cause.label(), eviction.victim.reason.as_str()])
                     .inc();
                 let until = self.safeguards.failed(&eviction.uid, self.clock.now_ns());
                 warn!(victim = %pod, reason = eviction.victim.reason.as_str(), error = %e, backoff_ms = until.as_millis() as u64,

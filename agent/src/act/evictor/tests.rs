@@ -332,7 +332,7 @@ async fn a_failed_kill_backs_the_pod_off_and_takes_the_next_candidate() {
     let failures = harness
         .metrics
         .eviction_failures
-        .with_label_values(&["memory.available"])
+        .with_label_values(&["memory.available", "threshold"])
         .get();
     assert_eq!(failures, 1);
     *harness.killer.fail.borrow_mut() = false;
