@@ -21,7 +21,7 @@
 //! is bounded in time, and only the QEMU this started is ever killed.
 use std::{
     collections::BTreeSet,
-    fs,
+    fs::{self, File},
     io::Write as _,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
@@ -87,7 +87,7 @@ pub fn command(args: &VmArgs) -> Result<()> {
 }
 
 /// Debian packages the harness runs (binary → package).
-const HOST_TOOLS: [(&str, &str); 7] = [
+const HOST_TOOLS: [(&str, &str); 8] = [
     ("qemu-system-x86_64", "qemu-system-x86"),
     ("busybox", "busybox-static"),
     ("cpio", "cpio"),
@@ -96,6 +96,7 @@ const HOST_TOOLS: [(&str, &str); 7] = [
     // 6.12's and 7.2's images are zstd-compressed.
     ("zstd", "zstd"),
     ("dpkg-deb", "dpkg"),
+    ("mkfs.ext4", "e2fsprogs"),
 ];
 /// Integration test targets the guest does not run, and why.
 const HOST_ONLY_TESTS: [&str; 2] = ["cri_client", "runtime_disk"];
@@ -106,6 +107,9 @@ const HOST_ONLY_REASON: &str = "they count disk usage, which cgroup v2 does not 
 /// guest with kubelet's cgroupfs layout on cgroup v2 (`--containerd-on`
 /// picks the guests that run them).
 const CONTAINERD_TESTS: [&str; 2] = ["confined_kills", "containerd"];
+/// The guest's scratch disk (in the run directory, sparse), and its size.
+const SCRATCH_DISK: &str = "scratch.img";
+const SCRATCH_DISK_BYTES: u64 = 2 << 30;
 /// Guest RAM: the sandbox node tests fill a 512 MiB node; the rest is the
 /// guest kernel, the page cache of the host binaries, the test process and
 /// the agent. QEMU peaked at 1.07 GB resident for the whole suite.
@@ -158,6 +162,9 @@ mount -t tmpfs tmpfs /host/tmp
 # configured state directory, and runc keeps its state under /run.
 mount -t tmpfs tmpfs /host/run
 mount --bind /run-share "/host$evictd_run" || fail "cannot mount the run directory"
+# The tests' scratch directory (CARGO_TARGET_TMPDIR) on a disk of its own:
+# file pages there are reclaimed and refault as on the host's disk.
+mount -t ext4 /dev/vda "/host$evictd_scratch" || fail "cannot mount the scratch disk"
 ip link set lo up
 # What systemd does on a v2 host: let cgroups below the root use memory and pids.
 echo "+memory +pids" > /host/sys/fs/cgroup/cgroup.subtree_control
@@ -439,10 +446,20 @@ fn in_guest(
     prefix: Option<&str>,
 ) -> Result<()> {
     let run = run_dir(target, kernel);
-    let result = boot(kernel, &run, what, script, spec, prefix);
-    // The initramfs is rebuilt for every run; the log stays.
+    let result = boot(
+        kernel,
+        &run,
+        &target.join("tmp"),
+        what,
+        script,
+        spec,
+        prefix,
+    );
+    // The initramfs and the scratch disk are made for every run; the log
+    // stays.
     let _ = fs::remove_dir_all(run.join("initramfs"));
     let _ = fs::remove_file(run.join("initramfs.cpio"));
+    let _ = fs::remove_file(run.join(SCRATCH_DISK));
     println!("xtask: vm log: {}", run.join("log").display());
     result
 }
@@ -562,11 +579,13 @@ fn build_tests(toolchain: &Toolchain) -> Result<Vec<(String, PathBuf)>> {
 }
 
 /// Boots the guest on `kernel` and runs `script` in it (chrooted into the
-/// host's `/`); fails unless it exits 0. With a `prefix`, each line of the
-/// guest's output is printed after it.
+/// host's `/`, with `scratch` on an ext4 disk of its own); fails unless it
+/// exits 0. With a `prefix`, each line of the guest's output is printed
+/// after it.
 fn boot(
     kernel: &Kernel,
     run: &Path,
+    scratch: &Path,
     what: &str,
     script: &str,
     spec: &GuestSpec,
@@ -584,6 +603,21 @@ fn boot(
     fs::write(run.join("run.sh"), guest_script(&run, script, time_scale)?)?;
     let initramfs = run.join("initramfs.cpio");
     build_initramfs(kernel, &run.join("initramfs"), &initramfs)?;
+    fs::create_dir_all(scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let scratch = scratch.canonicalize()?;
+    let scratch_text = scratch.to_str().context("scratch path is not UTF-8")?;
+    if scratch_text.contains(|c: char| c.is_whitespace() || c == '\'') {
+        bail!("the scratch directory {scratch_text:?} must not contain spaces or quotes");
+    }
+    let disk = run.join(SCRATCH_DISK);
+    // Sparse: it takes on the host what the tests write.
+    File::create(&disk)?.set_len(SCRATCH_DISK_BYTES)?;
+    setup::step_bounded(
+        "mkfs.ext4 (the guest's scratch disk)",
+        Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&disk),
+        TOOL_LIMIT,
+    )?;
+    let disk_text = disk.to_str().context("run directory path is not UTF-8")?;
 
     let mut qemu = Command::new("qemu-system-x86_64");
     if kvm {
@@ -611,7 +645,14 @@ fn boot(
     .arg(&initramfs)
     .args([
         "-append",
-        &format!("{KERNEL_COMMAND_LINE} evictd_run={run_text}"),
+        &format!("{KERNEL_COMMAND_LINE} evictd_run={run_text} evictd_scratch={scratch_text}"),
+    ])
+    .args([
+        "-drive",
+        &format!(
+            "file={},format=raw,if=virtio,cache=unsafe",
+            disk_text.replace(',', ",,")
+        ),
     ])
     .args([
         "-display",

@@ -1,7 +1,8 @@
 //! The guest kernel: the newest Debian kernel of a series (see `debian`
 //! for where each comes from), downloaded once into `~/.cache/evictd/vm`
 //! and reduced to what booting needs (the uncompressed image and the
-//! virtio/9p, overlay and FUSE modules, in load order).
+//! virtio/9p, virtio disk and ext4, overlay and FUSE modules, in load
+//! order).
 use std::{
     fs,
     io::{Read as _, Write as _},
@@ -19,9 +20,17 @@ use debian::{Package, Source};
 mod debian;
 
 /// Modules the guest loads (with their dependencies): to reach its 9p
-/// shares, overlayfs for containerd's snapshotter, and FUSE for the
-/// confined tests' file that never answers.
-const GUEST_MODULES: [&str; 5] = ["virtio_pci", "9pnet_virtio", "9p", "overlay", "fuse"];
+/// shares and its scratch disk, overlayfs for containerd's snapshotter,
+/// and FUSE for the confined tests' file that never answers.
+const GUEST_MODULES: [&str; 7] = [
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+    "virtio_blk",
+    "ext4",
+    "overlay",
+    "fuse",
+];
 
 /// Whether `dir` holds a kernel unpacked with today's [`GUEST_MODULES`]:
 /// its marker names them, so a cache from before a module was added is
