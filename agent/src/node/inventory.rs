@@ -640,6 +640,7 @@ impl Inventory {
     }
 
     pub fn snapshot(&mut self, time: f64) -> Result<Snapshot, InventoryError> {
+        self.read_memory_stalls();
         Ok(Snapshot {
             time,
             node: self.observe()?.stats,
