@@ -2,8 +2,9 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Counter, CounterVec, Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+    core::{Atomic, GenericCounter},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -436,34 +437,23 @@ impl Metrics {
     /// Brings pod `namespace`/`pod`'s series to the kernel's `totals`; a
     /// total the kernel does not keep has no series.
     pub fn set_pod_memory_totals(&self, namespace: &str, pod: &str, totals: &PodMemoryTotals) {
-        for (kind, total) in PAGE_KINDS.iter().zip(totals.refaults) {
-            if let Some(total) = total {
-                set_int_total(
-                    &self
-                        .pod_memory_refaults
-                        .with_label_values(&[namespace, pod, kind]),
-                    total,
-                );
+        let pages = [
+            (&self.pod_memory_refaults, totals.refaults),
+            (&self.pod_memory_activations, totals.activations),
+        ];
+        for (counters, totals) in pages {
+            for (kind, total) in PAGE_KINDS.iter().zip(totals) {
+                if let Some(total) = total {
+                    set_total(&counters.with_label_values(&[namespace, pod, kind]), total);
+                }
             }
         }
-        for (kind, total) in PAGE_KINDS.iter().zip(totals.activations) {
-            if let Some(total) = total {
-                set_int_total(
-                    &self
-                        .pod_memory_activations
-                        .with_label_values(&[namespace, pod, kind]),
-                    total,
-                );
-            }
-        }
-        for (kind, total) in STALL_KINDS.iter().zip(totals.stalled_us) {
-            if let Some(total) = total {
-                set_seconds_total(
-                    &self
-                        .pod_memory_stall
-                        .with_label_values(&[namespace, pod, kind]),
-                    total,
-                );
+        for (kind, total_us) in STALL_KINDS.iter().zip(totals.stalled_us) {
+            if let Some(total_us) = total_us {
+                let counter = self
+                    .pod_memory_stall
+                    .with_label_values(&[namespace, pod, kind]);
+                set_total(&counter, total_us as f64 / 1e6);
             }
         }
     }
@@ -502,25 +492,15 @@ impl Metrics {
 /// Sets `counter` to the kernel's `total`. A total below the counter (the
 /// pod's cgroup made again under the same name) starts it again, which
 /// Prometheus reads as the counter reset it is.
-fn set_int_total(counter: &IntCounter, total: u64) {
+fn set_total<P: Atomic>(counter: &GenericCounter<P>, total: P::T) {
     let now = counter.get();
     if total < now {
         counter.reset();
         counter.inc_by(total);
     } else {
-        counter.inc_by(total - now);
-    }
-}
-
-/// [`set_int_total`] for microseconds exported as seconds.
-fn set_seconds_total(counter: &Counter, total_us: u64) {
-    let total = total_us as f64 / 1e6;
-    let now = counter.get();
-    if total < now {
-        counter.reset();
-        counter.inc_by(total);
-    } else {
-        counter.inc_by(total - now);
+        let mut rise = total;
+        rise -= now;
+        counter.inc_by(rise);
     }
 }
 
