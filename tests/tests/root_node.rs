@@ -264,7 +264,11 @@ fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_
         "precise memory hooks",
         &[("state", "armed"), ("reason", "near a memory threshold")],
     );
-    let early = agent.log.seen.iter().find(|l| l["message"] == "threshold crossed");
+    let early = agent
+        .log
+        .seen
+        .iter()
+        .find(|l| l["message"] == "threshold crossed");
     assert!(early.is_none(), "crossed inside the zone: {early:?}");
     // Past the line: caught, after the hooks were attached.
     let mut climber = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();

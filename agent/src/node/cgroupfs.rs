@@ -9,7 +9,7 @@ use std::{
         unix::fs::{FileExt as _, MetadataExt as _},
     },
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Mutex, OnceLock, PoisonError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -119,8 +119,10 @@ pub struct OpenMemory {
     stat_path: PathBuf,
     inactive_file_field: &'static str,
     /// v2's memory.pressure, read for the pod's stall counters
-    /// ([`crate::node::stalls`]); v1 has none.
-    pressure: Option<fs::File>,
+    /// ([`crate::node::stalls`]): opened at their first reading, a timer's
+    /// work, not by the listing a decision may wait for. `None` on v1,
+    /// which has none.
+    pressure: Option<OnceLock<Option<fs::File>>>,
 }
 
 impl OpenMemory {
@@ -131,11 +133,14 @@ impl OpenMemory {
     pub fn stall_texts(&self) -> Result<StallTexts, CgroupError> {
         let stat =
             read_whole_at_zero(&self.stat).map_err(|e| CgroupError::io(&self.stat_path, e))?;
-        let pressure = match &self.pressure {
-            Some(file) => Some(
-                read_bounded_at_zero(file)
-                    .map_err(|e| CgroupError::io(&self.stat_path.with_file_name(PRESSURE), e))?,
-            ),
+        let path = self.stat_path.with_file_name(PRESSURE);
+        // A kernel booted with psi=0 has no such file: no stall counters.
+        let file = self
+            .pressure
+            .as_ref()
+            .and_then(|pressure| pressure.get_or_init(|| fs::File::open(&path).ok()).as_ref());
+        let pressure = match file {
+            Some(file) => Some(read_bounded_at_zero(file).map_err(|e| CgroupError::io(&path, e))?),
             None => None,
         };
         Ok(StallTexts { stat, pressure })
@@ -443,9 +448,7 @@ impl CgroupFs {
         let stat = dir.join("memory.stat");
         let pressure = match self.version {
             CgroupVersion::V1 => None,
-            // A kernel booted with psi=0 has no such file: the pod then has
-            // no stall counters, and its decisions' files stay open.
-            CgroupVersion::V2 => fs::File::open(dir.join(PRESSURE)).ok(),
+            CgroupVersion::V2 => Some(OnceLock::new()),
         };
         Ok(Some(OpenMemory {
             charged: OpenValue::open(dir.join(self.usage_file_name()))?,
