@@ -57,6 +57,12 @@ fn a_live_snapshot_shows_every_pod_and_simulate_decides_on_it() {
         "the workload and its 3 children"
     );
     assert_eq!(pod("db")["namespace"], "default");
+    // Each pod's memory counters as read (simulate, below, ignores them).
+    for pod in pods {
+        let stalls = &pod["usage"]["memory_stalls"];
+        assert!(stalls["read_at_ns"].as_u64().unwrap() > 0, "{pod:#}");
+        assert!(stalls["workingset_refault_file"].is_u64(), "{pod:#}");
+    }
     assert!(
         pod("db")["cgroup"]
             .as_str()

@@ -250,6 +250,12 @@ impl<I: Io> Evictor<I> {
         self.node.cgroups_changed();
     }
 
+    /// Reads and exports the pods' memory stall and refault counters if
+    /// they are due.
+    pub fn read_memory_stalls(&mut self) {
+        self.node.read_memory_stalls();
+    }
+
     /// A kernel record of a cgroup created or removed: the pods are listed
     /// again before the next decision if it may change them.
     pub fn cgroup_changed(&mut self, change: &CgroupChange) {

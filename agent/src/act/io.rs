@@ -66,6 +66,9 @@ pub trait NodeSource {
     /// Cgroup `path` of hierarchy `hierarchy_id` was created or removed (a
     /// kernel record).
     fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str);
+    /// Reads and exports every pod's memory stall and refault counters,
+    /// when they are due (a timer's work, never a decision's).
+    fn read_memory_stalls(&mut self) {}
     /// Each container's ephemeral storage (writable layer and logs, by
     /// name) in pod `uid`, as the last disk reading found it; empty without
     /// a container runtime.
@@ -175,6 +178,10 @@ impl NodeSource for Inventory {
 
     fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str) {
         Inventory::cgroup_changed(self, hierarchy_id, path);
+    }
+
+    fn read_memory_stalls(&mut self) {
+        Inventory::read_memory_stalls(self);
     }
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {

@@ -9,7 +9,7 @@ use std::{
         unix::fs::{FileExt as _, MetadataExt as _},
     },
     path::{Path, PathBuf},
-    sync::{Mutex, PoisonError},
+    sync::{Mutex, OnceLock, PoisonError},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -118,11 +118,33 @@ pub struct OpenMemory {
     stat: fs::File,
     stat_path: PathBuf,
     inactive_file_field: &'static str,
+    /// v2's memory.pressure, read for the pod's stall counters
+    /// ([`crate::node::stalls`]): opened at their first reading, a timer's
+    /// work, not by the listing a decision may wait for. `None` on v1,
+    /// which has none.
+    pressure: Option<OnceLock<Option<fs::File>>>,
 }
 
 impl OpenMemory {
-    /// Descriptors each holds.
-    pub const FILES: usize = 2;
+    /// Descriptors each holds, at most.
+    pub const FILES: usize = 3;
+
+    /// The text of memory.stat and, on v2, of memory.pressure, read now.
+    pub fn stall_texts(&self) -> Result<StallTexts, CgroupError> {
+        let stat =
+            read_whole_at_zero(&self.stat).map_err(|e| CgroupError::io(&self.stat_path, e))?;
+        let path = self.stat_path.with_file_name(PRESSURE);
+        // A kernel booted with psi=0 has no such file: no stall counters.
+        let file = self
+            .pressure
+            .as_ref()
+            .and_then(|pressure| pressure.get_or_init(|| fs::File::open(&path).ok()).as_ref());
+        let pressure = match file {
+            Some(file) => Some(read_bounded_at_zero(file).map_err(|e| CgroupError::io(&path, e))?),
+            None => None,
+        };
+        Ok(StallTexts { stat, pressure })
+    }
 
     /// The bytes charged now; [`CgroupError::Gone`] once the cgroup was
     /// removed.
@@ -140,6 +162,35 @@ impl OpenMemory {
             inactive_file_bytes: keyed_field(&text, &self.stat_path, self.inactive_file_field)?,
         })
     }
+}
+
+/// A cgroup's memory.stat, and its memory.pressure where it has one (v2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StallTexts {
+    pub stat: String,
+    pub pressure: Option<String>,
+}
+
+/// v2's per-cgroup memory PSI file.
+const PRESSURE: &str = "memory.pressure";
+
+/// The most of memory.pressure read: its two lines are about 140 bytes
+/// with 20-digit totals, so a text that fills this is not PSI's.
+const PRESSURE_MAX_BYTES: usize = 512;
+
+/// The text of a small kernel file from offset 0 in one `pread`, refused
+/// (InvalidData) when it fills [`PRESSURE_MAX_BYTES`].
+fn read_bounded_at_zero(file: &fs::File) -> io::Result<String> {
+    let mut buf = [0u8; PRESSURE_MAX_BYTES];
+    let len = file.read_at(&mut buf, 0)?;
+    if len == buf.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {PRESSURE_MAX_BYTES} bytes"),
+        ));
+    }
+    String::from_utf8(buf[..len].to_vec())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Text files read again and again (the node's own cgroup files, the
@@ -395,12 +446,40 @@ impl CgroupFs {
         }
         let dir = self.memory_dir(path);
         let stat = dir.join("memory.stat");
+        let pressure = match self.version {
+            CgroupVersion::V1 => None,
+            CgroupVersion::V2 => Some(OnceLock::new()),
+        };
         Ok(Some(OpenMemory {
             charged: OpenValue::open(dir.join(self.usage_file_name()))?,
             stat: fs::File::open(&stat).map_err(|e| CgroupError::io(&stat, e))?,
             stat_path: stat,
             inactive_file_field: self.inactive_file_field(),
+            pressure,
         }))
+    }
+
+    /// [`OpenMemory::stall_texts`] of cgroup `path`, read by path (a pod
+    /// whose files are not kept open). No per-cgroup PSI on v1.
+    pub fn stall_texts(&self, path: &str) -> Result<StallTexts, CgroupError> {
+        let dir = self.memory_dir(path);
+        let stat = read_text(None, &dir.join("memory.stat"))?;
+        let pressure = match self.version {
+            CgroupVersion::V1 => None,
+            CgroupVersion::V2 => {
+                let path = dir.join(PRESSURE);
+                match fs::File::open(&path) {
+                    // psi=0, as in [`CgroupFs::open_memory`].
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                    opened => Some(
+                        opened
+                            .and_then(|file| read_bounded_at_zero(&file))
+                            .map_err(|e| CgroupError::io(&path, e))?,
+                    ),
+                }
+            }
+        };
+        Ok(StallTexts { stat, pressure })
     }
 
     /// Where a cgroup's bytes charged are; `None` for the v2 root, whose

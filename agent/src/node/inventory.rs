@@ -34,6 +34,7 @@ use crate::{
         reading::fill_pods,
     },
     node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
+    node::stalls::{self, PodStalls, StallsError},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
     quantity::Quantity,
     report::metrics::Metrics,
@@ -167,6 +168,10 @@ pub struct Inventory {
     /// Reads each pod's fork rate for PID decisions
     /// (`--pid-ranking fork-rate`).
     fork_rates: Option<ForkClock>,
+    /// Each pod's memory stall and refault counters as last read.
+    stalls: PodStalls,
+    /// Where the pods' counters are exported.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Inventory {
@@ -204,6 +209,8 @@ impl Inventory {
             runtime_filesystems: 0,
             metadata,
             fork_rates: None,
+            stalls: PodStalls::default(),
+            metrics: None,
         })
     }
 
@@ -212,11 +219,62 @@ impl Inventory {
         self.fork_rates = Some(ForkClock::new());
     }
 
-    /// Hands the metrics to the pod metadata source.
+    /// Hands the metrics to the pod metadata source, and exports the pods'
+    /// memory counters there.
     pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
         if let Some(source) = self.metadata.as_mut() {
-            source.set_metrics(metrics);
+            source.set_metrics(Arc::clone(&metrics));
         }
+        self.metrics = Some(metrics);
+    }
+
+    /// Reads every pod's memory stall and refault counters and exports
+    /// them, if [`stalls::STALLS_INTERVAL`] has passed since the last
+    /// reading: the timer's work, off any decision's path. A pod whose
+    /// files cannot be read or parsed is left out of this reading (its
+    /// series with it) and the others are read.
+    pub fn read_memory_stalls(&mut self) {
+        let now_ns = stalls::monotonic_now_ns();
+        if !self.stalls.due(now_ns) {
+            return;
+        }
+        let pods = match self.read_pods(Reads::MemoryBound) {
+            Ok(pods) => pods,
+            Err(e) => {
+                warn!(error = %e, "cannot list the pods to read their memory stalls");
+                return;
+            }
+        };
+        let mut readings = Vec::with_capacity(pods.len());
+        for pod in &pods {
+            let Some(path) = pod.cgroup.as_deref() else {
+                continue;
+            };
+            match self.memory_stalls(path, now_ns) {
+                Ok(stalls) => readings.push((
+                    path.to_owned(),
+                    [pod.namespace.clone(), pod.name.clone()],
+                    stalls,
+                )),
+                Err(StallsError::Cgroup(CgroupError::Gone(_))) => {}
+                Err(e) => warn!(pod = path, error = %e, "cannot read a pod's memory stalls"),
+            }
+        }
+        self.stalls
+            .record(readings, now_ns, self.metrics.as_deref());
+    }
+
+    /// Pod cgroup `path`'s counters now, read as [`Inventory::bytes_charged`].
+    fn memory_stalls(
+        &mut self,
+        path: &str,
+        now_ns: u64,
+    ) -> Result<crate::node::snapshot::MemoryStalls, StallsError> {
+        let texts = self
+            .read_kept(path, OpenMemory::stall_texts)
+            .unwrap_or_else(|| self.signals.cgroupfs.stall_texts(path))?;
+        let cgroupfs = &self.signals.cgroupfs;
+        stalls::parse(&texts, cgroupfs.version, now_ns, &cgroupfs.memory_dir(path))
     }
 
     /// Replaces the pod metadata source (the Kubernetes API's pod store,
@@ -582,6 +640,7 @@ impl Inventory {
     }
 
     pub fn snapshot(&mut self, time: f64) -> Result<Snapshot, InventoryError> {
+        self.read_memory_stalls();
         Ok(Snapshot {
             time,
             node: self.observe()?.stats,
@@ -691,6 +750,9 @@ impl Inventory {
         Ok(PodUsage {
             memory_working_set_bytes: self.working_set(path)?,
             pids: self.signals.cgroupfs.count_processes(path)?,
+            // A lookup beside the reads above; memory decisions' listings
+            // (bytes charged only) go without.
+            memory_stalls: self.stalls.get(path),
             ..PodUsage::default()
         })
     }

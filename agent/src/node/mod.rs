@@ -10,4 +10,5 @@ pub mod pod_metadata;
 pub mod resources;
 pub mod runtime;
 pub mod snapshot;
+pub mod stalls;
 pub mod stats;

@@ -237,6 +237,40 @@ pub struct PodUsage {
     /// PID pressure by; absent counts as no forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forks_per_second: Option<ForkRate>,
+    /// The pod's memory stall and refault counters as last read (every
+    /// [`STALLS_INTERVAL`](crate::node::stalls::STALLS_INTERVAL) at most);
+    /// live exact listings only. No decision reads them yet: `simulate`
+    /// ignores them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_stalls: Option<MemoryStalls>,
+}
+
+/// A pod cgroup's cumulative memory counters, as the kernel keeps them
+/// since the cgroup was made, and when they were read: a rate over a window
+/// is the difference of two readings over their times. A counter the
+/// kernel does not keep is absent (v1 has no activations and no PSI).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryStalls {
+    /// CLOCK_MONOTONIC nanoseconds at the reading.
+    pub read_at_ns: u64,
+    /// Pages faulted back in soon after they were reclaimed (memory.stat
+    /// `workingset_refault_anon`/`_file`; v1's hierarchical `total_` ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workingset_refault_anon: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workingset_refault_file: Option<u64>,
+    /// Refaulted pages put straight back on the active list (v2's
+    /// `workingset_activate_anon`/`_file`): the working set does not fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workingset_activate_anon: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workingset_activate_file: Option<u64>,
+    /// Microseconds some (`some`) or all (`full`) of the pod's tasks
+    /// stalled on memory (v2 memory.pressure's `total=`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure_some_us: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pressure_full_us: Option<u64>,
 }
 
 /// Forks a second: a finite number, not below zero, so that rates compare

@@ -2,8 +2,9 @@
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    CounterVec, Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
+    core::{Atomic, GenericCounter},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +123,28 @@ pub struct Metrics {
     /// Readings of the pods' disk usage still under way past their 10 s
     /// freshness window.
     pub disk_usage_readings_late: IntCounter,
+    /// Each pod's workingset refaults by page kind (`anon`, `file`), as
+    /// its memory.stat counts them.
+    pub pod_memory_refaults: IntCounterVec,
+    /// Each pod's refaulted pages activated at once (v2), by page kind.
+    pub pod_memory_activations: IntCounterVec,
+    /// Seconds some (`some`) or all (`full`) of each pod's tasks stalled on
+    /// memory (v2 memory.pressure).
+    pub pod_memory_stall: CounterVec,
 }
+
+/// A pod's kernel totals, each absent where the kernel keeps none:
+/// `[anon, file]` refaults and activations, `[some, full]` microseconds
+/// stalled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodMemoryTotals {
+    pub refaults: [Option<u64>; 2],
+    pub activations: [Option<u64>; 2],
+    pub stalled_us: [Option<u64>; 2],
+}
+
+const PAGE_KINDS: [&str; 2] = ["anon", "file"];
+const STALL_KINDS: [&str; 2] = ["some", "full"];
 
 impl Metrics {
     pub fn new() -> Result<Arc<Self>, MetricsError> {
@@ -379,6 +401,27 @@ impl Metrics {
                 "Connections the metrics endpoint closed before answering, by reason (displaced, refused, header-timeout, deadline)",
                 &["reason"],
             )?,
+            pod_memory_refaults: counter_vec(
+                "pod_memory_refaults_total",
+                "Pages of a pod faulted back in soon after reclaim (memory.stat workingset_refault_*), by kind (anon, file)",
+                &["namespace", "pod", "kind"],
+            )?,
+            pod_memory_activations: counter_vec(
+                "pod_memory_activations_total",
+                "Refaulted pages of a pod activated at once (memory.stat workingset_activate_*, cgroup v2), by kind (anon, file)",
+                &["namespace", "pod", "kind"],
+            )?,
+            pod_memory_stall: {
+                let metric = CounterVec::new(
+                    Opts::new(
+                        "pod_memory_stall_seconds_total",
+                        "Seconds some or all of a pod's tasks stalled on memory (memory.pressure total, cgroup v2), by kind (some, full)",
+                    ),
+                    &["namespace", "pod", "kind"],
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
             pod_metadata_stale: {
                 let metric = IntGauge::new(
                     "pod_metadata_stale",
@@ -391,6 +434,48 @@ impl Metrics {
         }))
     }
 
+    /// Brings pod `namespace`/`pod`'s series to the kernel's `totals`; a
+    /// total the kernel does not keep has no series.
+    pub fn set_pod_memory_totals(&self, namespace: &str, pod: &str, totals: &PodMemoryTotals) {
+        let pages = [
+            (&self.pod_memory_refaults, totals.refaults),
+            (&self.pod_memory_activations, totals.activations),
+        ];
+        for (counters, totals) in pages {
+            for (kind, total) in PAGE_KINDS.iter().zip(totals) {
+                if let Some(total) = total {
+                    set_total(&counters.with_label_values(&[namespace, pod, kind]), total);
+                }
+            }
+        }
+        for (kind, total_us) in STALL_KINDS.iter().zip(totals.stalled_us) {
+            if let Some(total_us) = total_us {
+                let counter = self
+                    .pod_memory_stall
+                    .with_label_values(&[namespace, pod, kind]);
+                set_total(&counter, total_us as f64 / 1e6);
+            }
+        }
+    }
+
+    /// Deletes pod `namespace`/`pod`'s memory series (the pod is gone).
+    pub fn remove_pod_memory_totals(&self, namespace: &str, pod: &str) {
+        for kind in PAGE_KINDS {
+            // A series never set is not there to remove.
+            let _ = self
+                .pod_memory_refaults
+                .remove_label_values(&[namespace, pod, kind]);
+            let _ = self
+                .pod_memory_activations
+                .remove_label_values(&[namespace, pod, kind]);
+        }
+        for kind in STALL_KINDS {
+            let _ = self
+                .pod_memory_stall
+                .remove_label_values(&[namespace, pod, kind]);
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
         // Encoding into a Vec cannot fail for well-formed registries.
@@ -401,6 +486,21 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8_lossy(&buffer).into_owned()
+    }
+}
+
+/// Sets `counter` to the kernel's `total`. A total below the counter (the
+/// pod's cgroup made again under the same name) starts it again, which
+/// Prometheus reads as the counter reset it is.
+fn set_total<P: Atomic>(counter: &GenericCounter<P>, total: P::T) {
+    let now = counter.get();
+    if total < now {
+        counter.reset();
+        counter.inc_by(total);
+    } else {
+        let mut rise = total;
+        rise -= now;
+        counter.inc_by(rise);
     }
 }
 
@@ -427,7 +527,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 40] = [
+        let collectors: [&dyn Collector; 43] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -468,6 +568,9 @@ mod tests {
             &metrics.pods_disk_usage_incomplete,
             &metrics.disk_usage_reading,
             &metrics.disk_usage_readings_late,
+            &metrics.pod_memory_refaults,
+            &metrics.pod_memory_activations,
+            &metrics.pod_memory_stall,
         ];
         collectors
             .iter()

@@ -37,6 +37,8 @@
 //!   the count set, and retried.
 //! - `write BYTES PATH`: write BYTES to the file PATH (created or
 //!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
+//! - `read PATH`: read the file PATH to its end through the page cache
+//!   (what a pod scanning a file does); `ok <bytes read>`.
 //! - `log BYTES`: write BYTES of text to stderr (a container's log);
 //!   `ok <bytes>`.
 //! - `map-shared PATH`: open PATH and map one page of it shared, on a
@@ -455,6 +457,12 @@ fn write_file(path: &str, bytes: usize) -> io::Result<()> {
     file.sync_all()
 }
 
+/// Reads the file at `path` through the page cache to its end; returns the
+/// bytes read.
+fn read_file(path: &str) -> io::Result<u64> {
+    io::copy(&mut File::open(path)?, &mut io::sink())
+}
+
 /// Writes `bytes` of log lines to stderr.
 fn write_log(bytes: usize) -> io::Result<()> {
     let line = [b'x'; 1023];
@@ -687,6 +695,12 @@ impl Workload {
                 let path = words.next().ok_or("write needs a path")?;
                 write_file(path, bytes).map_err(|e| format!("write {path}: {e}"))?;
                 bytes.to_string()
+            }
+            "read" => {
+                let path = words.next().ok_or("read needs a path")?;
+                read_file(path)
+                    .map_err(|e| format!("read {path}: {e}"))?
+                    .to_string()
             }
             "log" => {
                 let bytes = amount()?;

@@ -802,3 +802,78 @@ fn pods_sit_two_levels_below_the_pods_cgroup_once_it_exists() {
         Some(("/sandbox/kubepods".to_owned(), 4))
     );
 }
+
+#[test]
+fn every_pods_memory_stalls_are_read_when_due_and_one_malformed_file_leaves_only_that_pod_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let stat = |pod: &str, refaults: &str| {
+        write(
+            &root
+                .join("memory/sandbox/kubepods/burstable")
+                .join(pod)
+                .join("memory.stat"),
+            &format!(
+                "total_inactive_file 0\ntotal_workingset_refault_anon 0\ntotal_workingset_refault_file {refaults}\n"
+            ),
+        );
+    };
+    for pod in ["poda", "podb", "podc"] {
+        v1_pod(root, &format!("sandbox/kubepods/burstable/{pod}"), 100, 1);
+    }
+    stat("poda", "5");
+    stat("podb", "many");
+    stat("podc", "0");
+    let mut inventory = inventory(root, "/sandbox", None);
+    let metrics = Metrics::new().unwrap();
+    inventory.set_metrics(Arc::clone(&metrics));
+    // Nothing read before the timer asks.
+    assert!(
+        inventory
+            .pods()
+            .unwrap()
+            .iter()
+            .all(|pod| pod.usage.memory_stalls.is_none())
+    );
+
+    inventory.read_memory_stalls();
+    let page = metrics.render();
+    assert!(
+        page.contains(r#"evictd_pod_memory_refaults_total{kind="file",namespace="",pod="poda"} 5"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"evictd_pod_memory_refaults_total{kind="file",namespace="",pod="podc"} 0"#),
+        "{page}"
+    );
+    assert!(!page.contains(r#"pod="podb""#), "{page}");
+    let refaults: Vec<(String, Option<u64>)> = inventory
+        .pods()
+        .unwrap()
+        .into_iter()
+        .map(|pod| {
+            let refaults = pod
+                .usage
+                .memory_stalls
+                .and_then(|s| s.workingset_refault_file);
+            (pod.name, refaults)
+        })
+        .collect();
+    assert_eq!(
+        refaults,
+        [
+            ("poda".to_owned(), Some(5)),
+            ("podb".to_owned(), None),
+            ("podc".to_owned(), Some(0)),
+        ]
+    );
+
+    // Not due again within the interval: the counters stay as read.
+    stat("poda", "6");
+    inventory.read_memory_stalls();
+    assert!(
+        metrics
+            .render()
+            .contains(r#"evictd_pod_memory_refaults_total{kind="file",namespace="",pod="poda"} 5"#)
+    );
+}

@@ -1,0 +1,146 @@
+//! Each pod's refaults (and, on cgroup v2, its memory stall time) on the
+//! agent's metrics page: a pod that reads a file twice its memory limit
+//! twice refaults; an idle pod beside it does not.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::{
+    fs::{self, File},
+    io::Write as _,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use evictd_integration::{
+    CgroupVersion, PodSpec, SandboxNode, cgroupfs_path, http_get, metric, wait_until,
+};
+use serde_json::json;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 512 * MIB;
+/// The scanner's container limit, and the file it reads: three times
+/// larger, so its second read finds the file's first pages reclaimed.
+const SCANNER_LIMIT: u64 = 32 * MIB;
+const FILE_SIZE: u64 = 96 * MIB;
+
+/// A file on a disk-backed filesystem, not in the page cache, removed on
+/// drop. tmpfs pages are swap-backed: with no swap they are never
+/// reclaimed, so they never refault.
+struct ColdFile(PathBuf);
+
+impl ColdFile {
+    fn new() -> Self {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let fs = nix::sys::statfs::statfs(dir).unwrap();
+        assert_ne!(
+            fs.filesystem_type(),
+            nix::sys::statfs::TMPFS_MAGIC,
+            "{} is tmpfs: a file there never refaults",
+            dir.display()
+        );
+        let path = dir.join(format!("evictd-refaults-{}", std::process::id()));
+        let mut file = File::create(&path).unwrap();
+        let chunk = vec![0x5a_u8; MIB as usize];
+        for _ in 0..FILE_SIZE / MIB {
+            file.write_all(&chunk).unwrap();
+        }
+        file.sync_all().unwrap();
+        // Out of the cache (clean after the sync), so the scanner's reads
+        // charge its pages to the scanner.
+        nix::fcntl::posix_fadvise(
+            &file,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+        )
+        .unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for ColdFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn series(metric_name: &str, kind: &str, pod: &str) -> String {
+    format!("{metric_name}{{kind=\"{kind}\",namespace=\"default\",pod=\"{pod}\"}}")
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn a_pod_reading_a_file_larger_than_its_limit_refaults_and_an_idle_pod_does_not() {
+    let uid = |n: u32| format!("00000000-0000-4000-8000-0000000000e{n}");
+    // The idle pod first: the workload binary's pages are charged to it,
+    // not to the scanner, whose limit would reclaim them.
+    let pods = vec![
+        PodSpec::new(
+            "idle",
+            uid(1),
+            cgroupfs_path("besteffort/", &uid(1)),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "scanner",
+            uid(2),
+            cgroupfs_path("besteffort/", &uid(2)),
+            0,
+            json!({}),
+        ),
+    ];
+    let scanner = format!("node/{}", pods[1].container);
+    let mut node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
+    node.tree.set_memory_limit(&scanner, SCANNER_LIMIT).unwrap();
+    let file = ColdFile::new();
+    // No thresholds: this test is about what the agent reports.
+    let mut agent = node.start_agent(&["--eviction-hard="]).unwrap();
+    let address = agent.log.metrics_address();
+
+    let path = file.0.display().to_string();
+    for _ in 0..2 {
+        let read = node
+            .workload("scanner")
+            .unwrap()
+            .command(&format!("read {path}"))
+            .unwrap();
+        assert_eq!(read, FILE_SIZE.to_string());
+    }
+
+    let refaults = |pod: &str, page: &str| {
+        metric(
+            page,
+            &series("evictd_pod_memory_refaults_total", "file", pod),
+        )
+    };
+    let mut page = String::new();
+    // The agent reads the pods' counters every 10 s.
+    wait_until(Duration::from_secs(60), "the scanner's refaults", || {
+        page = http_get(&address, "/metrics").unwrap_or_default();
+        refaults("scanner", &page).is_some_and(|count| count > 0.0)
+    })
+    .unwrap_or_else(|e| panic!("{e}: {page}"));
+    assert_eq!(refaults("idle", &page), Some(0.0), "{page}");
+
+    // Stall time is v2's alone (v1 has no per-cgroup PSI), as are
+    // activations.
+    let v2 = node.tree.layout().memory.version == CgroupVersion::V2;
+    for pod in ["idle", "scanner"] {
+        for (name, kind) in [
+            ("evictd_pod_memory_stall_seconds_total", "some"),
+            ("evictd_pod_memory_stall_seconds_total", "full"),
+            ("evictd_pod_memory_activations_total", "file"),
+        ] {
+            assert_eq!(
+                metric(&page, &series(name, kind, pod)).is_some(),
+                v2,
+                "{name} {kind} of {pod} on v2: {v2}\n{page}"
+            );
+        }
+    }
+    drop(agent);
+}
