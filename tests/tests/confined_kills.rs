@@ -176,7 +176,8 @@ fn a_pod_past_memory_and_pid_thresholds_at_once_is_killed_and_reported_once() {
     assert_eq!(
         budget["spent"].as_array().map(Vec::len),
         Some(1),
-        "{budget}"
+        "{budget} {:#?}",
+        log.seen
     );
     let mode = fs::metadata(node.state_dir()).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o700);

@@ -407,7 +407,7 @@ impl<I: Io> Evictor<I> {
             {
                 continue;
             }
-            if (!starvation.threshold.hard && self.evictions.soft_running(resource))
+            if (!starvation.threshold.hard && self.evictions.any_running())
                 || self.safeguards.held(signal, now_ns)
             {
                 waiting = self.soon();

@@ -151,6 +151,10 @@ struct Reclaim {
     available_before: i64,
     threshold_quantity: i64,
     started_ns: u64,
+    /// Whether the node's gain is checked against what the victim held:
+    /// for the resource it was evicted for, not for the processes every
+    /// killed pod also gives back.
+    gain_checked: bool,
 }
 
 /// The evictions under way and the resources coming back.
@@ -169,10 +173,13 @@ impl Evictions {
             .any(|e| e.cause.reclaims(resource, true))
     }
 
-    pub(super) fn soft_running(&self, resource: Resource) -> bool {
-        self.in_flight
-            .values()
-            .any(|e| e.cause.reclaims(resource, false))
+    /// Whether any eviction is under way, for any resource. A soft
+    /// decision waits for it, as kubelet evicts one pod and waits for its
+    /// cleanup before it decides again: the pod may give back what the
+    /// soft threshold lacks (a fork bomb killed for memory frees its
+    /// processes too; deciding meanwhile took the pod beside it).
+    pub(super) fn any_running(&self) -> bool {
+        !self.in_flight.is_empty()
     }
 
     /// Whether a pod is being killed for its local-storage limit: a disk
@@ -288,6 +295,26 @@ impl<I: Io> Evictor<I> {
         let Cause::Threshold(starvation) = eviction.cause else {
             return;
         };
+        let started_ns = self.clock.now_ns();
+        // Every killed pod gives back its processes, charged to the node
+        // until they are reaped: PID pressure met meanwhile waits for them
+        // rather than take another pod (a fork bomb killed for memory,
+        // whose 150 exited children the node still counted, cost a pod
+        // beside it its life).
+        if starvation.resource != Resource::Pids {
+            self.evictions.reclaims.push(Reclaim {
+                pod: eviction.victim.pod.clone(),
+                cgroup: eviction.cgroup.clone(),
+                resource: Resource::Pids,
+                signal: Signal::PidAvailable,
+                working_set_before: 0,
+                victim_usage: 0,
+                available_before: 0,
+                threshold_quantity: 0,
+                started_ns,
+                gain_checked: false,
+            });
+        }
         self.evictions.reclaims.push(Reclaim {
             pod: eviction.victim.pod,
             cgroup: eviction.cgroup,
@@ -297,7 +324,8 @@ impl<I: Io> Evictor<I> {
             victim_usage: eviction.victim.usage,
             available_before: starvation.observation.available,
             threshold_quantity: starvation.threshold_quantity,
-            started_ns: self.clock.now_ns(),
+            started_ns,
+            gain_checked: true,
         });
     }
 
@@ -677,7 +705,9 @@ impl<I: Io> Evictor<I> {
                 }
             };
             if back {
-                self.check_gain(&reclaim, available);
+                if reclaim.gain_checked {
+                    self.check_gain(&reclaim, available);
+                }
                 continue;
             }
             if elapsed >= self.options.reclaim_timeout {

@@ -1245,3 +1245,87 @@ async fn a_hard_eviction_runs_no_hook() {
         .get();
     assert_eq!(skipped, 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_killed_for_memory_gives_back_its_tasks_before_pid_pressure_takes_another() {
+    // A fork bomb holding memory and tasks: killed for memory (hard) while
+    // pid.available waits out its soft grace period.
+    let mut bomb = pod("bomb", 300);
+    bomb.usage.pids = 900;
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["memory.available<100Mi".into()],
+            eviction_soft: vec!["pid.available<100".into()],
+            eviction_soft_grace_period: vec!["pid.available=1s".into()],
+            ..EvictionArgs::default()
+        },
+        pods: vec![bomb, pod("web", 10)],
+        outside_pods: outside(310, 50),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    let (log, _guard) = LogCapture::start();
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 1, "{:?}", log.lines());
+    let (id, ended) = harness.evictor.next_ended().await;
+    // Its exited children are charged to it, and to the node, until they
+    // are reaped: pid.available is still past its line.
+    harness
+        .node
+        .0
+        .borrow_mut()
+        .unreaped
+        .insert(cgroup("bomb"), 900);
+    harness.evictor.end(id, ended);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.evictor.evictions_running(),
+        0,
+        "web is not taken for the bomb's unreaped tasks"
+    );
+    harness.node.0.borrow_mut().unreaped.clear();
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("bomb")], "web lives");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_soft_decision_waits_for_an_eviction_under_way_for_another_resource() {
+    // A fork bomb holding memory and tasks, given 30 s to go: its soft
+    // memory eviction is under way when pid.available's grace ends.
+    let mut bomb = PodSnapshot {
+        termination_grace_period_seconds: Some(30),
+        ..pod("bomb", 300)
+    };
+    bomb.usage.pids = 900;
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_soft: vec!["memory.available<100Mi,pid.available<100".into()],
+            eviction_soft_grace_period: vec!["memory.available=1s,pid.available=2s".into()],
+            eviction_max_pod_grace_period: Some("30".into()),
+            ..EvictionArgs::default()
+        },
+        pods: vec![bomb, pod("web", 10)],
+        outside_pods: outside(310, 50),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().pid_max = 1000;
+    harness.evictor.evaluate(wake(&harness));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(harness.evictor.evictions_running(), 1);
+    // Its processes exiting: the pod lists none, the node still counts
+    // them until they are reaped.
+    {
+        let mut node = harness.node.0.borrow_mut();
+        node.pods[0].usage.pids = 0;
+        node.unreaped.insert(cgroup("bomb"), 900);
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    harness.evictor.evaluate(wake(&harness));
+    assert_eq!(
+        harness.evictor.evictions_running(),
+        1,
+        "web is not taken while the bomb's eviction is under way"
+    );
+}
