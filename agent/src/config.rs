@@ -9,6 +9,7 @@ use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     decide::engine::VictimPolicy,
     decide::rank::PidRanking,
+    decide::thrashing::ThrashingLimits,
     duration,
     node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE,
     quantity::Quantity,
@@ -438,9 +439,38 @@ pub struct RunArgs {
     /// post a message, short against the 30 s grace a pod has by default.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_period)]
     pub pre_kill_hook_timeout: Duration,
+
+    /// Evicts a pod thrashing at its own memory limit, as a soft memory
+    /// eviction of that pod alone (its grace period, at most
+    /// --eviction-max-pod-grace-period), reason `thrashing`. kubelet does
+    /// not; without the flag a thrashing pod is only reported (a warning,
+    /// evictd_pod_memory_thrashing).
+    #[arg(long)]
+    pub thrashing_eviction: bool,
+
+    /// A pod at its memory limit thrashes when its file refaults in one
+    /// 10 s reading reach this percentage of its file pages (Android
+    /// lmkd's thrashing_limit, whose default this is).
+    #[arg(long, value_name = "PERCENT", default_value_t = ThrashingLimits::default().refault_percent,
+        value_parser = clap::value_parser!(u64).range(1..))]
+    pub thrashing_refault_limit: u64,
+
+    /// ... or when all its tasks stalled on memory (cgroup v2's `full`
+    /// PSI) for this percentage of the 10 s (lmkd's complete stall, 700 ms
+    /// a second).
+    #[arg(long, value_name = "PERCENT", default_value_t = ThrashingLimits::default().stall_percent,
+        value_parser = clap::value_parser!(u64).range(1..=100))]
+    pub thrashing_stall_limit: u64,
 }
 
 impl RunArgs {
+    pub fn thrashing_limits(&self) -> ThrashingLimits {
+        ThrashingLimits {
+            refault_percent: self.thrashing_refault_limit,
+            stall_percent: self.thrashing_stall_limit,
+        }
+    }
+
     /// The pre-kill hook, if one is set.
     pub fn pre_kill_hook(&self) -> Option<PreKillHook> {
         self.pre_kill_hook.clone().map(|target| PreKillHook {

@@ -108,12 +108,13 @@ pub(crate) mod fakes {
         decide::{
             engine::VictimPolicy,
             rank::PidRanking,
+            thrashing::{Thrashing, ThrashingLimits},
             thresholds::{Resource, Signal},
         },
         kernel::bpf::{BpfError, DecodeError, Received},
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
-            inventory::InventoryError,
+            inventory::{InventoryError, ThrashingPod},
             runtime::{
                 disk_usage::PodDiskUsage,
                 link::NodeReclaim,
@@ -188,6 +189,9 @@ pub(crate) mod fakes {
         /// Tasks of a killed pod not reaped yet, by cgroup: charged to it,
         /// and to the node, though the pod lists no process.
         pub unreaped: BTreeMap<String, u64>,
+        /// What the next reading of the pods' memory counters finds
+        /// thrashing, by pod uid; `None`: no reading is due.
+        pub thrashing: Option<Vec<(String, Thrashing)>>,
     }
 
     impl NodeModel {
@@ -315,6 +319,23 @@ pub(crate) mod fakes {
         fn cgroups_changed(&mut self) {}
 
         fn cgroup_changed(&mut self, _hierarchy_id: u32, _path: &str) {}
+
+        fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+            let mut model = self.0.borrow_mut();
+            let found = model.thrashing.take()?;
+            Some(
+                found
+                    .into_iter()
+                    .filter_map(|(uid, thrashing)| {
+                        let pod = model.pods.iter().find(|pod| pod.uid == uid)?;
+                        Some(ThrashingPod {
+                            pod: Arc::new(pod.clone()),
+                            thrashing,
+                        })
+                    })
+                    .collect(),
+            )
+        }
 
         /// As the inventory: only pods that set a limit, judged on the
         /// runtime's reading when there is one.
@@ -628,6 +649,7 @@ pub(crate) mod fakes {
         pub state_dir: Option<PathBuf>,
         pub pid_ranking: PidRanking,
         pub pre_kill: Option<PreKillHook>,
+        pub thrashing_eviction: bool,
     }
 
     impl Default for HarnessOptions {
@@ -650,6 +672,7 @@ pub(crate) mod fakes {
                 state_dir: None,
                 pid_ranking: PidRanking::Kubelet,
                 pre_kill: None,
+                thrashing_eviction: false,
             }
         }
     }
@@ -721,6 +744,8 @@ pub(crate) mod fakes {
                     kernel_triggers: options.kernel,
                     budget: options.budget,
                     zone: options.zone,
+                    thrashing_eviction: options.thrashing_eviction,
+                    thrashing_limits: ThrashingLimits::default(),
                 },
             );
             Self {

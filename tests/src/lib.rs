@@ -23,6 +23,7 @@ mod apiserver;
 mod bpf_objects;
 mod bpf_stats;
 mod cgroup_tree;
+mod cold_file;
 mod containerd;
 mod cri_node;
 mod daemonset;
@@ -46,6 +47,7 @@ pub use bpf_stats::BpfStats;
 pub use cgroup_tree::{
     Controller, KUBEPODS, PrivateCgroupTree, TREE_MEMORY_LIMIT, TREE_PIDS_LIMIT,
 };
+pub use cold_file::ColdFile;
 pub use containerd::{Containerd, IMAGE};
 pub use cri_node::{CONTAINER, CriNode, CriPod, SCRATCH_PATH, SCRATCH_VOLUME};
 pub use daemonset::{

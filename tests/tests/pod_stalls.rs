@@ -1,20 +1,11 @@
 //! Each pod's refaults (and, on cgroup v2, its memory stall time) on the
 //! agent's metrics page: a pod that reads a file twice its memory limit
 //! twice refaults; an idle pod beside it does not.
-#![expect(
-    clippy::unwrap_used,
-    reason = "test helpers: a failed step is a failed test"
-)]
 
-use std::{
-    fs::{self, File},
-    io::Write as _,
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::{path::Path, time::Duration};
 
 use evictd_integration::{
-    CgroupVersion, PodSpec, SandboxNode, cgroupfs_path, http_get, metric, wait_until,
+    CgroupVersion, ColdFile, PodSpec, SandboxNode, cgroupfs_path, http_get, metric, wait_until,
 };
 use serde_json::json;
 
@@ -25,47 +16,6 @@ const NODE_MEMORY: u64 = 512 * MIB;
 /// larger, so its second read finds the file's first pages reclaimed.
 const SCANNER_LIMIT: u64 = 32 * MIB;
 const FILE_SIZE: u64 = 96 * MIB;
-
-/// A file on a disk-backed filesystem, not in the page cache, removed on
-/// drop. tmpfs pages are swap-backed: with no swap they are never
-/// reclaimed, so they never refault.
-struct ColdFile(PathBuf);
-
-impl ColdFile {
-    fn new() -> Self {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let fs = nix::sys::statfs::statfs(dir).unwrap();
-        assert_ne!(
-            fs.filesystem_type(),
-            nix::sys::statfs::TMPFS_MAGIC,
-            "{} is tmpfs: a file there never refaults",
-            dir.display()
-        );
-        let path = dir.join(format!("evictd-refaults-{}", std::process::id()));
-        let mut file = File::create(&path).unwrap();
-        let chunk = vec![0x5a_u8; MIB as usize];
-        for _ in 0..FILE_SIZE / MIB {
-            file.write_all(&chunk).unwrap();
-        }
-        file.sync_all().unwrap();
-        // Out of the cache (clean after the sync), so the scanner's reads
-        // charge its pages to the scanner.
-        nix::fcntl::posix_fadvise(
-            &file,
-            0,
-            0,
-            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
-        )
-        .unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for ColdFile {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
 
 fn series(metric_name: &str, kind: &str, pod: &str) -> String {
     format!("{metric_name}{{kind=\"{kind}\",namespace=\"default\",pod=\"{pod}\"}}")
@@ -96,12 +46,17 @@ fn a_pod_reading_a_file_larger_than_its_limit_refaults_and_an_idle_pod_does_not(
     let scanner = format!("node/{}", pods[1].container);
     let mut node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
     node.tree.set_memory_limit(&scanner, SCANNER_LIMIT).unwrap();
-    let file = ColdFile::new();
+    let file = ColdFile::new(
+        Path::new(env!("CARGO_TARGET_TMPDIR")),
+        "refaults",
+        FILE_SIZE,
+    )
+    .unwrap();
     // No thresholds: this test is about what the agent reports.
     let mut agent = node.start_agent(&["--eviction-hard="]).unwrap();
     let address = agent.log.metrics_address();
 
-    let path = file.0.display().to_string();
+    let path = file.path();
     for _ in 0..2 {
         let read = node
             .workload("scanner")

@@ -62,6 +62,9 @@ fn a_live_snapshot_shows_every_pod_and_simulate_decides_on_it() {
         let stalls = &pod["usage"]["memory_stalls"];
         assert!(stalls["read_at_ns"].as_u64().unwrap() > 0, "{pod:#}");
         assert!(stalls["workingset_refault_file"].is_u64(), "{pod:#}");
+        // What the thrashing rule judges a pod at its limit by.
+        assert!(stalls["file_bytes"].is_u64(), "{pod:#}");
+        assert!(stalls["usage_bytes"].is_u64(), "{pod:#}");
     }
     assert!(
         pod("db")["cgroup"]

@@ -15,6 +15,7 @@ mod local_storage;
 mod precise;
 mod safeguards;
 mod spent;
+mod thrashing;
 
 use std::{
     borrow::Cow,
@@ -39,6 +40,7 @@ use crate::{
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
         rank::PidRanking,
+        thrashing::ThrashingLimits,
         thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
     },
     kernel::bpf::CgroupChange,
@@ -143,6 +145,11 @@ pub struct EvictorOptions {
     /// Attach the precise memory hooks only near a threshold
     /// (`--precise-hooks zone` with a kernel memory trigger).
     pub zone: Option<ZoneOptions>,
+    /// Evict a pod thrashing at its own memory limit
+    /// (`--thrashing-eviction`); it is reported either way, by
+    /// `thrashing_limits`.
+    pub thrashing_eviction: bool,
+    pub thrashing_limits: ThrashingLimits,
 }
 
 pub struct Evictor<I: Io> {
@@ -171,6 +178,7 @@ pub struct Evictor<I: Io> {
     pre_kill: Option<Rc<PreKillHook>>,
     zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
+    thrashing: thrashing::ThrashingChecks,
     /// Disk thresholds whose node-level reclaim is under way: each is
     /// decided again once it is done, met or not ([`Evictor::decide`]).
     reclaim_asked: BTreeMap<Signal, Starvation>,
@@ -226,6 +234,7 @@ impl<I: Io> Evictor<I> {
             pre_kill: parts.pre_kill.map(Rc::new),
             zone: options.zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
+            thrashing: thrashing::ThrashingChecks::default(),
             reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
         }
@@ -248,12 +257,6 @@ impl<I: Io> Evictor<I> {
     /// the next decision.
     pub fn cgroups_changed(&mut self) {
         self.node.cgroups_changed();
-    }
-
-    /// Reads and exports the pods' memory stall and refault counters if
-    /// they are due.
-    pub fn read_memory_stalls(&mut self) {
-        self.node.read_memory_stalls();
     }
 
     /// A kernel record of a cgroup created or removed: the pods are listed

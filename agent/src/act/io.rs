@@ -11,7 +11,7 @@ use crate::{
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
     node::{
         cgroupfs::CgroupError,
-        inventory::{Inventory, InventoryError},
+        inventory::{Inventory, InventoryError, ThrashingPod},
         runtime::{link::NodeReclaim, local_storage::LocalStorageEviction},
         snapshot::PodSnapshot,
         stats::NodeObservation,
@@ -67,8 +67,11 @@ pub trait NodeSource {
     /// kernel record).
     fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str);
     /// Reads and exports every pod's memory stall and refault counters,
-    /// when they are due (a timer's work, never a decision's).
-    fn read_memory_stalls(&mut self) {}
+    /// when they are due (a timer's work, never a decision's): the pods
+    /// found thrashing at their own limit, `None` when nothing was read.
+    fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+        None
+    }
     /// Each container's ephemeral storage (writable layer and logs, by
     /// name) in pod `uid`, as the last disk reading found it; empty without
     /// a container runtime.
@@ -180,8 +183,8 @@ impl NodeSource for Inventory {
         Inventory::cgroup_changed(self, hierarchy_id, path);
     }
 
-    fn read_memory_stalls(&mut self) {
-        Inventory::read_memory_stalls(self);
+    fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+        Inventory::read_memory_stalls(self)
     }
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {

@@ -367,6 +367,12 @@ impl Engine {
         if threshold.hard {
             return Duration::ZERO;
         }
+        self.soft_grace_period(pod)
+    }
+
+    /// A soft eviction's grace period: the pod's own, at most
+    /// --eviction-max-pod-grace-period.
+    pub fn soft_grace_period(&self, pod: &PodSnapshot) -> Duration {
         let own = pod
             .termination_grace_period_seconds
             .map_or(DEFAULT_TERMINATION_GRACE_PERIOD, |seconds| {

@@ -1,9 +1,11 @@
 //! kubelet's eviction policy, pure: thresholds, the engine (thresholds
 //! met, grace periods, node conditions, the starved resource), the disk
 //! layout that decides what a disk signal measures, the ranking of pods and
-//! the choice of victims, and why each is killed.
+//! the choice of victims, why each is killed, and a pod thrashing at its
+//! own limit.
 pub mod engine;
 pub mod layout;
 pub mod rank;
 pub mod reason;
+pub mod thrashing;
 pub mod thresholds;

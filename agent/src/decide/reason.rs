@@ -2,8 +2,8 @@
 //! kill (its log line, the `reason` label of `evictd_evictions_total`, the
 //! pod's `Evicted` event and its report journal, the pre-kill hook), as
 //! Android's lmkd records one of its typed kill reasons. Only reasons
-//! evictd acts on today have a variant; thrashing and KEP-5986's second
-//! stage get theirs with those features.
+//! evictd acts on today have a variant; KEP-5986's second stage gets its
+//! own with that feature.
 use crate::decide::{rank::Ranked, thresholds::Signal};
 
 /// Why a pod is killed.
@@ -19,6 +19,9 @@ pub enum KillReason {
     /// The pod outgrew one of its own local-storage limits (kubelet's
     /// `localStorageEviction`); no threshold need be met.
     PodLimit(PodLimit),
+    /// The pod thrashed at its own memory limit (`--thrashing-eviction`,
+    /// [`crate::decide::thrashing`]); no threshold need be met.
+    Thrashing,
 }
 
 /// The local-storage limit a pod outgrew, each under kubelet's signal name.
@@ -54,6 +57,7 @@ impl KillReason {
             Self::Threshold(_) => "threshold",
             Self::ForkRate => "fork-rate",
             Self::PodLimit(_) => "pod-limit",
+            Self::Thrashing => "thrashing",
         }
     }
 
@@ -63,6 +67,8 @@ impl KillReason {
             Self::Threshold(signal) => signal.as_str(),
             Self::ForkRate => Signal::PidAvailable.as_str(),
             Self::PodLimit(limit) => limit.signal(),
+            // Evicted as kubelet evicts for memory: the resource it lacks.
+            Self::Thrashing => Signal::MemoryAvailable.as_str(),
         }
     }
 

@@ -25,6 +25,7 @@ use tracing::{debug, warn};
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::InventoryArgs,
+    decide::thrashing::{Thrashing, ThrashingLimits},
     decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
     node::forks::{ForkClock, ForkRateError},
@@ -127,6 +128,13 @@ struct Listing {
 }
 
 /// A pod cgroup found on the node.
+/// A pod found thrashing at its own memory limit.
+#[derive(Debug, Clone)]
+pub struct ThrashingPod {
+    pub pod: Arc<PodSnapshot>,
+    pub thrashing: Thrashing,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCgroup {
     pub uid: String,
@@ -232,17 +240,19 @@ impl Inventory {
     /// them, if [`stalls::STALLS_INTERVAL`] has passed since the last
     /// reading: the timer's work, off any decision's path. A pod whose
     /// files cannot be read or parsed is left out of this reading (its
-    /// series with it) and the others are read.
-    pub fn read_memory_stalls(&mut self) {
+    /// series with it) and the others are read. Returns the pods found
+    /// thrashing at their own memory limit since their last reading;
+    /// `None` when nothing was read.
+    pub fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
         let now_ns = stalls::monotonic_now_ns();
         if !self.stalls.due(now_ns) {
-            return;
+            return None;
         }
         let pods = match self.read_pods(Reads::MemoryBound) {
             Ok(pods) => pods,
             Err(e) => {
                 warn!(error = %e, "cannot list the pods to read their memory stalls");
-                return;
+                return None;
             }
         };
         let mut readings = Vec::with_capacity(pods.len());
@@ -260,11 +270,36 @@ impl Inventory {
                 Err(e) => warn!(pod = path, error = %e, "cannot read a pod's memory stalls"),
             }
         }
-        self.stalls
+        let thrashing = self
+            .stalls
             .record(readings, now_ns, self.metrics.as_deref());
+        let thrashing = thrashing
+            .into_iter()
+            .filter_map(|(cgroup, thrashing)| {
+                let pod = pods
+                    .iter()
+                    .find(|pod| pod.cgroup.as_ref() == Some(&cgroup))?;
+                Some(ThrashingPod {
+                    pod: Arc::clone(pod),
+                    thrashing,
+                })
+            })
+            .collect();
+        Some(thrashing)
     }
 
-    /// Pod cgroup `path`'s counters now, read as [`Inventory::bytes_charged`].
+    /// Judges thrashing by `limits` ([`crate::decide::thrashing`]).
+    pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
+        self.stalls.set_thrashing_limits(limits);
+    }
+
+    pub fn thrashing_limits(&self) -> ThrashingLimits {
+        self.stalls.thrashing_limits()
+    }
+
+    /// Pod cgroup `path`'s counters now, read as [`Inventory::bytes_charged`],
+    /// with the bytes charged and its memory limit: whether it is at its
+    /// limit. A limit that cannot be read judges no thrashing.
     fn memory_stalls(
         &mut self,
         path: &str,
@@ -273,8 +308,13 @@ impl Inventory {
         let texts = self
             .read_kept(path, OpenMemory::stall_texts)
             .unwrap_or_else(|| self.signals.cgroupfs.stall_texts(path))?;
+        let usage_bytes = self.bytes_charged(path)?;
         let cgroupfs = &self.signals.cgroupfs;
-        stalls::parse(&texts, cgroupfs.version, now_ns, &cgroupfs.memory_dir(path))
+        let mut stalls =
+            stalls::parse(&texts, cgroupfs.version, now_ns, &cgroupfs.memory_dir(path))?;
+        stalls.usage_bytes = Some(usage_bytes);
+        stalls.limit_bytes = memory_limit(cgroupfs, path).ok().flatten();
+        Ok(stalls)
     }
 
     /// Replaces the pod metadata source (the Kubernetes API's pod store,
@@ -640,6 +680,7 @@ impl Inventory {
     }
 
     pub fn snapshot(&mut self, time: f64) -> Result<Snapshot, InventoryError> {
+        // A snapshot shows the counters, not who thrashes.
         self.read_memory_stalls();
         Ok(Snapshot {
             time,

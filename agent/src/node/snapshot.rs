@@ -239,8 +239,8 @@ pub struct PodUsage {
     pub forks_per_second: Option<ForkRate>,
     /// The pod's memory stall and refault counters as last read (every
     /// [`STALLS_INTERVAL`](crate::node::stalls::STALLS_INTERVAL) at most);
-    /// live exact listings only. No decision reads them yet: `simulate`
-    /// ignores them.
+    /// live exact listings only. Thrashing is judged on two of them
+    /// ([`crate::decide::thrashing`]); `simulate` ignores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_stalls: Option<MemoryStalls>,
 }
@@ -271,6 +271,17 @@ pub struct MemoryStalls {
     pub pressure_some_us: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pressure_full_us: Option<u64>,
+    /// The pod's file pages, active and inactive (memory.stat
+    /// `active_file` + `inactive_file`; v1's `total_` ones): what its
+    /// refaults are a share of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_bytes: Option<u64>,
+    /// The bytes charged to the pod's cgroup and its memory limit (none:
+    /// unlimited), read with the counters: whether it is at its own limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_bytes: Option<u64>,
 }
 
 /// Forks a second: a finite number, not below zero, so that rates compare

@@ -23,9 +23,11 @@ use std::{
 use nix::time::{ClockId, clock_gettime};
 
 use crate::{
+    decide::thrashing::{self, Thrashing, ThrashingLimits},
     node::{
         cgroupfs::{CgroupError, CgroupVersion, StallTexts},
         snapshot::MemoryStalls,
+        stats::page_size,
     },
     report::metrics::{Metrics, PodMemoryTotals},
 };
@@ -77,6 +79,7 @@ fn parse_stat(text: &str, version: CgroupVersion) -> Result<MemoryStalls, String
         CgroupVersion::V2 => "",
     };
     let mut stalls = MemoryStalls::default();
+    let (mut active_file, mut inactive_file) = (None, None);
     for line in text.lines() {
         let mut fields = line.split_whitespace();
         let Some(key) = fields.next().and_then(|key| key.strip_prefix(prefix)) else {
@@ -87,15 +90,18 @@ fn parse_stat(text: &str, version: CgroupVersion) -> Result<MemoryStalls, String
             "workingset_refault_file" => &mut stalls.workingset_refault_file,
             "workingset_activate_anon" => &mut stalls.workingset_activate_anon,
             "workingset_activate_file" => &mut stalls.workingset_activate_file,
+            "active_file" => &mut active_file,
+            "inactive_file" => &mut inactive_file,
             _ => continue,
         };
         let value = fields.next().unwrap_or_default();
         *slot = Some(
             value
-                .parse()
+                .parse::<u64>()
                 .map_err(|_| format!("{prefix}{key} is {value:?}, not a count"))?,
         );
     }
+    stalls.file_bytes = active_file.zip(inactive_file).map(|(a, i)| a + i);
     Ok(stalls)
 }
 
@@ -142,9 +148,19 @@ pub struct PodStalls {
     /// pod goes (or its labels change: metadata that came late).
     exported: HashMap<String, PodLabels>,
     last_read_ns: Option<u64>,
+    thrashing_limits: ThrashingLimits,
 }
 
 impl PodStalls {
+    /// Judges thrashing by `limits` from the next reading on.
+    pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
+        self.thrashing_limits = limits;
+    }
+
+    pub fn thrashing_limits(&self) -> ThrashingLimits {
+        self.thrashing_limits
+    }
+
     /// Pod cgroup `path`'s last reading.
     pub fn get(&self, path: &str) -> Option<MemoryStalls> {
         self.by_cgroup.get(path).copied()
@@ -158,20 +174,35 @@ impl PodStalls {
 
     /// Takes `readings` (pod cgroup, labels, counters) made at `now_ns` as
     /// the pods' counters: the series of a pod not among them are deleted,
-    /// so pods that come and go leave no series behind.
+    /// so pods that come and go leave no series behind. Returns the pods
+    /// thrashing at their limit since their last reading, by cgroup.
     pub fn record(
         &mut self,
         readings: Vec<(String, PodLabels, MemoryStalls)>,
         now_ns: u64,
         metrics: Option<&Metrics>,
-    ) {
+    ) -> Vec<(String, Thrashing)> {
         self.last_read_ns = Some(now_ns);
         let mut by_cgroup = HashMap::with_capacity(readings.len());
         let mut exported = HashMap::with_capacity(readings.len());
+        let mut thrashing = Vec::new();
+        let page_size = page_size();
         for (cgroup, labels, stalls) in readings {
+            let found = self.by_cgroup.get(&cgroup).and_then(|before| {
+                thrashing::judge(before, &stalls, page_size, self.thrashing_limits)
+            });
             if let Some(metrics) = metrics {
                 let [namespace, pod] = &labels;
                 metrics.set_pod_memory_totals(namespace, pod, &totals(&stalls));
+                if stalls.limit_bytes.is_some() {
+                    metrics
+                        .pod_memory_thrashing
+                        .with_label_values(&[namespace, pod])
+                        .set(i64::from(found.is_some()));
+                }
+            }
+            if let Some(found) = found {
+                thrashing.push((cgroup.clone(), found));
             }
             by_cgroup.insert(cgroup.clone(), stalls);
             exported.insert(cgroup, labels);
@@ -187,6 +218,7 @@ impl PodStalls {
         }
         self.by_cgroup = by_cgroup;
         self.exported = exported;
+        thrashing
     }
 }
 

@@ -350,7 +350,8 @@ fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
     Ok(u64::try_from(working_set.max(0)).unwrap_or(0) * page_size())
 }
 
-fn page_size() -> u64 {
+/// The machine's page size, which memory.stat's page counts are in.
+pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
         size if size > 0 => size as u64,

@@ -131,6 +131,9 @@ pub struct Metrics {
     /// Seconds some (`some`) or all (`full`) of each pod's tasks stalled on
     /// memory (v2 memory.pressure).
     pub pod_memory_stall: CounterVec,
+    /// 1 while a pod thrashes at its own memory limit, else 0
+    /// ([`crate::decide::thrashing`]), for every pod with a limit.
+    pub pod_memory_thrashing: IntGaugeVec,
 }
 
 /// A pod's kernel totals, each absent where the kernel keeps none:
@@ -422,6 +425,11 @@ impl Metrics {
                 registry.register(Box::new(metric.clone()))?;
                 metric
             },
+            pod_memory_thrashing: gauge_vec(
+                "pod_memory_thrashing",
+                "1 while a pod thrashes at its own memory limit (file refaults or full memory stall over the last 10 s past --thrashing-*-limit), else 0",
+                &["namespace", "pod"],
+            )?,
             pod_metadata_stale: {
                 let metric = IntGauge::new(
                     "pod_metadata_stale",
@@ -474,6 +482,9 @@ impl Metrics {
                 .pod_memory_stall
                 .remove_label_values(&[namespace, pod, kind]);
         }
+        let _ = self
+            .pod_memory_thrashing
+            .remove_label_values(&[namespace, pod]);
     }
 
     pub fn render(&self) -> String {
@@ -527,7 +538,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 43] = [
+        let collectors: [&dyn Collector; 44] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -571,6 +582,7 @@ mod tests {
             &metrics.pod_memory_refaults,
             &metrics.pod_memory_activations,
             &metrics.pod_memory_stall,
+            &metrics.pod_memory_thrashing,
         ];
         collectors
             .iter()

@@ -126,6 +126,7 @@ pub async fn run(
     killer.ready_threads().await;
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
+    inventory.set_thrashing_limits(args.thrashing_limits());
     if args.policy.pid_ranking == PidRanking::ForkRate {
         inventory.measure_fork_rates();
     }
@@ -321,6 +322,8 @@ pub async fn run(
             kernel_triggers: kernel.is_some(),
             budget: args.eviction_budget,
             zone,
+            thrashing_eviction: args.thrashing_eviction,
+            thrashing_limits: args.thrashing_limits(),
         },
     );
     if args.dry_run {
@@ -665,7 +668,7 @@ pub async fn serve<I: Io>(
         // After the tick's decision, and not while a kill runs: reading
         // every pod's counters takes milliseconds at a few hundred pods.
         if wake.cause == timer_cause && evictor.evictions_running() == 0 {
-            evictor.read_memory_stalls();
+            evictor.read_memory_stalls(&wake);
         }
     }
 }

@@ -39,6 +39,9 @@
 //!   replaced) and sync it, so the disk use is there; `ok <bytes>`.
 //! - `read PATH`: read the file PATH to its end through the page cache
 //!   (what a pod scanning a file does); `ok <bytes read>`.
+//! - `cycle PATH`: read the file PATH to its end, again and again, on a
+//!   thread of its own until the process ends (a working set the size of
+//!   the file, in use); answers `ok cycling` at once.
 //! - `log BYTES`: write BYTES of text to stderr (a container's log);
 //!   `ok <bytes>`.
 //! - `map-shared PATH`: open PATH and map one page of it shared, on a
@@ -423,6 +426,12 @@ fn hop(until: Instant) -> ! {
 /// Maps one page of `file` shared on a thread that then waits for good:
 /// the mapping and the file live until the process ends. The thread is
 /// spawned, not run here, because the mmap may never return.
+/// Reads the file at `path` over and over on a thread of its own, until
+/// the process ends: a working set the size of the file, cycled.
+fn cycle_aside(path: String) {
+    std::thread::spawn(move || while read_file(&path).is_ok() {});
+}
+
 fn map_shared_aside(file: File) {
     std::thread::spawn(move || {
         // SAFETY: a new shared read-only mapping of an open file at an
@@ -701,6 +710,12 @@ impl Workload {
                 read_file(path)
                     .map_err(|e| format!("read {path}: {e}"))?
                     .to_string()
+            }
+            "cycle" => {
+                let path = words.next().ok_or("cycle needs a path")?;
+                File::open(path).map_err(|e| format!("cycle {path}: {e}"))?;
+                cycle_aside(path.to_owned());
+                "cycling".to_owned()
             }
             "log" => {
                 let bytes = amount()?;

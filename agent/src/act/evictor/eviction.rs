@@ -94,6 +94,10 @@ pub(super) enum Cause {
     /// need be met, the kill is immediate, and nothing is watched after
     /// (its disk comes back when kubelet removes the pod).
     PodLimit(LocalStorageViolation),
+    /// The pod thrashed at its own memory limit (`--thrashing-eviction`),
+    /// said by this message: a soft eviction of the pod alone, nothing
+    /// watched after (the node was not short).
+    Thrashing(String),
 }
 
 impl Cause {
@@ -101,6 +105,7 @@ impl Cause {
         match self {
             Self::Threshold(starvation) => starvation.threshold.hard,
             Self::PodLimit(_) => true,
+            Self::Thrashing(_) => false,
         }
     }
 
@@ -109,6 +114,7 @@ impl Cause {
         match self {
             Self::Threshold(starvation) => starvation.threshold.signal.as_str(),
             Self::PodLimit(violation) => violation.signal(),
+            Self::Thrashing(_) => KillReason::Thrashing.signal(),
         }
     }
 
@@ -625,7 +631,18 @@ impl<I: Io> Evictor<I> {
         let starvation = match cause {
             Cause::Threshold(starvation) => starvation,
             Cause::PodLimit(violation) => {
-                return Some(EvictionNotice::pod_limit(&known, violation.message()));
+                return Some(EvictionNotice::own_limit(
+                    &known,
+                    Resource::EphemeralStorage,
+                    violation.message(),
+                ));
+            }
+            Cause::Thrashing(message) => {
+                return Some(EvictionNotice::own_limit(
+                    &known,
+                    Resource::Memory,
+                    message.clone(),
+                ));
             }
         };
         let signal = StarvedSignal {

@@ -8,8 +8,8 @@ use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},
-    config::EvictionArgs,
-    decide::rank::PidRanking,
+    config::{EvictionAction, EvictionArgs},
+    decide::{engine::DEFAULT_TERMINATION_GRACE_PERIOD, rank::PidRanking},
     kernel::bpf::ScopeKind,
     node::runtime::{
         disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
@@ -1328,4 +1328,84 @@ async fn a_soft_decision_waits_for_an_eviction_under_way_for_another_resource() 
         1,
         "web is not taken while the bomb's eviction is under way"
     );
+}
+
+/// Pod `name` found thrashing at a 256 MiB limit over a 10 s window.
+fn thrashing(name: &str) -> (String, crate::decide::thrashing::Thrashing) {
+    let found = crate::decide::thrashing::Thrashing {
+        window: Duration::from_secs(10),
+        refaulted_percent: 480,
+        stalled_percent: None,
+        usage_bytes: 256 * MIB,
+        limit_bytes: 256 * MIB,
+    };
+    (format!("uid-{name}"), found)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_thrashing_at_its_limit_is_told_once_and_evicted_only_with_the_option() {
+    for eviction in [false, true] {
+        let pods = vec![pod("thrash", 256), pod("calm", 300)];
+        let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
+        api.0.borrow_mut().action = EvictionAction::Status;
+        let mut harness = Harness::new(HarnessOptions {
+            pods,
+            // Far from memory.available's line: no threshold is met.
+            outside_pods: outside(556, 400),
+            api: Some(api.clone()),
+            thrashing_eviction: eviction,
+            ..HarnessOptions::default()
+        });
+        let (log, _guard) = LogCapture::start();
+        for _ in 0..2 {
+            harness.node.0.borrow_mut().thrashing = Some(vec![thrashing("thrash")]);
+            harness.evictor.read_memory_stalls(&wake(&harness));
+            harness.settle(wake(&harness)).await;
+        }
+        let told = log
+            .lines()
+            .iter()
+            .filter(|line| line.contains("pod thrashing at its memory limit"))
+            .count();
+        let counted = harness
+            .metrics
+            .evictions
+            .with_label_values(&["memory.available", "BestEffort", "thrashing"])
+            .get();
+        if !eviction {
+            assert!(
+                killed(&harness).is_empty(),
+                "kubelet evicts for no such thing"
+            );
+            assert_eq!(told, 1, "said once while it thrashes: {:?}", log.lines());
+            assert_eq!(counted, 0);
+            continue;
+        }
+        assert_eq!(killed(&harness), [cgroup("thrash")], "it alone");
+        assert_eq!(
+            harness.killer.graces.borrow()[0],
+            DEFAULT_TERMINATION_GRACE_PERIOD.min(harness.evictor.config.max_pod_grace_period),
+            "a soft eviction's grace"
+        );
+        assert_eq!(counted, 1);
+        let reports = api.0.borrow().reports.clone();
+        assert_eq!(reports.len(), 1);
+        assert!(reports[0].pod_limit, "no node event: no threshold was met");
+        assert!(
+            reports[0]
+                .message
+                .text
+                .starts_with("Pod was thrashing at its memory limit: charged 256Mi of 256Mi"),
+            "{}",
+            reports[0].message.text
+        );
+        assert_eq!(
+            reports[0]
+                .message
+                .annotations
+                .get(KILL_REASON_KEY)
+                .map(String::as_str),
+            Some("thrashing")
+        );
+    }
 }

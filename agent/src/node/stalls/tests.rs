@@ -16,6 +16,7 @@ total_cache 1048576
 total_workingset_refault_anon 3
 total_workingset_refault_file 4242
 total_inactive_file 1048576
+total_active_file 2097152
 ";
 
 const V2_STAT: &str = "\
@@ -29,6 +30,7 @@ workingset_restore_anon 0
 workingset_restore_file 12
 workingset_nodereclaim 0
 inactive_file 524288
+active_file 262144
 ";
 
 const V2_PRESSURE: &str = "\
@@ -56,6 +58,7 @@ fn v1_has_hierarchical_refaults_and_nothing_else() {
             read_at_ns: 42,
             workingset_refault_anon: Some(3),
             workingset_refault_file: Some(4242),
+            file_bytes: Some(3 << 20),
             ..MemoryStalls::default()
         }
     );
@@ -74,6 +77,8 @@ fn v2_has_refaults_activations_and_stall_totals() {
             workingset_activate_file: Some(300),
             pressure_some_us: Some(2_500_000),
             pressure_full_us: Some(1_250_000),
+            file_bytes: Some(786_432),
+            ..MemoryStalls::default()
         }
     );
 }
@@ -316,4 +321,71 @@ fn series_follow_the_kernel_totals_and_go_with_their_pod() {
     }
     stalls.record(Vec::new(), 2000, Some(&metrics));
     assert_eq!(pod_series(&metrics), Vec::<String>::new());
+}
+
+/// Pod a at its limit, b without one, both having refaulted `refaults`
+/// file pages of their 1000 by `at_ns`.
+fn read_two_pods(
+    stalls: &mut PodStalls,
+    metrics: &Metrics,
+    at_ns: u64,
+    refaults: u64,
+) -> Vec<(String, Thrashing)> {
+    let page = page_size();
+    let at_limit = MemoryStalls {
+        read_at_ns: at_ns,
+        workingset_refault_file: Some(refaults),
+        file_bytes: Some(1000 * page),
+        usage_bytes: Some(1024 * page),
+        limit_bytes: Some(1024 * page),
+        ..MemoryStalls::default()
+    };
+    let unlimited = MemoryStalls {
+        limit_bytes: None,
+        ..at_limit
+    };
+    stalls.record(
+        vec![
+            ("/kubepods/poda".into(), labels("ns", "a"), at_limit),
+            ("/kubepods/podb".into(), labels("ns", "b"), unlimited),
+        ],
+        at_ns,
+        Some(metrics),
+    )
+}
+
+#[test]
+fn thrashing_is_judged_between_two_readings_and_its_gauge_follows_the_pod() {
+    let metrics = Metrics::new().unwrap();
+    let mut stalls = PodStalls::default();
+    let second = 1_000_000_000;
+    assert!(
+        read_two_pods(&mut stalls, &metrics, 0, 0).is_empty(),
+        "one reading is no window"
+    );
+    let found = read_two_pods(&mut stalls, &metrics, 10 * second, 1000);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].0, "/kubepods/poda");
+    assert_eq!(found[0].1.refaulted_percent, 100);
+    let thrashing = |series: &[String]| -> Vec<String> {
+        series
+            .iter()
+            .filter(|line| line.starts_with("evictd_pod_memory_thrashing"))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        thrashing(&pod_series(&metrics)),
+        [r#"evictd_pod_memory_thrashing{namespace="ns",pod="a"} 1"#],
+        "b has no limit: no series"
+    );
+    // Half its file pages refaulted in the next window: below lmkd's 100 %.
+    assert!(read_two_pods(&mut stalls, &metrics, 20 * second, 1500).is_empty());
+    assert_eq!(
+        thrashing(&pod_series(&metrics)),
+        [r#"evictd_pod_memory_thrashing{namespace="ns",pod="a"} 0"#]
+    );
+    // Gone, with its series.
+    stalls.record(Vec::new(), 30 * second, Some(&metrics));
+    assert!(thrashing(&pod_series(&metrics)).is_empty());
 }

@@ -302,16 +302,18 @@ impl EvictionNotice {
         }
     }
 
-    /// What the API is told about `pod` killed for outgrowing its own
-    /// local-storage limit: kubelet's `message`, no annotations (kubelet
-    /// adds none to these).
-    pub fn pod_limit(pod: &KnownPod, message: String) -> Self {
+    /// What the API is told about `pod` killed at its own limit of
+    /// `resource`, not for a node's threshold: outgrowing a local-storage
+    /// limit (kubelet's `message`, no annotations: kubelet adds none to
+    /// these), or thrashing at its memory limit. Only the pod's event is
+    /// posted, as kubelet's `localStorageEviction` posts.
+    pub fn own_limit(pod: &KnownPod, resource: Resource, message: String) -> Self {
         Self {
             namespace: pod.snapshot.namespace.clone(),
             name: pod.snapshot.name.clone(),
             uid: pod.snapshot.uid.clone(),
             signal: StarvedSignal {
-                resource: Resource::EphemeralStorage,
+                resource,
                 threshold: 0,
                 available: 0,
             },
