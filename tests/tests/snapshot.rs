@@ -65,6 +65,7 @@ fn a_live_snapshot_shows_every_pod_and_simulate_decides_on_it() {
         // What the thrashing rule judges a pod at its limit by.
         assert!(stalls["file_bytes"].is_u64(), "{pod:#}");
         assert!(stalls["usage_bytes"].is_u64(), "{pod:#}");
+        assert!(stalls["limit_hits"].is_u64(), "{pod:#}");
     }
     assert!(
         pod("db")["cgroup"]

@@ -2,8 +2,9 @@
 //! counters ([`MemoryStalls`]) one window apart: kubelet never acts on it
 //! (its memory signals are the node's), Android's lmkd kills on it.
 //!
-//! The rule: at the later reading the pod's cgroup is at its own limit
-//! (charged at least [`AT_LIMIT_SHARE`] of it), and over the window either
+//! The rule: over the window the pod's cgroup met its own memory limit
+//! (the kernel's count of charges that hit it grew: v1 `memory.failcnt`,
+//! v2 memory.events `max`), and either
 //! - its file refaults reached `refault_percent` of its file pages (lmkd's
 //!   `thrashing_limit`: refaulted file pages × 100 / the file LRU, 100 by
 //!   default), or
@@ -18,10 +19,6 @@
 use std::time::Duration;
 
 use crate::node::snapshot::MemoryStalls;
-
-/// A pod charged this share of its memory limit is at it: the kernel
-/// reclaims it from there on each charge.
-pub const AT_LIMIT_SHARE: f64 = 0.9;
 
 /// What makes a pod at its limit thrashing; the defaults are lmkd's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,11 +84,13 @@ pub fn judge(
     let window_ns = now.read_at_ns.checked_sub(before.read_at_ns)?;
     let limit_bytes = now.limit_bytes?;
     let usage_bytes = now.usage_bytes?;
-    if window_ns == 0 || (usage_bytes as f64) < limit_bytes as f64 * AT_LIMIT_SHARE {
-        return None;
-    }
     let delta =
         |counter: fn(&MemoryStalls) -> Option<u64>| counter(now)?.checked_sub(counter(before)?);
+    // Not its charge at the reading: reclaim at the limit takes back
+    // megabytes at a time (2 MiB below a 32 MiB limit, measured).
+    if window_ns == 0 || delta(|s| s.limit_hits)? == 0 {
+        return None;
+    }
     let refaulted_bytes = delta(|s| s.workingset_refault_file)?.saturating_mul(page_size);
     // One page's worth at least, so that a pod whose file pages were all
     // reclaimed does not divide by zero.
@@ -129,6 +128,7 @@ mod tests {
             file_bytes: Some(60 * MIB),
             usage_bytes: Some(64 * MIB),
             limit_bytes: Some(64 * MIB),
+            limit_hits: Some(at_s * 100),
             ..MemoryStalls::default()
         }
     }
@@ -147,14 +147,15 @@ mod tests {
     }
 
     #[test]
-    fn fewer_refaults_or_room_below_the_limit_are_not() {
+    fn fewer_refaults_or_a_limit_not_met_in_the_window_are_not() {
         let pages = 60 * MIB / PAGE;
         assert_eq!(
             judged(reading(0, 0, None), reading(10, pages / 2, None)),
             None
         );
+        // Refaults from the node's reclaim, not its own limit's.
         let roomy = MemoryStalls {
-            usage_bytes: Some(32 * MIB),
+            limit_hits: Some(0),
             ..reading(10, 4 * pages, None)
         };
         assert_eq!(judged(reading(0, 0, None), roomy), None);

@@ -438,6 +438,20 @@ impl CgroupFs {
         }
     }
 
+    /// How many times cgroup `path`'s charges met its memory limit since
+    /// it was made: v1's `memory.failcnt`, v2's memory.events `max` (its
+    /// subtree's included).
+    pub fn memory_limit_hits(&self, path: &str) -> Result<u64, CgroupError> {
+        let dir = self.memory_dir(path);
+        match self.version {
+            CgroupVersion::V1 => read_u64(None, &dir.join("memory.failcnt")),
+            CgroupVersion::V2 => {
+                let path = dir.join("memory.events");
+                keyed_field(&read_text(None, &path)?, &path, "max")
+            }
+        }
+    }
+
     /// Cgroup `path`'s memory files, kept open to be read again and again;
     /// `None` for the v2 root, which has none.
     pub fn open_memory(&self, path: &str) -> Result<Option<OpenMemory>, CgroupError> {

@@ -277,11 +277,15 @@ pub struct MemoryStalls {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file_bytes: Option<u64>,
     /// The bytes charged to the pod's cgroup and its memory limit (none:
-    /// unlimited), read with the counters: whether it is at its own limit.
+    /// unlimited), read with the counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit_bytes: Option<u64>,
+    /// How many times its charges met that limit (v1 `memory.failcnt`, v2
+    /// memory.events `max`): a pod whose count grew was at its limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_hits: Option<u64>,
 }
 
 /// Forks a second: a finite number, not below zero, so that rates compare

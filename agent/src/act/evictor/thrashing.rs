@@ -63,6 +63,7 @@ impl<I: Io> Evictor<I> {
             window_ms = thrashing.window.as_millis() as u64,
             evicted = act,
             description = message,
+            at_ns = now_ns,
             "pod thrashing at its memory limit"
         );
         if !self.options.thrashing_eviction {

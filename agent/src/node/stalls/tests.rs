@@ -338,6 +338,7 @@ fn read_two_pods(
         file_bytes: Some(1000 * page),
         usage_bytes: Some(1024 * page),
         limit_bytes: Some(1024 * page),
+        limit_hits: Some(at_ns),
         ..MemoryStalls::default()
     };
     let unlimited = MemoryStalls {

@@ -34,6 +34,7 @@ mod reaper;
 mod report;
 mod runs;
 mod stats;
+mod thrashing;
 mod watch;
 
 use std::{
@@ -83,7 +84,8 @@ struct Args {
     /// The hard threshold: memory.available below this.
     #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
     threshold: u64,
-    /// Bomb allocation rates (bytes per second; `max`: as fast as it can).
+    /// Bomb allocation rates (bytes per second; `max`: as fast as it can);
+    /// empty (`--rates=`): no memory scenario.
     #[arg(long, value_delimiter = ',', default_value = "256Mi,1Gi,max")]
     rates: Vec<String>,
     /// Agent modes compared (the oracle and the no-agent floor are added
@@ -164,6 +166,16 @@ struct Args {
     /// woke it, what it decided, what it cost).
     #[arg(long, default_value = "info")]
     agent_log_level: String,
+    /// The thrashing scenario's cold files go here (a disk filesystem, not
+    /// tmpfs, whose pages are never reclaimed without swap); unset: no
+    /// thrashing scenario. Sandbox node only.
+    #[arg(long)]
+    thrashing_dir: Option<PathBuf>,
+    /// The thrashing scenario's room for file pages: each of its two pods
+    /// is limited to what it holds plus this, the hog cycles a file 9/8 of
+    /// it, web one half of it.
+    #[arg(long, default_value = "32Mi", value_parser = parse_bytes)]
+    thrashing_room: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -199,6 +211,9 @@ enum Scenario {
         threshold: u64,
         rate: u64,
     },
+    /// A pod thrashing at its own memory limit beside one whose working
+    /// set fits, no threshold near.
+    Thrashing,
 }
 
 impl Scenario {
@@ -210,6 +225,7 @@ impl Scenario {
             Self::Pods { .. } => "pods",
             Self::Overhead { .. } => "overhead",
             Self::Reserve { .. } => "reserve",
+            Self::Thrashing => "thrashing",
         }
     }
 }
@@ -233,16 +249,23 @@ impl fmt::Display for Scenario {
             Self::Reserve { threshold, rate } => {
                 write!(f, "reserve {} MiB, {}", threshold / MIB, rate_name(*rate))
             }
+            Self::Thrashing => f.write_str("thrashing at its limit"),
         }
     }
 }
 
+/// The option of the thrashing scenario's second mode, `event+` it.
+const THRASHING_EVICTION: &str = "thrashing-eviction";
+
 /// One agent mode, as its command-line arguments; `MODE+RANKING` adds
-/// `--pid-ranking RANKING`.
+/// `--pid-ranking RANKING`, `MODE+thrashing-eviction` that flag.
 fn mode_args(mode: &str) -> Result<Vec<String>> {
-    if let Some((mode, ranking)) = mode.split_once('+') {
+    if let Some((mode, option)) = mode.split_once('+') {
         let mut args = mode_args(mode)?;
-        args.extend(["--pid-ranking".into(), ranking.into()]);
+        match option {
+            THRASHING_EVICTION => args.push(format!("--{THRASHING_EVICTION}")),
+            ranking => args.extend(["--pid-ranking".into(), ranking.into()]),
+        }
         return Ok(args);
     }
     Ok(match mode {
@@ -350,7 +373,7 @@ fn main() -> std::process::ExitCode {
 fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>)>> {
     let mut scenarios = Vec::new();
     let root = args.node == NodeKind::Root;
-    for rate in &args.rates {
+    for rate in args.rates.iter().filter(|rate| !rate.is_empty()) {
         let mut with_floors = vec![ORACLE.to_owned()];
         if root {
             // Without an agent the kernel's global OOM killer stops the
@@ -414,6 +437,17 @@ fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>
         for near in [false, true] {
             scenarios.push((Scenario::Overhead { near }, with_floor.clone()));
         }
+    }
+    if args.thrashing_dir.is_some() && root {
+        println!("no thrashing scenario on the root: it limits pods of the sandbox node");
+    }
+    if args.thrashing_dir.is_some() && !root && modes.iter().any(|mode| mode == "event") {
+        // Event mode only: the pods' counters are read the same way in
+        // every mode.
+        scenarios.push((
+            Scenario::Thrashing,
+            vec!["event".to_owned(), format!("event+{THRASHING_EVICTION}")],
+        ));
     }
     let sweep_rate = parse_rate(&args.sweep_rate)?;
     for &threshold in &args.sweep_thresholds {
@@ -547,6 +581,8 @@ fn bench(args: &Args) -> Result<()> {
                 .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
             Scenario::ForkBombBesideBusyPod => runs::fork_bomb_run(args, mode, true)
                 .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
+            Scenario::Thrashing => thrashing::run(args, mode)
+                .and_then(|run| Ok((serde_json::to_value(&run)?, run.summary()))),
             Scenario::Overhead { near } => {
                 // What a workload pays on a node, where the statistics are
                 // off: on, they add two clock reads to every program run.
@@ -656,7 +692,7 @@ impl Header<'_> {
                         entry["threshold"] = json!(threshold);
                         entry["rate"] = json!(rate);
                     }
-                    Scenario::ForkBomb | Scenario::ForkBombBesideBusyPod => {}
+                    Scenario::ForkBomb | Scenario::ForkBombBesideBusyPod | Scenario::Thrashing => {}
                 }
                 entry
             }).collect::<Vec<_>>(),

@@ -114,6 +114,17 @@ pub fn markdown(results: &Value) -> String {
              before the fork-rate window, so kubelet's order (`event+kubelet`, the default) \
              takes it first (a wrong victim); `event+fork-rate` is `--pid-ranking fork-rate`.\n\n";
     text += &fork_bomb_table(results);
+    if !scenarios(results, "thrashing").is_empty() {
+        text += "\n## A pod thrashing at its own limit\n\nThe hog limited to what it holds plus \
+                 the room for file pages, cycling through a cold file 9/8 of the room; web, \
+                 limited the same way, through one half of it; no threshold near. Times from \
+                 the hog's first pass: *reported*, the agent's `pod thrashing at its memory \
+                 limit` (two readings of the pods' counters, 10 s apart, once it thrashes); \
+                 *killed*, its `pod killed`. `event` is the default (reported, kept, two more \
+                 readings watched); `event+thrashing-eviction` evicts. *false positives*: runs \
+                 that reported or evicted web.\n\n";
+        text += &thrashing_table(results);
+    }
     text += "\n## Decision latency against pod count\n\nThe memory bomb with the five pods \
              above and small ones (1 MiB each, every QoS class) up to the count. *woken → \
              decided*: the agent's `eviction decided` from the trigger that woke its deciding \
@@ -586,6 +597,35 @@ fn fork_bomb_table(results: &Value) -> String {
                 wrong_victim(&every),
                 all - n,
                 agent_cost(mode, &every),
+            );
+        }
+    }
+    text
+}
+
+fn thrashing_table(results: &Value) -> String {
+    let mut text = "| mode | n | reported (ms) p50 / p90 / p99 | killed (ms) p50 / p90 / p99 | refaulted, % of file pages (p50) | evictions | false positives |\n\
+                    |---|---:|---|---|---:|---:|---:|\n"
+        .to_owned();
+    for scenario in scenarios(results, "thrashing") {
+        for mode in modes(scenario) {
+            let every = all_runs(results, scenario, mode);
+            if every.is_empty() {
+                continue;
+            }
+            let refaulted = percentile(&field(&every, "refaulted_percent"), 0.5);
+            let evictions: u64 = every.iter().filter_map(|r| r["evictions"].as_u64()).sum();
+            let false_positives = every
+                .iter()
+                .filter(|r| r["neighbour_reported"] == true || r["neighbour_alive"] == false)
+                .count();
+            text += &format!(
+                "| {mode} | {} | {} | {} | {} | {evictions} | {false_positives}/{} |\n",
+                every.len(),
+                triple(&field(&every, "reported_us")),
+                triple(&field(&every, "killed_us")),
+                refaulted.map_or("-".to_owned(), |p| format!("{p:.0}")),
+                every.len(),
             );
         }
     }
