@@ -20,8 +20,9 @@ use crate::{setup, tools, vm};
 const MATPLOTLIB: &str = "matplotlib==3.9.2";
 
 /// `--quick`: one round of every mode at 1 GiB/s (with the oracle) and the
-/// fork bomb, the pod-count scenario at 250 pods, and the overhead
-/// operations once each with event mode against no agent; 1 s idle. What it
+/// fork bomb, the pod-count scenario at 250 pods, the overhead operations
+/// once each with event mode against no agent, and the thrashing pod with
+/// and without `--thrashing-eviction`; 1 s idle. What it
 /// adds to the smoke test's time is kept small: CI runs it.
 const QUICK_ARGS: [&str; 14] = [
     "--runs",
@@ -112,6 +113,11 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .arg(&out);
     if quick {
         bench.args(QUICK_ARGS);
+        // The thrashing scenario's cold files need a disk, which the
+        // target directory is.
+        let files = crate::target_dir()?.join("tmp");
+        fs::create_dir_all(&files).with_context(|| format!("creating {}", files.display()))?;
+        bench.arg("--thrashing-dir").arg(files);
     }
     if let Some(dir) = &args.agent_logs {
         bench.arg("--agent-logs").arg(dir);
@@ -395,7 +401,11 @@ fn check_every_scenario_produced_results(out: &Path) -> Result<()> {
     let mut missing = Vec::new();
     for scenario in scenarios {
         let overhead = scenario["kind"] == "overhead";
+        let thrashing = scenario["kind"] == "thrashing";
         for mode in scenario["modes"].as_array().unwrap_or(&empty) {
+            let evicts = mode
+                .as_str()
+                .is_some_and(|m| m.ends_with("+thrashing-eviction"));
             let mode_runs: Vec<&Value> = runs
                 .iter()
                 .filter(|r| r["scenario"] == scenario["name"] && r["mode"] == *mode)
@@ -407,6 +417,15 @@ fn check_every_scenario_produced_results(out: &Path) -> Result<()> {
                         .iter()
                         .all(|op| run[op].as_array().is_some_and(|t| !t.is_empty()))
                         && run["evictions"].as_u64() == Some(0);
+                }
+                if thrashing {
+                    // Reported, the neighbour left alone, and the hog
+                    // evicted exactly when the option says so.
+                    return !run["reported_us"].is_null()
+                        && run["neighbour_reported"] == false
+                        && run["neighbour_alive"] == true
+                        && run["evictions"].as_u64() == Some(u64::from(evicts))
+                        && run["killed_us"].is_null() != evicts;
                 }
                 if run["decided_without_crossing"] == true {
                     // The agent decided before the node crossed: nothing

@@ -734,6 +734,10 @@ mod tests {
             mode_args("poll-100ms").unwrap(),
             ["--mode", "poll", "--housekeeping-interval", "100ms"]
         );
+        assert_eq!(
+            mode_args("event+thrashing-eviction").unwrap(),
+            ["--mode", "event", "--thrashing-eviction"]
+        );
         assert_eq!(mode_args("psi").unwrap(), ["--mode", "psi"]);
         assert!(mode_args("kprobe").is_err());
     }
