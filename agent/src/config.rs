@@ -448,16 +448,17 @@ pub struct RunArgs {
     #[arg(long)]
     pub thrashing_eviction: bool,
 
-    /// A pod at its memory limit thrashes when its file refaults in one
-    /// 10 s reading reach this percentage of its file pages (Android
-    /// lmkd's thrashing_limit, whose default this is).
+    /// A pod that met its own memory limit between two 10 s readings of
+    /// its counters thrashes when its file refaults between them reach
+    /// this percentage of its file pages (Android lmkd's thrashing_limit,
+    /// whose default this is).
     #[arg(long, value_name = "PERCENT", default_value_t = ThrashingLimits::default().refault_percent,
         value_parser = clap::value_parser!(u64).range(1..))]
     pub thrashing_refault_limit: u64,
 
     /// ... or when all its tasks stalled on memory (cgroup v2's `full`
-    /// PSI) for this percentage of the 10 s (lmkd's complete stall, 700 ms
-    /// a second).
+    /// PSI) for this percentage of that window (lmkd's complete stall,
+    /// 700 ms a second).
     #[arg(long, value_name = "PERCENT", default_value_t = ThrashingLimits::default().stall_percent,
         value_parser = clap::value_parser!(u64).range(1..=100))]
     pub thrashing_stall_limit: u64,

@@ -127,7 +127,6 @@ struct Listing {
     generation: Option<u64>,
 }
 
-/// A pod cgroup found on the node.
 /// A pod found thrashing at its own memory limit.
 #[derive(Debug, Clone)]
 pub struct ThrashingPod {
@@ -135,6 +134,7 @@ pub struct ThrashingPod {
     pub thrashing: Thrashing,
 }
 
+/// A pod cgroup found on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCgroup {
     pub uid: String,
@@ -299,10 +299,6 @@ impl Inventory {
     /// Judges thrashing by `limits` ([`crate::decide::thrashing`]).
     pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
         self.stalls.set_thrashing_limits(limits);
-    }
-
-    pub fn thrashing_limits(&self) -> ThrashingLimits {
-        self.stalls.thrashing_limits()
     }
 
     /// Pod cgroup `path`'s counters now, read as [`Inventory::bytes_charged`],

@@ -157,10 +157,6 @@ impl PodStalls {
         self.thrashing_limits = limits;
     }
 
-    pub fn thrashing_limits(&self) -> ThrashingLimits {
-        self.thrashing_limits
-    }
-
     /// Pod cgroup `path`'s last reading.
     pub fn get(&self, path: &str) -> Option<MemoryStalls> {
         self.by_cgroup.get(path).copied()
