@@ -25,10 +25,12 @@ const DB_CHILDREN: u32 = 250;
 /// holds about 120 tasks, fewer than the database's 251, after forking for
 /// about 2.4 s at [`BOMB_RATE`], longer than evictd's 2 s fork-rate window:
 /// the database's processes are all older than the window by then.
-const NODE_PIDS_MAX: u64 = 432;
-const PIDS_LINE: &str = "pid.available<60";
-/// Forks a second: order, not speed, is asserted. The 60 tasks between the
-/// line and pids.max take 1.2 s, as in eviction.rs's fork bomb test.
+const NODE_PIDS_MAX: u64 = 522;
+const PIDS_LINE: &str = "pid.available<150";
+/// Forks a second: order, not speed, is asserted. The 150 tasks between
+/// the line and pids.max take 3 s: 1.2 s was once too short for a debug
+/// agent in a software-emulated guest sharing the machine's two cores with
+/// another (CI, 7.2); the bench measures how fast it is.
 const BOMB_RATE: u32 = 50;
 
 fn sandbox() -> (SandboxNode, String) {
@@ -110,10 +112,15 @@ fn bomb_until_killed(node: &mut SandboxNode, victim: &str) {
     }
 }
 
-fn assert_no_fork_refused(node: &SandboxNode) {
+/// `agent`'s log lines so far go in the message: how long from the
+/// crossing to the kill is what a refused fork is about.
+fn assert_no_fork_refused(node: &SandboxNode, agent: &mut Agent) {
     let events = node.tree.dir(Controller::Pids, "node").join("pids.events");
     let events = fs::read_to_string(events).unwrap();
-    assert!(events.contains("max 0"), "a fork hit pids.max: {events}");
+    if !events.contains("max 0") {
+        agent.log.drain();
+        panic!("a fork hit pids.max: {events}\n{:#?}", agent.log.seen);
+    }
 }
 
 #[test]
@@ -132,7 +139,7 @@ fn kubelets_pid_ranking_takes_the_quiet_pod_with_more_processes_before_the_fork_
         "kubelet's order does not look at forks: {first}"
     );
     assert!(node.alive("bomb"));
-    assert_no_fork_refused(&node);
+    assert_no_fork_refused(&node, &mut agent);
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }
@@ -170,7 +177,7 @@ fn fork_rate_takes_the_bomb(run: Run) {
             .unwrap()
             .is_empty()
     );
-    assert_no_fork_refused(&node);
+    assert_no_fork_refused(&node, &mut agent);
     let (status, log) = agent.stop().unwrap();
     assert!(status.success());
     let evictions: Vec<_> = log
