@@ -12,7 +12,7 @@ use std::{
     fs::{self, File, OpenOptions},
     io::{self, Write as _},
     os::{
-        fd::{AsFd as _, AsRawFd as _},
+        fd::{AsFd as _, AsRawFd as _, OwnedFd},
         unix::fs::OpenOptionsExt as _,
     },
     path::{Path, PathBuf},
@@ -51,6 +51,8 @@ pub enum NotifyError {
     PsiWindowNeedsPrivilege { path: PathBuf, window: Duration },
     #[error("memory threshold on {path}")]
     Threshold { path: PathBuf, source: io::Error },
+    #[error("memory threshold: {0}")]
+    Registrar(String),
     #[error("memory threshold: reading the usage")]
     Usage(#[from] CgroupError),
 }
@@ -162,7 +164,7 @@ impl MemcgThresholds {
     /// Replaces the armed levels (usage in bytes) with `levels`; nothing is
     /// re-registered when they are unchanged.
     pub fn arm(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
-        if self.armed.is_some() && self.levels == levels {
+        if self.armed_at(levels) {
             return Ok(());
         }
         self.register(levels)
@@ -185,29 +187,52 @@ impl MemcgThresholds {
     }
 
     fn register(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
+        let registered = self.registration(levels)?.write()?;
+        self.install(registered)
+    }
+
+    /// `levels` on a new eventfd, to be written by a thread that can wait
+    /// out the kernel's RCU grace period ([`Registration::write`]) and
+    /// then [`install`](Self::install)ed here.
+    pub fn registration(&self, levels: &[u64]) -> Result<Registration, NotifyError> {
         let error = |source| NotifyError::Threshold {
             path: self.control.clone(),
             source,
         };
         let eventfd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| error(e.into()))?;
-        for level in levels {
-            let line = format!(
-                "{} {} {level}",
-                eventfd.as_raw_fd(),
-                self.usage.as_fd().as_raw_fd()
-            );
-            fs::write(&self.control, line).map_err(error)?;
-        }
-        // Dropping the previous eventfd unregisters the previous levels.
+        // Its own descriptor of the usage file, so that one closed here
+        // meanwhile never lets the writer name another file.
+        let usage = self.usage.as_fd().try_clone_to_owned().map_err(error)?;
+        Ok(Registration {
+            control: self.control.clone(),
+            usage,
+            eventfd,
+            levels: levels.to_vec(),
+        })
+    }
+
+    /// Arms the levels of a written registration; dropping the previous
+    /// eventfd unregisters the previous levels (the kernel does it in a
+    /// worker, not on this thread).
+    pub fn install(&mut self, registered: Registered) -> Result<(), NotifyError> {
         // SAFETY: the AsyncFd owns the eventfd, so the fd stays open and
         // unchanged while registered.
-        let armed = unsafe { AsyncFd::register_with_interest(eventfd, Interest::READABLE) }
-            .map_err(|e| error(e.into()))?;
+        let armed =
+            unsafe { AsyncFd::register_with_interest(registered.eventfd, Interest::READABLE) }
+                .map_err(|e| NotifyError::Threshold {
+                    path: self.control.clone(),
+                    source: e.into(),
+                })?;
         self.armed = Some(armed);
-        self.levels = levels.to_vec();
+        self.levels = registered.levels;
         self.signalled = false;
         Ok(())
+    }
+
+    /// Whether exactly `levels` are armed.
+    pub fn armed_at(&self, levels: &[u64]) -> bool {
+        self.armed.is_some() && self.levels == levels
     }
 
     /// Whether usage is at or above `level` now. The kernel signals a
@@ -260,6 +285,46 @@ impl MemcgThresholds {
         self.signalled = true;
         Ok(at_ns)
     }
+}
+
+/// Levels not yet registered, on their eventfd
+/// ([`MemcgThresholds::registration`]).
+#[derive(Debug)]
+pub struct Registration {
+    control: PathBuf,
+    usage: OwnedFd,
+    eventfd: EventFd,
+    levels: Vec<u64>,
+}
+
+impl Registration {
+    /// Registers each level with the kernel. Blocks: the kernel waits out
+    /// an RCU grace period per level (4–32 ms on a quiet machine, seconds
+    /// on a busy virtual one).
+    pub fn write(self) -> Result<Registered, NotifyError> {
+        for level in &self.levels {
+            let line = format!(
+                "{} {} {level}",
+                self.eventfd.as_raw_fd(),
+                self.usage.as_raw_fd()
+            );
+            fs::write(&self.control, line).map_err(|source| NotifyError::Threshold {
+                path: self.control.clone(),
+                source,
+            })?;
+        }
+        Ok(Registered {
+            eventfd: self.eventfd,
+            levels: self.levels,
+        })
+    }
+}
+
+/// Levels the kernel has, on the eventfd it signals.
+#[derive(Debug)]
+pub struct Registered {
+    eventfd: EventFd,
+    levels: Vec<u64>,
 }
 
 /// The push mechanism of a non-eBPF mode.

@@ -4,16 +4,21 @@
 //! engine memory scope, which wakes the engine when the node comes near a
 //! line while the hooks are off. (On cgroup v2 the plan's read period,
 //! part of the evictor's action, is the far trigger.)
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, mpsc as std_mpsc},
+    time::{Duration, Instant},
+};
 
 use futures::future::select_all;
-use tracing::{info, warn};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
 
 use crate::{
     act::{io::KernelRecords, timer::Pacer},
     kernel::{
         bpf::monotonic_now_ns,
-        notify::{MemcgThresholds, NotifyError},
+        notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
     node::cgroupfs::CgroupFs,
     report::metrics::Metrics,
@@ -25,6 +30,10 @@ pub struct PreciseHooks {
     metrics: Arc<Metrics>,
     /// cgroup v1 eventfd thresholds at the zone's edge, by scope path.
     eventfds: BTreeMap<String, MemcgThresholds>,
+    /// The edge each scope's registration under way will arm, by path.
+    registering: BTreeMap<String, u64>,
+    /// Writes the registrations; started with the first.
+    registrar: Option<Registrar>,
     /// False once the far trigger failed: the hooks then stay attached.
     managed: bool,
     /// The last plan left the hooks off far from every line: the eventfds'
@@ -54,6 +63,8 @@ impl PreciseHooks {
             cgroupfs,
             metrics,
             eventfds: BTreeMap::new(),
+            registering: BTreeMap::new(),
+            registrar: None,
             managed: true,
             far: false,
             approach_rate: 1,
@@ -73,14 +84,17 @@ impl PreciseHooks {
     /// (a Far plan means usage was at most the edge), so this asks once.
     ///
     /// The edges are registered only when the plan makes them the trigger
-    /// (far, hooks off), and before the hooks go: a registration waits out
-    /// an RCU grace period (4–32 ms here) on this thread, and the zone's
-    /// edge moves down each time the node shows a faster rate, which it
-    /// does while climbing into the zone. Registered there, that wait came
-    /// between the engine's reading and the attach in every run of the
-    /// full-speed bomb, out of a lead of 13–35 ms. Elsewhere the edges are
-    /// only dropped for scopes gone; one left at a level since moved wakes
-    /// the engine at worst once too often.
+    /// (far, hooks off), and the hooks go only once they are: until then
+    /// they stay as they are, and [`PreciseHooks::wait`] wakes the engine
+    /// when the registration is done, to apply the plan again. A
+    /// registration waits out an RCU grace period in the kernel, on the
+    /// registrar's thread, never this one: 4–32 ms on a quiet machine,
+    /// seconds on a busy virtual one, when no decision could be made
+    /// (design note, the zone). Nor is an edge registered
+    /// nearer: the zone's edge moves down each time the node shows a
+    /// faster rate, which it does while climbing into the zone. Elsewhere
+    /// the edges are only dropped for scopes gone; one left at a level
+    /// since moved wakes the engine at worst once too often.
     pub fn apply<K: KernelRecords>(&mut self, kernel: Option<&mut K>, plan: &ZonePlan) -> bool {
         if !self.managed {
             return false;
@@ -92,12 +106,17 @@ impl PreciseHooks {
             self.drop_eventfds_not_in(&plan.eventfd_levels);
             return self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
         }
-        let edge_passed = self.arm_eventfds(&plan.eventfd_levels);
+        let edges = self.arm_eventfds(&plan.eventfd_levels);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
         }
-        self.set(kernel, plan.armed, plan.reason.as_str());
-        edge_passed
+        match edges {
+            Edges::Registering => false,
+            Edges::Armed { passed } => {
+                self.set(kernel, plan.armed, plan.reason.as_str());
+                passed
+            }
+        }
     }
 
     /// Attaches or detaches the hooks; true when that changed them.
@@ -133,39 +152,78 @@ impl PreciseHooks {
     }
 
     fn drop_eventfds_not_in(&mut self, levels: &[(String, u64)]) {
-        self.eventfds
-            .retain(|path, _| levels.iter().any(|(armed, _)| armed == path));
+        let wanted = |path: &String| levels.iter().any(|(armed, _)| armed == path);
+        self.eventfds.retain(|path, _| wanted(path));
+        self.registering.retain(|path, _| wanted(path));
     }
 
-    /// Arms an eventfd at each level; true when usage is already at one.
-    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> bool {
+    /// Arms an eventfd at each level, handing the registrar those not
+    /// armed yet.
+    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> Edges {
         self.drop_eventfds_not_in(levels);
-        let mut passed = false;
+        let mut edges = Edges::Armed { passed: false };
         for (path, level) in levels {
-            let armed = match self.eventfds.get_mut(path) {
-                Some(thresholds) => thresholds.arm(&[*level]).map(|()| &*thresholds),
-                None => MemcgThresholds::open(&self.cgroupfs.memory_dir(path)).and_then(
-                    |mut thresholds| {
-                        thresholds.arm(&[*level])?;
-                        Ok(&*self.eventfds.entry(path.clone()).or_insert(thresholds))
-                    },
-                ),
-            };
-            match armed.and_then(|thresholds| thresholds.passed(*level)) {
-                Ok(above) => passed |= above,
+            match self.arm_eventfd(path, *level) {
+                Ok(Edges::Armed { passed }) => {
+                    if let Edges::Armed { passed: any } = &mut edges {
+                        *any |= passed;
+                    }
+                }
+                Ok(Edges::Registering) => edges = Edges::Registering,
                 Err(e) => {
                     self.fail(&e);
-                    return false;
+                    return Edges::Armed { passed: false };
                 }
             }
         }
-        passed
+        edges
+    }
+
+    fn arm_eventfd(&mut self, path: &str, level: u64) -> Result<Edges, NotifyError> {
+        if !self.eventfds.contains_key(path) {
+            let thresholds = MemcgThresholds::open(&self.cgroupfs.memory_dir(path))?;
+            self.eventfds.insert(path.to_owned(), thresholds);
+        }
+        let thresholds = &self.eventfds[path];
+        if thresholds.armed_at(&[level]) {
+            return Ok(Edges::Armed {
+                passed: thresholds.passed(level)?,
+            });
+        }
+        if self.registering.get(path) != Some(&level) {
+            let registration = thresholds.registration(&[level])?;
+            let registrar = match &self.registrar {
+                Some(registrar) => registrar,
+                None => self.registrar.insert(Registrar::start()?),
+            };
+            registrar.send(path, level, registration)?;
+            self.registering.insert(path.to_owned(), level);
+        }
+        Ok(Edges::Registering)
+    }
+
+    /// Arms a registration the registrar wrote; true when it is the one
+    /// the last plan asked for (the engine should apply it now).
+    fn install(&mut self, done: Written) -> Result<bool, NotifyError> {
+        if self.registering.get(&done.path) != Some(&done.level) {
+            // Superseded, or its scope gone: dropping it unregisters it.
+            return Ok(false);
+        }
+        self.registering.remove(&done.path);
+        debug!(scope = %done.path, level = done.level, took_us = done.took_us, "zone's edge registered");
+        let registered = done.result?;
+        match self.eventfds.get_mut(&done.path) {
+            Some(thresholds) => thresholds.install(registered).map(|()| true),
+            None => Ok(false),
+        }
     }
 
     /// The far trigger cannot be trusted: the hooks stay attached for good.
     fn fail(&mut self, error: &NotifyError) {
         warn!(error = %error, "memory threshold at the zone's edge failed: the precise memory hooks stay attached");
         self.eventfds.clear();
+        self.registering.clear();
+        self.registrar = None;
         self.managed = false;
     }
 
@@ -173,12 +231,13 @@ impl PreciseHooks {
     /// ns at wake-up. Pending while no edge is armed. Far from every line
     /// the usage is also read before the node could reach an edge, in case
     /// the kernel's notification does not come.
+    ///
+    /// Also wakes once a registration the last plan asked for is written,
+    /// so that the engine applies its plan again.
     pub async fn wait(&mut self) -> Result<u64, NotifyError> {
-        if self.eventfds.is_empty() {
-            return std::future::pending().await;
-        }
         loop {
-            let check_after = if self.far {
+            let armed = self.eventfds.values().any(|t| !t.levels().is_empty());
+            let check_after = if self.far && armed {
                 match self.edge_check_after()? {
                     Some(after) if after < self.resync_interval => Some(after),
                     Some(_) => None,
@@ -187,16 +246,47 @@ impl PreciseHooks {
             } else {
                 None
             };
-            let waits = self
-                .eventfds
-                .values_mut()
-                .map(|thresholds| Box::pin(thresholds.wait()));
-            let Some(after) = check_after else {
-                return select_all(waits).await.0;
+            let written = async {
+                match self.registrar.as_mut() {
+                    Some(registrar) if !self.registering.is_empty() => {
+                        registrar.written.recv().await
+                    }
+                    _ => std::future::pending().await,
+                }
             };
-            tokio::select! {
-                (woke, _, _) = select_all(waits) => return woke,
-                () = self.clock.sleep(after) => {}
+            let signalled = async {
+                if !armed {
+                    return std::future::pending().await;
+                }
+                let waits = self
+                    .eventfds
+                    .values_mut()
+                    .map(|thresholds| Box::pin(thresholds.wait()));
+                select_all(waits).await.0
+            };
+            let backstop = async {
+                match check_after {
+                    Some(after) => self.clock.sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let woke = tokio::select! {
+                done = written => Woke::Written(done),
+                woke = signalled => return woke,
+                () = backstop => Woke::Backstop,
+            };
+            match woke {
+                Woke::Written(Some(done)) => {
+                    if self.install(done)? {
+                        return Ok(monotonic_now_ns());
+                    }
+                }
+                Woke::Written(None) => {
+                    return Err(NotifyError::Registrar(
+                        "the registrar's thread ended".to_owned(),
+                    ));
+                }
+                Woke::Backstop => {}
             }
         }
     }
@@ -225,6 +315,68 @@ impl PreciseHooks {
     pub fn give_up<K: KernelRecords>(&mut self, kernel: Option<&mut K>, error: &NotifyError) {
         self.fail(error);
         self.set(kernel, true, "the far trigger failed");
+    }
+}
+
+/// What [`PreciseHooks::arm_eventfds`] left.
+enum Edges {
+    /// Every edge is armed; `passed`: usage is already at one.
+    Armed { passed: bool },
+    /// At least one is with the registrar.
+    Registering,
+}
+
+enum Woke {
+    Written(Option<Written>),
+    Backstop,
+}
+
+/// A registration the registrar wrote, or failed to.
+struct Written {
+    path: String,
+    level: u64,
+    took_us: u64,
+    result: Result<Registered, NotifyError>,
+}
+
+/// A thread that writes registrations one after another, so that the
+/// kernel's wait for each falls on it rather than on the deciding thread.
+/// It ends when the hooks drop it.
+struct Registrar {
+    requests: std_mpsc::Sender<(String, u64, Registration)>,
+    written: mpsc::UnboundedReceiver<Written>,
+}
+
+impl Registrar {
+    fn start() -> Result<Self, NotifyError> {
+        let (requests, asked) = std_mpsc::channel::<(String, u64, Registration)>();
+        let (done, written) = mpsc::unbounded_channel();
+        std::thread::Builder::new()
+            .name("evictd-zone-edge".into())
+            .spawn(move || {
+                for (path, level, registration) in asked {
+                    let started = Instant::now();
+                    let result = registration.write();
+                    let took_us = started.elapsed().as_micros() as u64;
+                    let written = Written {
+                        path,
+                        level,
+                        took_us,
+                        result,
+                    };
+                    if done.send(written).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| NotifyError::Registrar(e.to_string()))?;
+        Ok(Self { requests, written })
+    }
+
+    fn send(&self, path: &str, level: u64, registration: Registration) -> Result<(), NotifyError> {
+        self.requests
+            .send((path.to_owned(), level, registration))
+            .map_err(|_| NotifyError::Registrar("the registrar's thread ended".to_owned()))
     }
 }
 
@@ -283,12 +435,27 @@ mod tests {
         }
     }
 
+    /// Applies a far `plan`, which leaves the hooks as they are until the
+    /// registrar has written its edge; then, woken by that, applies it
+    /// again as the engine does. Returns the second answer.
+    async fn apply_far(hooks: &mut PreciseHooks, kernel: &mut FakeKernel, plan: &ZonePlan) -> bool {
+        let attached = *kernel.memory_hooks.borrow();
+        assert!(!hooks.apply(Some(&mut *kernel), plan));
+        assert_eq!(
+            *kernel.memory_hooks.borrow(),
+            attached,
+            "moved before the edge was armed"
+        );
+        hooks.wait().await.unwrap();
+        hooks.apply(Some(kernel), plan)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn far_away_a_climb_past_the_edge_wakes_the_engine_without_the_kernels_notification() {
         let dir = tempfile::tempdir().unwrap();
         let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
         let edge = 1024 * MIB;
-        assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
+        assert!(!apply_far(&mut hooks, &mut kernel, &far_plan(edge)).await);
         assert!(!*kernel.memory_hooks.borrow(), "detached far away");
 
         let usage = dir.path().join("node/memory.usage_in_bytes");
@@ -318,7 +485,7 @@ mod tests {
     async fn near_a_line_only_the_eventfd_wakes_the_engine() {
         let dir = tempfile::tempdir().unwrap();
         let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
-        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
+        apply_far(&mut hooks, &mut kernel, &far_plan(1024 * MIB)).await;
         let near = ZonePlan {
             armed: true,
             reason: ArmReason::Near,
@@ -341,7 +508,7 @@ mod tests {
     async fn an_edge_moved_while_the_hooks_are_attached_is_registered_once_the_plan_is_far() {
         let dir = tempfile::tempdir().unwrap();
         let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
-        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
+        apply_far(&mut hooks, &mut kernel, &far_plan(1024 * MIB)).await;
         assert_eq!(registered_level(dir.path()), 1024 * MIB);
 
         // A faster rate widened the zone as the node came near: the hooks
@@ -355,7 +522,7 @@ mod tests {
         assert!(*kernel.memory_hooks.borrow());
         assert_eq!(registered_level(dir.path()), 1024 * MIB);
 
-        assert!(!hooks.apply(Some(&mut kernel), &far_plan(896 * MIB)));
+        assert!(!apply_far(&mut hooks, &mut kernel, &far_plan(896 * MIB)).await);
         assert!(!*kernel.memory_hooks.borrow(), "detached far away");
         assert_eq!(registered_level(dir.path()), 896 * MIB);
     }
@@ -364,7 +531,7 @@ mod tests {
     async fn a_line_gone_takes_its_edge_with_it_on_any_plan() {
         let dir = tempfile::tempdir().unwrap();
         let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
-        hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB));
+        apply_far(&mut hooks, &mut kernel, &far_plan(1024 * MIB)).await;
         let no_line = ZonePlan {
             armed: false,
             reason: ArmReason::NoThreshold,
@@ -383,7 +550,7 @@ mod tests {
         // itself, comes every 0.1 s.
         let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_millis(100));
         let edge = 1024 * MIB;
-        assert!(!hooks.apply(Some(&mut kernel), &far_plan(edge)));
+        assert!(!apply_far(&mut hooks, &mut kernel, &far_plan(edge)).await);
         let usage = dir.path().join("node/memory.usage_in_bytes");
         let climb = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -397,5 +564,44 @@ mod tests {
         // What the resync's run does: the plan applied again reads the edge
         // passed and asks for another look at once.
         assert!(hooks.apply(Some(&mut kernel), &far_plan(edge)));
+    }
+
+    /// The kernel holds a registration up (here a FIFO nobody reads yet,
+    /// as the kernel's RCU grace period does for seconds on a busy
+    /// machine): the plan is applied at once and the hooks stay on until
+    /// the edge is armed.
+    #[tokio::test]
+    async fn a_registration_the_kernel_holds_up_holds_up_no_engine_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
+        let control = dir.path().join("node/cgroup.event_control");
+        nix::unistd::mkfifo(&control, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let (go, went) = std_mpsc::channel::<()>();
+        let reader = std::thread::spawn(move || {
+            // Opened in any case after a minute, so that an apply that
+            // waited for the write ends and the test fails rather than hangs.
+            let held_up = went.recv_timeout(Duration::from_secs(60)).is_err();
+            (held_up, fs::read_to_string(&control).unwrap())
+        });
+
+        assert!(!hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB)));
+        assert!(
+            *kernel.memory_hooks.borrow(),
+            "detached before the edge was armed"
+        );
+        go.send(()).unwrap();
+        let (held_up, line) = reader.join().unwrap();
+        assert!(!held_up, "the apply waited for the registration");
+        assert!(line.ends_with(&format!(" {}", 1024 * MIB)), "{line}");
+
+        tokio::time::timeout(Duration::from_secs(60), hooks.wait())
+            .await
+            .expect("the written edge woke nothing")
+            .unwrap();
+        assert!(!hooks.apply(Some(&mut kernel), &far_plan(1024 * MIB)));
+        assert!(
+            !*kernel.memory_hooks.borrow(),
+            "detached once the edge is armed"
+        );
     }
 }

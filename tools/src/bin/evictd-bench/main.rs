@@ -441,9 +441,15 @@ fn scenarios(args: &Args, modes: &[String]) -> Result<Vec<(Scenario, Vec<String>
     if args.thrashing_dir.is_some() && root {
         println!("no thrashing scenario on the root: it limits pods of the sandbox node");
     }
-    if args.thrashing_dir.is_some() && !root && modes.iter().any(|mode| mode == "event") {
+    if let Some(dir) = args
+        .thrashing_dir
+        .as_ref()
+        .filter(|_| !root && modes.iter().any(|mode| mode == "event"))
+    {
         // Event mode only: the pods' counters are read the same way in
         // every mode.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("--thrashing-dir {}", dir.display()))?;
         scenarios.push((
             Scenario::Thrashing,
             vec!["event".to_owned(), format!("event+{THRASHING_EVICTION}")],
