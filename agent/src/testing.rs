@@ -111,7 +111,7 @@ pub(crate) mod fakes {
             thrashing::{Thrashing, ThrashingLimits},
             thresholds::{Resource, Signal},
         },
-        kernel::bpf::{BpfError, DecodeError, Received},
+        kernel::bpf::{BpfError, DecodeError, Purpose, Received},
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
             inventory::{InventoryError, ThrashingPod},
@@ -570,6 +570,8 @@ pub(crate) mod fakes {
         pub memory_hooks: Rc<RefCell<bool>>,
         /// Every change, in order: true for attached.
         pub memory_hook_changes: Rc<RefCell<Vec<bool>>>,
+        /// Whether the PID hooks are attached (they are at startup).
+        pub pid_hooks: Rc<RefCell<bool>>,
         /// Kills started (a [`FakeKiller`]'s `killed`), and how many had
         /// at each change.
         pub kills: Rc<RefCell<Vec<String>>>,
@@ -582,6 +584,7 @@ pub(crate) mod fakes {
                 records,
                 memory_hooks: Rc::new(RefCell::new(true)),
                 memory_hook_changes: Rc::default(),
+                pid_hooks: Rc::new(RefCell::new(true)),
                 kills: Rc::default(),
                 kills_at_changes: Rc::default(),
             }
@@ -611,7 +614,10 @@ pub(crate) mod fakes {
             0
         }
 
-        fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError> {
+        fn set_hooks(&mut self, purpose: Purpose, armed: bool) -> Result<bool, BpfError> {
+            if purpose == Purpose::Pids {
+                return Ok(self.pid_hooks.replace(armed) != armed);
+            }
             let changed = self.memory_hooks.replace(armed) != armed;
             if changed {
                 self.memory_hook_changes.borrow_mut().push(armed);

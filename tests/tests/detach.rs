@@ -38,8 +38,14 @@ fn assert_freed(objects: &BpfObjects) {
 #[ignore = "needs root and a BPF-capable kernel: run with cargo xtask test"]
 fn every_way_the_agent_ends_frees_its_programs_links_and_maps(#[case] signal: Signal) {
     // Every program linked at the end, however far the node is from a
-    // threshold (the zone would unlink the memory hooks: precise_hooks.rs).
-    let mut agent = Agent::start(&["--eviction-hard=", "--precise-hooks", "always"]).unwrap();
+    // threshold (the zone would unlink the memory hooks, and no PID line
+    // the PID hooks: precise_hooks.rs).
+    let mut agent = Agent::start(&[
+        "--eviction-hard=pid.available<1",
+        "--precise-hooks",
+        "always",
+    ])
+    .unwrap();
     let attached = agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect("protection armed", &[]);
     let ids = program_ids(&attached);

@@ -6,10 +6,14 @@
 //! returned they are off again where they run on frees (6.1's
 //! `page-alloc`); `lru-insertion` runs on charges only and stays until
 //! the memory is back. Either way they are back for the next climb.
+//!
+//! The PID programs, which run on every fork and exit, are detached where
+//! no PID line is set (kubelet's defaults set none).
 use aya::programs::loaded_links;
 use evictd::kernel::bpf::{Hook, Purpose};
 use evictd_integration::{
-    AGENT_DEADLINE, MEMORY_PODS_HELD, SandboxNode, http_get, memory_pods, metric, wait_until,
+    AGENT_DEADLINE, BpfStats, MEMORY_PODS_HELD, SandboxNode, http_get, memory_pods, metric,
+    program_stats, wait_until,
 };
 use serde_json::Value;
 
@@ -17,27 +21,27 @@ const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
 
-/// The programs of every memory hook.
-fn memory_programs() -> Vec<&'static str> {
+/// The programs of every hook serving `purpose`.
+fn programs_of(purpose: Purpose) -> Vec<&'static str> {
     Hook::ALL
         .into_iter()
-        .filter(|hook| hook.purpose() == Purpose::Memory)
+        .filter(|hook| hook.purpose() == purpose)
         .flat_map(|hook| hook.programs())
         .map(|program| program.name)
         .collect()
 }
 
-/// Ids of the memory programs in the `eBPF programs attached` line, whose
+/// Ids of `purpose`'s programs in the `eBPF programs attached` line, whose
 /// `programs` field reads `{"name": id, ...}`.
-fn memory_program_ids(attached: &Value) -> Vec<u32> {
+fn program_ids(attached: &Value, purpose: Purpose) -> Vec<u32> {
     let programs = attached["programs"].as_str().unwrap_or_default();
-    let memory = memory_programs();
+    let wanted = programs_of(purpose);
     programs
         .trim_matches(|c| c == '{' || c == '}')
         .split(", ")
         .filter_map(|pair| {
             let (name, id) = pair.split_once(": ")?;
-            memory
+            wanted
                 .contains(&name.trim_matches('"'))
                 .then(|| id.parse().ok())
                 .flatten()
@@ -91,7 +95,7 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
         .unwrap_or_else(|| panic!("no memory hook: {trigger}"));
     let off_for_the_kill = hook.sees_memory_falls();
     let attached = agent.log.expect("eBPF programs attached", &[]);
-    let programs = memory_program_ids(&attached);
+    let programs = program_ids(&attached, Purpose::Memory);
     assert!(!programs.is_empty(), "{attached}");
     let far = agent.log.expect(
         "precise memory hooks",
@@ -188,4 +192,64 @@ fn far_from_the_threshold_the_hooks_are_detached_and_a_climb_back_is_still_caugh
     );
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
+}
+
+/// Runs of the fork program, from the agent's metrics (exported at each
+/// resync).
+fn fork_program_runs(address: &str) -> std::io::Result<u64> {
+    let metrics = http_get(address, "/metrics")?;
+    Ok(program_stats(&metrics)
+        .into_iter()
+        .find(|(program, _, _)| program == "task_fork")
+        .map_or(0, |(_, runs, _)| runs))
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn the_pid_programs_run_only_where_a_pid_line_is_set() {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+
+    // No PID line: unlinked, so forks on the node run nothing.
+    let mut agent = node
+        .start_agent(&["--eviction-hard", "memory.available<96Mi"])
+        .unwrap();
+    let attached = agent.log.expect("eBPF programs attached", &[]);
+    let programs = program_ids(&attached, Purpose::Pids);
+    assert_eq!(programs.len(), 2, "task_fork and task_free: {attached}");
+    agent.log.expect(
+        "PID hooks",
+        &[
+            ("state", "detached"),
+            ("reason", "no PID threshold or watched PID scope"),
+        ],
+    );
+    wait_until(AGENT_DEADLINE, "the PID programs unlinked", || {
+        !linked(&programs)
+    })
+    .unwrap();
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
+
+    // A PID line: they stay, and run on the node's forks (counted while
+    // the kernel's BPF statistics are on).
+    let _stats = BpfStats::on().unwrap();
+    let mut agent = node
+        .start_agent(&["--eviction-hard", "memory.available<96Mi,pid.available<60"])
+        .unwrap();
+    let attached = agent.log.expect("eBPF programs attached", &[]);
+    let programs = program_ids(&attached, Purpose::Pids);
+    agent.log.expect(
+        "watching scope",
+        &[("scope", &node.node_cgroup()), ("resource", "pids")],
+    );
+    let address = agent.log.metrics_address();
+    node.workload("db").unwrap().fork(20).unwrap();
+    wait_until(AGENT_DEADLINE, "the fork program ran", || {
+        fork_program_runs(&address).is_ok_and(|runs| runs >= 20)
+    })
+    .unwrap();
+    assert!(linked(&programs));
+    let (status, mut log) = agent.stop().unwrap();
+    assert!(status.success());
+    assert_eq!(log.all("PID hooks"), Vec::<Value>::new());
 }

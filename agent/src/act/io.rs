@@ -153,9 +153,10 @@ pub trait KernelRecords {
     /// Exports the programs' counters; returns the records dropped since
     /// the last look.
     fn refresh_counters(&mut self, metrics: &Metrics) -> u64;
-    /// Attaches (`armed`) or detaches the programs of the memory hook, which
-    /// stay loaded; returns whether anything changed.
-    fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError>;
+    /// Attaches or detaches the programs of the hook that serves
+    /// `purpose`, which stay loaded; returns whether anything changed
+    /// (nothing does where no hook serves it).
+    fn set_hooks(&mut self, purpose: Purpose, attached: bool) -> Result<bool, BpfError>;
 }
 
 impl NodeSource for Inventory {
@@ -296,15 +297,15 @@ impl KernelRecords for KernelSide {
         self.counters.refresh(&self.probes, metrics)
     }
 
-    fn set_memory_hooks(&mut self, armed: bool) -> Result<bool, BpfError> {
-        let memory = self
+    fn set_hooks(&mut self, purpose: Purpose, attached: bool) -> Result<bool, BpfError> {
+        let hook = self
             .probes
             .hooks()
             .iter()
             .copied()
-            .find(|hook| hook.purpose() == Purpose::Memory);
-        match memory {
-            Some(hook) => self.probes.set_active(hook, armed),
+            .find(|hook| hook.purpose() == purpose);
+        match hook {
+            Some(hook) => self.probes.set_active(hook, attached),
             None => Ok(false),
         }
     }

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 use crate::{
     act::{io::KernelRecords, timer::Pacer},
     kernel::{
-        bpf::monotonic_now_ns,
+        bpf::{Purpose, monotonic_now_ns},
         notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
     node::cgroupfs::CgroupFs,
@@ -123,7 +123,7 @@ impl PreciseHooks {
     fn set<K: KernelRecords>(&self, kernel: Option<&mut K>, armed: bool, reason: &str) -> bool {
         let Some(kernel) = kernel else { return false };
         let started = std::time::Instant::now();
-        match kernel.set_memory_hooks(armed) {
+        match kernel.set_hooks(Purpose::Memory, armed) {
             Ok(false) => false,
             Ok(true) => {
                 let took_us = started.elapsed().as_micros() as u64;

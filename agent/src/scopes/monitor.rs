@@ -342,6 +342,12 @@ impl<B: BandTable> Monitor<B> {
             .map(Scope::label)
     }
 
+    /// Whether a kernel band watches a scope of `kind` now: without one, the
+    /// programs of `kind` have nothing to compare.
+    pub fn kernel_watches_a_scope(&self, kind: ScopeKind) -> bool {
+        self.bands.is_some() && self.registry.kernel_watches_any(kind)
+    }
+
     /// The band table, for tests to read what the kernel holds.
     #[cfg(test)]
     pub fn bands(&self) -> Option<&B> {

@@ -179,6 +179,13 @@ impl Registry {
             .any(|(key, scope)| key.kind == kind && scope.path.as_deref() == Some(path))
     }
 
+    /// Whether the kernel watches any scope of `kind`.
+    pub fn kernel_watches_any(&self, kind: ScopeKind) -> bool {
+        self.scopes
+            .iter()
+            .any(|(key, scope)| key.kind == kind && scope.kernel)
+    }
+
     /// Keys of the scopes `owner` installed.
     pub fn keys_of(&self, owner: Owner) -> Vec<ScopeKey> {
         self.scopes

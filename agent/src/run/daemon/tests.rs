@@ -141,6 +141,25 @@ async fn a_failed_kill_does_not_wedge_the_loop() {
     assert!(harness.node.0.borrow().pods.is_empty());
 }
 
+#[tokio::test(start_paused = true)]
+async fn without_a_pid_line_the_pid_hooks_go_at_once_and_stay_gone() {
+    // A memory line alone, kubelet's default.
+    let mut harness = Harness::new(HarnessOptions::default());
+    let (_records, receiver) = mpsc::unbounded_channel();
+    let mut kernel = FakeKernel::new(receiver);
+    let (log, _guard) = LogCapture::start();
+    serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
+    assert!(!*kernel.pid_hooks.borrow(), "still attached");
+    serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
+    let moves: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("PID hooks"))
+        .collect();
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert!(moves[0].contains("state=\"detached\""), "{moves:?}");
+}
+
 /// Serves with the precise memory hooks managed (cgroup v2's adaptive
 /// read as the far trigger, as on a node without eventfd thresholds).
 async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Duration) {
