@@ -293,13 +293,20 @@ pub async fn run(
             pids_hysteresis: args.pids_hysteresis,
         },
     );
+    // Shadow mode writes nothing to the API, but keeps watching its pods:
+    // dropped, the client's thread would end with its watch, at once and
+    // most often before the first listing.
+    let (api, watch_only) = if args.dry_run {
+        (None, kubernetes)
+    } else {
+        (kubernetes, None)
+    };
     let mut evictor = Evictor::<Live>::new(
         config,
         Parts {
             node: inventory,
             killer,
-            // Shadow mode writes nothing to the API.
-            api: kubernetes.filter(|_| !args.dry_run),
+            api,
             monitor,
             // Nor spends any budget.
             spent_budget: if args.dry_run {
@@ -378,7 +385,7 @@ pub async fn run(
     .await;
     info!("shutting down");
     let (api, monitor) = evictor.into_parts();
-    if let Some(kubernetes) = api {
+    if let Some(kubernetes) = api.or(watch_only) {
         kubernetes.shutdown(REPORT_FLUSH);
     }
     drop((endpoint, probes));
