@@ -366,6 +366,24 @@ impl SandboxNode {
         Agent::start(&args)
     }
 
+    /// As [`Self::start_agent`], but as the DaemonSet runs the agent: its
+    /// capabilities, its seccomp profile (applied by `seccomp_launcher`)
+    /// and the cgroup filesystem read-only but the pods'.
+    pub fn start_confined_agent(
+        &self,
+        seccomp_launcher: &Path,
+        extra: &[&str],
+    ) -> io::Result<Agent> {
+        let mut args = self.agent_args();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        crate::confined_agent(
+            seccomp_launcher,
+            &self.node_cgroup(),
+            &self.tree.dir(crate::Controller::Memory, "node"),
+            &args,
+        )
+    }
+
     /// Kernel OOM kills in every pod's container cgroup.
     pub fn oom_kills(&self) -> io::Result<u64> {
         self.pods

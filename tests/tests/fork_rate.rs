@@ -12,7 +12,7 @@
 
 use std::fs;
 
-use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path, confined_agent};
+use evictd_integration::{Agent, Controller, PodSpec, SandboxNode, cgroupfs_path};
 use serde_json::json;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
@@ -68,25 +68,11 @@ enum Run {
 }
 
 fn start(node: &SandboxNode, ranking: &[&str], run: Run) -> Agent {
-    let mut args = node.agent_args();
-    args.extend(
-        ["--eviction-hard", PIDS_LINE, "--resync-interval", "1h"]
-            .iter()
-            .chain(ranking)
-            .map(|arg| (*arg).to_owned()),
-    );
+    let mut args = vec!["--eviction-hard", PIDS_LINE, "--resync-interval", "1h"];
+    args.extend_from_slice(ranking);
     let mut agent = match run {
-        Run::Root => {
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            Agent::start(&args).unwrap()
-        }
-        Run::Confined => confined_agent(
-            SECCOMP.as_ref(),
-            &node.node_cgroup(),
-            &node.tree.dir(Controller::Memory, "node"),
-            &args,
-        )
-        .unwrap(),
+        Run::Root => node.start_agent(&args).unwrap(),
+        Run::Confined => node.start_confined_agent(SECCOMP.as_ref(), &args).unwrap(),
     };
     agent.log.expect("eBPF programs attached", &[]);
     agent.log.expect(

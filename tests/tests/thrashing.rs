@@ -5,7 +5,9 @@
 //! nothing. No node threshold is anywhere near. Without an option the
 //! thrashing pod is reported (warning, `evictd_pod_memory_thrashing`) and
 //! kept, as kubelet keeps it; with `--thrashing-eviction` it alone is
-//! evicted, reason `thrashing`.
+//! evicted, reason `thrashing`, by the agent confined as the DaemonSet
+//! runs it (its capabilities, its seccomp profile, the cgroup filesystem
+//! read-only but the pods'): every counter the rule reads is the pod's own.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
@@ -19,6 +21,7 @@ use evictd_integration::{
 use serde_json::json;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const SECCOMP: &str = env!("CARGO_BIN_EXE_evictd-seccomp");
 const MIB: u64 = 1 << 20;
 const NODE_MEMORY: u64 = 512 * MIB;
 /// Each pod's memory limit, on its pod cgroup as kubelet sets it.
@@ -38,7 +41,9 @@ struct Scenario {
     _files: [ColdFile; 2],
 }
 
-fn start(extra: &[&str]) -> Scenario {
+/// The scenario, with the agent run as root or, `confined`, as the
+/// DaemonSet runs it.
+fn start(extra: &[&str], confined: bool) -> Scenario {
     let uid = |n: u32| format!("00000000-0000-4000-8000-0000000000f{n}");
     let pods = vec![
         PodSpec::new(
@@ -77,7 +82,12 @@ fn start(extra: &[&str]) -> Scenario {
     ];
     let mut args = vec!["--eviction-hard=memory.available<64Mi"];
     args.extend_from_slice(extra);
-    let agent = node.start_agent(&args).unwrap();
+    let agent = if confined {
+        node.start_confined_agent(SECCOMP.as_ref(), &args)
+    } else {
+        node.start_agent(&args)
+    }
+    .unwrap();
     for (pod, file) in [("fits", &files[0]), ("thrasher", &files[1])] {
         let answer = node
             .workload(pod)
@@ -101,7 +111,7 @@ fn thrashing_series(pod: &str) -> String {
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn a_pod_cycling_a_working_set_past_its_limit_is_reported_thrashing_and_kept_by_default() {
-    let mut scenario = start(&[]);
+    let mut scenario = start(&[], false);
     let address = scenario.agent.log.metrics_address();
     let mut page = String::new();
     wait_until(FOUND_WITHIN, "the thrasher reported thrashing", || {
@@ -132,8 +142,11 @@ fn a_pod_cycling_a_working_set_past_its_limit_is_reported_thrashing_and_kept_by_
 
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
-fn with_thrashing_eviction_the_thrashing_pod_alone_is_evicted() {
-    let mut scenario = start(&["--thrashing-eviction", "--eviction-max-pod-grace-period=1"]);
+fn with_thrashing_eviction_the_agent_confined_as_the_daemonset_evicts_the_thrashing_pod_alone() {
+    let mut scenario = start(
+        &["--thrashing-eviction", "--eviction-max-pod-grace-period=1"],
+        true,
+    );
     let log = &mut scenario.agent.log;
     let mut decided = None;
     wait_until(FOUND_WITHIN, "the thrasher's eviction decided", || {
