@@ -12,7 +12,7 @@
     reason = "test helpers: a failed step is a failed test"
 )]
 
-use std::{fs, time::Duration};
+use std::{fs, io::Write as _, time::Duration};
 
 use evictd::node::{
     cgroupfs::{CgroupFs, CgroupVersion, KeptOpen},
@@ -218,15 +218,19 @@ fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_
     assert!(watched["thresholds"].as_str().is_some(), "{watched}");
 }
 
-#[test]
-#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
-fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_still_caught() {
-    let cgroupfs = CgroupFs::discover().unwrap();
-    let tree = PrivateCgroupTree::new().unwrap();
+/// An agent on the root whose line is 192 MiB beyond what the machine
+/// holds, farther than the zone (64 MiB at first): the hooks go, and the
+/// far trigger waits at the zone's edge (on cgroup v1 an eventfd on the
+/// root, which compares kubelet's usage, not the working set). Returns the
+/// agent, a workload of the system's, and the working set at the line.
+fn agent_far_from_the_roots_line(
+    cgroupfs: &CgroupFs,
+    tree: &PrivateCgroupTree,
+) -> (Agent, Workload, u64) {
     tree.create("system").unwrap();
-    let mut daemon = Workload::spawn_in(&tree, "system", WORKLOAD).unwrap();
+    let daemon = Workload::spawn_in(tree, "system", WORKLOAD).unwrap();
     let capacity = meminfo_bytes("MemTotal");
-    let threshold = capacity - kubelet_working_set(&cgroupfs) - 192 * MIB;
+    let threshold = capacity - kubelet_working_set(cgroupfs) - 192 * MIB;
     let hard = format!("memory.available<{threshold}");
     let mut agent = Agent::start(&[
         "--node-cgroup",
@@ -242,9 +246,6 @@ fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_
         "1h",
     ])
     .unwrap();
-    // 192 MiB is farther than the zone (64 MiB at first): the hooks go,
-    // and the far trigger waits at the zone's edge (on cgroup v1 an eventfd
-    // on the root, which compares kubelet's usage, not the working set).
     agent.log.expect(
         "precise memory hooks",
         &[
@@ -252,18 +253,36 @@ fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_
             ("reason", "far from every memory threshold"),
         ],
     );
-    // Into the zone's middle, short of the line (what the agent itself
-    // took at its start counts): the far trigger must attach the hooks.
-    // Two steps, so the order is the test's, not the emulator's: an
-    // unpaced or even paced climb in a TCG guest could outrun the far
-    // trigger's read (a 7.2 guest read 89 MiB past the line).
-    let line = capacity - threshold;
-    let into_zone = line - kubelet_working_set(&cgroupfs) - 32 * MIB;
-    daemon.touch(into_zone).unwrap();
-    let armed = agent.log.expect(
+    (agent, daemon, capacity - threshold)
+}
+
+/// Into the zone's middle, short of the line (what the agent itself took
+/// at its start counts): the far trigger must attach the hooks. Two steps,
+/// so the order is the test's, not the emulator's: an unpaced or even
+/// paced climb in a TCG guest could outrun the far trigger's read (a 7.2
+/// guest read 89 MiB past the line). Returns the agent's line saying so.
+fn climb_into_the_zone(
+    agent: &mut Agent,
+    daemon: &mut Workload,
+    cgroupfs: &CgroupFs,
+    line: u64,
+) -> Value {
+    daemon
+        .touch(line - kubelet_working_set(cgroupfs) - 32 * MIB)
+        .unwrap();
+    agent.log.expect(
         "precise memory hooks",
         &[("state", "armed"), ("reason", "near a memory threshold")],
-    );
+    )
+}
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_still_caught() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
+    let (mut agent, mut daemon, line) = agent_far_from_the_roots_line(&cgroupfs, &tree);
+    let armed = climb_into_the_zone(&mut agent, &mut daemon, &cgroupfs, line);
     let early = agent
         .log
         .seen
@@ -286,6 +305,31 @@ fn far_from_the_nodes_line_the_root_leaves_the_hooks_off_and_a_climb_past_it_is_
         position(&armed) < position(&crossed),
         "the hooks were not attached before the crossing: {armed} {crossed}"
     );
+}
+
+/// The root's usage file counts page cache its working set leaves out, so
+/// cgroup v1's eventfd at the zone's edge sits that much above the edge
+/// of the working set. A file deleted once the edge is set takes its pages
+/// out of the usage and not out of the working set: the working set then
+/// reaches the zone with the usage file still short of the eventfd's level
+/// (on v2 the far trigger reads the working set itself).
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn far_from_the_nodes_line_page_cache_dropped_once_the_edge_is_set_does_not_hide_a_climb() {
+    let cgroupfs = CgroupFs::discover().unwrap();
+    let tree = PrivateCgroupTree::new().unwrap();
+    // 256 MiB of clean page cache (in the root's usage, and inactive, so
+    // not in its working set). CARGO_TARGET_TMPDIR is on a disk, not tmpfs,
+    // whose pages would count as working set.
+    let cache = tempfile::NamedTempFile::new_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let chunk = vec![0x5a_u8; MIB as usize];
+    for _ in 0..256 {
+        cache.as_file().write_all(&chunk).unwrap();
+    }
+    cache.as_file().sync_all().unwrap();
+    let (mut agent, mut daemon, line) = agent_far_from_the_roots_line(&cgroupfs, &tree);
+    drop(cache);
+    climb_into_the_zone(&mut agent, &mut daemon, &cgroupfs, line);
 }
 
 /// The root's band compares what /proc/vmstat adds up (the programs read

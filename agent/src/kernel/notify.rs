@@ -24,7 +24,10 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{
     kernel::bpf::monotonic_now_ns,
-    node::cgroupfs::{CgroupError, OpenValue},
+    node::{
+        cgroupfs::{CgroupError, OpenValue},
+        stats::SignalsError,
+    },
 };
 
 /// The shortest and longest PSI window the kernel accepts.
@@ -55,6 +58,8 @@ pub enum NotifyError {
     Registrar(String),
     #[error("memory threshold: reading the usage")]
     Usage(#[from] CgroupError),
+    #[error("memory threshold: reading the machine's working set")]
+    WorkingSet(#[source] SignalsError),
 }
 
 /// A PSI trigger: `some <stall> <window>` written to a pressure file, then

@@ -645,7 +645,8 @@ fn keep_first_or_topmost(slot: &mut Option<PathBuf>, mount_point: &Path) {
     }
 }
 
-fn is_root(path: &str) -> bool {
+/// Whether `path` names the hierarchy's root.
+pub fn is_root(path: &str) -> bool {
     path.trim_matches('/').is_empty()
 }
 

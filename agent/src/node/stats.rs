@@ -113,7 +113,7 @@ impl NodeSignals {
                 containerfs,
             },
             node_cgroup: self.node.clone(),
-            node_band_value: match (is_root(&self.node), self.root_band) {
+            node_band_value: match (cgroupfs::is_root(&self.node), self.root_band) {
                 (false, _) => Some(node_memory.usage_bytes),
                 (true, true) => Some(machine_working_set(&self.files)?),
                 (true, false) => None,
@@ -176,7 +176,7 @@ impl NodeSignals {
     fn pids(&self) -> Result<(PidStats, Option<u64>), SignalsError> {
         // Read, not looked up first: a node cgroup outside the pids
         // hierarchy reads as gone.
-        let node_pids = if is_root(&self.node) {
+        let node_pids = if cgroupfs::is_root(&self.node) {
             None
         } else {
             match self.cgroupfs.read_pids_kept(&self.files, &self.node) {
@@ -193,7 +193,7 @@ impl NodeSignals {
         let pid_max = read_number(&self.files, Path::new("/proc/sys/kernel/pid_max"))?;
         let threads_max = read_number(&self.files, Path::new("/proc/sys/kernel/threads-max"))?;
         let in_use = cgroupfs::node_tasks(Some(&self.files))?;
-        let scope_tasks = if is_root(&self.node) {
+        let scope_tasks = if cgroupfs::is_root(&self.node) {
             Some(in_use)
         } else {
             node_pids
@@ -215,10 +215,6 @@ const KUBEPODS_NAMES: [&str; 2] = ["kubepods", "kubepods.slice"];
 /// `parent/name` as a cgroup path relative to the hierarchy root.
 pub fn child_path(parent: &str, name: &str) -> String {
     format!("{}/{name}", parent.trim_end_matches('/'))
-}
-
-fn is_root(path: &str) -> bool {
-    path.trim_matches('/').is_empty()
 }
 
 /// The cgroup and its ancestors, deepest first, without the root (which
@@ -328,7 +324,7 @@ fn read(files: Option<&KeptOpen>, path: &Path) -> Result<String, SignalsError> {
 /// per-NUMA-node counters that /proc/vmstat adds up): the same pages the
 /// root's memory.stat counts (where kubelet reads it), without waiting for
 /// the memory cgroups' statistics to be flushed.
-fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
+pub fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
     let path = Path::new("/proc/vmstat");
     let text = read(Some(files), path)?;
     let pages = |key: &str| {

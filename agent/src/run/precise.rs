@@ -5,7 +5,7 @@
 //! line while the hooks are off. (On cgroup v2 the plan's read period,
 //! part of the evictor's action, is the far trigger.)
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, btree_map::Entry},
     sync::{Arc, mpsc as std_mpsc},
     time::{Duration, Instant},
 };
@@ -20,16 +20,19 @@ use crate::{
         bpf::{Purpose, monotonic_now_ns},
         notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
-    node::cgroupfs::CgroupFs,
+    node::{
+        cgroupfs::{self, CgroupFs, KeptOpen},
+        stats::machine_working_set,
+    },
     report::metrics::Metrics,
-    scopes::zone::{self, ArmReason, ZonePlan},
+    scopes::zone::{self, ArmReason, ZoneEdge, ZonePlan},
 };
 
 pub struct PreciseHooks {
     cgroupfs: CgroupFs,
     metrics: Arc<Metrics>,
     /// cgroup v1 eventfd thresholds at the zone's edge, by scope path.
-    eventfds: BTreeMap<String, MemcgThresholds>,
+    eventfds: BTreeMap<String, EdgeWatch>,
     /// The edge each scope's registration under way will arm, by path.
     registering: BTreeMap<String, u64>,
     /// Writes the registrations; started with the first.
@@ -47,6 +50,15 @@ pub struct PreciseHooks {
     resync_interval: Duration,
     /// Paces the backstop's reads: on a timerfd, one wake-up per read.
     clock: Pacer,
+    /// /proc/vmstat, which the backstop reads on the root.
+    files: KeptOpen,
+}
+
+/// A scope's eventfd at its zone's edge, and where the backstop read finds
+/// that edge ([`ZoneEdge::band_level`]).
+struct EdgeWatch {
+    thresholds: MemcgThresholds,
+    band_level: u64,
 }
 
 impl PreciseHooks {
@@ -70,6 +82,7 @@ impl PreciseHooks {
             approach_rate: 1,
             resync_interval,
             clock,
+            files: KeptOpen::default(),
         }
     }
 
@@ -103,10 +116,10 @@ impl PreciseHooks {
         self.far = far;
         self.approach_rate = plan.approach_rate;
         if !far {
-            self.drop_eventfds_not_in(&plan.eventfd_levels);
+            self.drop_eventfds_not_in(&plan.edges);
             return self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
         }
-        let edges = self.arm_eventfds(&plan.eventfd_levels);
+        let edges = self.arm_eventfds(&plan.edges);
         if !self.managed {
             return self.set(kernel, true, "the far trigger failed");
         }
@@ -151,19 +164,19 @@ impl PreciseHooks {
         }
     }
 
-    fn drop_eventfds_not_in(&mut self, levels: &[(String, u64)]) {
-        let wanted = |path: &String| levels.iter().any(|(armed, _)| armed == path);
+    fn drop_eventfds_not_in(&mut self, edges: &[ZoneEdge]) {
+        let wanted = |path: &String| edges.iter().any(|edge| &edge.path == path);
         self.eventfds.retain(|path, _| wanted(path));
         self.registering.retain(|path, _| wanted(path));
     }
 
-    /// Arms an eventfd at each level, handing the registrar those not
+    /// Arms an eventfd at each edge, handing the registrar those not
     /// armed yet.
-    fn arm_eventfds(&mut self, levels: &[(String, u64)]) -> Edges {
-        self.drop_eventfds_not_in(levels);
+    fn arm_eventfds(&mut self, wanted: &[ZoneEdge]) -> Edges {
+        self.drop_eventfds_not_in(wanted);
         let mut edges = Edges::Armed { passed: false };
-        for (path, level) in levels {
-            match self.arm_eventfd(path, *level) {
+        for edge in wanted {
+            match self.arm_eventfd(edge) {
                 Ok(Edges::Armed { passed }) => {
                     if let Edges::Armed { passed: any } = &mut edges {
                         *any |= passed;
@@ -179,19 +192,25 @@ impl PreciseHooks {
         edges
     }
 
-    fn arm_eventfd(&mut self, path: &str, level: u64) -> Result<Edges, NotifyError> {
-        if !self.eventfds.contains_key(path) {
-            let thresholds = MemcgThresholds::open(&self.cgroupfs.memory_dir(path))?;
-            self.eventfds.insert(path.to_owned(), thresholds);
+    fn arm_eventfd(&mut self, edge: &ZoneEdge) -> Result<Edges, NotifyError> {
+        let (path, level) = (edge.path.as_str(), edge.file_level);
+        match self.eventfds.entry(path.to_owned()) {
+            Entry::Occupied(mut watch) => watch.get_mut().band_level = edge.band_level,
+            Entry::Vacant(vacant) => {
+                vacant.insert(EdgeWatch {
+                    thresholds: MemcgThresholds::open(&self.cgroupfs.memory_dir(path))?,
+                    band_level: edge.band_level,
+                });
+            }
         }
-        let thresholds = &self.eventfds[path];
-        if thresholds.armed_at(&[level]) {
-            return Ok(Edges::Armed {
-                passed: thresholds.passed(level)?,
-            });
+        let watch = &self.eventfds[path];
+        if watch.thresholds.armed_at(&[level]) {
+            let passed =
+                watch.thresholds.passed(level)? || self.band_value(path, watch)? >= edge.band_level;
+            return Ok(Edges::Armed { passed });
         }
         if self.registering.get(path) != Some(&level) {
-            let registration = thresholds.registration(&[level])?;
+            let registration = watch.thresholds.registration(&[level])?;
             let registrar = match &self.registrar {
                 Some(registrar) => registrar,
                 None => self.registrar.insert(Registrar::start()?),
@@ -213,7 +232,7 @@ impl PreciseHooks {
         debug!(scope = %done.path, level = done.level, took_us = done.took_us, "zone's edge registered");
         let registered = done.result?;
         match self.eventfds.get_mut(&done.path) {
-            Some(thresholds) => thresholds.install(registered).map(|()| true),
+            Some(watch) => watch.thresholds.install(registered).map(|()| true),
             None => Ok(false),
         }
     }
@@ -236,7 +255,10 @@ impl PreciseHooks {
     /// so that the engine applies its plan again.
     pub async fn wait(&mut self) -> Result<u64, NotifyError> {
         loop {
-            let armed = self.eventfds.values().any(|t| !t.levels().is_empty());
+            let armed = self
+                .eventfds
+                .values()
+                .any(|watch| !watch.thresholds.levels().is_empty());
             let check_after = if self.far && armed {
                 match self.edge_check_after()? {
                     Some(after) if after < self.resync_interval => Some(after),
@@ -261,7 +283,7 @@ impl PreciseHooks {
                 let waits = self
                     .eventfds
                     .values_mut()
-                    .map(|thresholds| Box::pin(thresholds.wait()));
+                    .map(|watch| Box::pin(watch.thresholds.wait()));
                 select_all(waits).await.0
             };
             let backstop = async {
@@ -291,24 +313,37 @@ impl PreciseHooks {
         }
     }
 
-    /// When to read the usage again; `None` when a zone edge is passed
-    /// already and the eventfd has not said so (yet: the kernel checks it
-    /// every 128 page events per CPU).
+    /// When to read the scopes again; `None` when a zone edge is passed
+    /// already and the eventfd has not said so: not yet (the kernel checks
+    /// it every 128 page events per CPU), or never, on the root, where the
+    /// page cache the usage file counts fell since the edge was set.
     fn edge_check_after(&self) -> Result<Option<Duration>, NotifyError> {
         let mut soonest = zone::MAX_EDGE_CHECK;
-        for (path, thresholds) in &self.eventfds {
-            let usage = thresholds.usage()?;
-            for &level in thresholds.levels() {
-                match zone::edge_check_after(usage, level, self.approach_rate) {
-                    Some(after) => soonest = soonest.min(after),
-                    None => {
-                        info!(scope = %path, usage, level, "zone's edge passed, seen by the backstop read before the kernel's notification");
-                        return Ok(None);
-                    }
+        for (path, watch) in &self.eventfds {
+            if watch.thresholds.levels().is_empty() {
+                continue;
+            }
+            let value = self.band_value(path, watch)?;
+            let level = watch.band_level;
+            match zone::edge_check_after(value, level, self.approach_rate) {
+                Some(after) => soonest = soonest.min(after),
+                None => {
+                    info!(scope = %path, value, level, "zone's edge passed, seen by the backstop read before the kernel's notification");
+                    return Ok(None);
                 }
             }
         }
         Ok(Some(soonest))
+    }
+
+    /// What the scope's lines compare now: the usage file of a cgroup, the
+    /// machine's working set on the root (as the programs add it up).
+    fn band_value(&self, path: &str, watch: &EdgeWatch) -> Result<u64, NotifyError> {
+        if cgroupfs::is_root(path) {
+            machine_working_set(&self.files).map_err(NotifyError::WorkingSet)
+        } else {
+            watch.thresholds.usage()
+        }
     }
 
     /// After [`PreciseHooks::wait`] failed: attaches the hooks for good.
@@ -429,7 +464,11 @@ mod tests {
             reason: ArmReason::Far,
             zone_bytes: 64 * MIB,
             distance: Some(edge + 64 * MIB - 100 * MIB),
-            eventfd_levels: vec![("/node".to_owned(), edge)],
+            edges: vec![ZoneEdge {
+                path: "/node".to_owned(),
+                file_level: edge,
+                band_level: edge,
+            }],
             read_after: None,
             approach_rate: 4096 * MIB,
         }
@@ -479,6 +518,40 @@ mod tests {
                 && waited <= Duration::from_secs(3) + zone::MAX_EDGE_CHECK,
             "woke after {waited:?}"
         );
+    }
+
+    /// On the root the eventfd compares the usage file, which counts page
+    /// cache beyond the working set the lines compare: when that cache
+    /// goes (a file deleted) the usage can stay below the eventfd's level
+    /// while the working set is in the zone. The backstop reads the
+    /// working set.
+    #[tokio::test(start_paused = true)]
+    async fn on_the_root_a_working_set_past_the_edge_wakes_the_engine_whatever_the_usage_file_says()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut hooks, mut kernel) = deaf_hooks(dir.path(), Duration::from_secs(3600));
+        fs::write(
+            dir.path().join("memory.usage_in_bytes"),
+            format!("{}\n", 100 * MIB),
+        )
+        .unwrap();
+        // Far from the usage file's level; this machine's working set is
+        // past the band's.
+        let on_the_root = ZonePlan {
+            edges: vec![ZoneEdge {
+                path: "/".to_owned(),
+                file_level: 1 << 50,
+                band_level: 1,
+            }],
+            ..far_plan(1 << 50)
+        };
+        assert!(
+            apply_far(&mut hooks, &mut kernel, &on_the_root).await,
+            "the edge is passed on the working set: look again at once"
+        );
+        let woke = tokio::time::timeout(zone::MIN_READ_PERIOD, hooks.wait()).await;
+        woke.expect("the backstop read did not wake the engine")
+            .unwrap();
     }
 
     #[tokio::test(start_paused = true)]
@@ -535,7 +608,7 @@ mod tests {
         let no_line = ZonePlan {
             armed: false,
             reason: ArmReason::NoThreshold,
-            eventfd_levels: Vec::new(),
+            edges: Vec::new(),
             ..far_plan(1024 * MIB)
         };
         hooks.apply(Some(&mut kernel), &no_line);

@@ -121,13 +121,30 @@ pub struct ZonePlan {
     /// The smallest distance of an engine memory scope to its lowest line
     /// (0 past one); `None` when no scope has a line.
     pub distance: Option<u64>,
-    /// cgroup v1: usage levels (bytes) at the zone's edge, per scope path.
-    pub eventfd_levels: Vec<(String, u64)>,
+    /// cgroup v1: the zone's edge of each engine memory scope.
+    pub edges: Vec<ZoneEdge>,
     /// cgroup v2: read the node again after this long.
     pub read_after: Option<Duration>,
     /// The fastest the node may approach a line, bytes per second: the
     /// fastest rate it has shown, at least the floor rate.
     pub approach_rate: u64,
+}
+
+/// The zone's edge of one scope, where a cgroup v1 eventfd waits far from
+/// every line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ZoneEdge {
+    pub path: String,
+    /// The edge as the scope's usage file shows it, which the eventfd
+    /// compares.
+    pub file_level: u64,
+    /// The edge as the scope's band value ([`EngineScope::reading`]), what
+    /// its lines compare: the backstop read compares this. On the root the
+    /// two differ by the page cache the usage file counts, which moves
+    /// while the eventfd waits (a file deleted takes its pages out of the
+    /// usage, not out of the working set), so the file level alone can lie
+    /// above a working set already in the zone.
+    pub band_level: u64,
 }
 
 /// The fastest the node's engine memory scopes have grown between two
@@ -194,14 +211,17 @@ pub fn plan(
     let distance = memory_scopes(scopes)
         .filter_map(|scope| Some(lowest_line(scope)?.saturating_sub(scope.reading.value)))
         .min();
-    let eventfd_levels = match options.far {
+    let edges = match options.far {
         FarTrigger::MemcgEventfd => memory_scopes(scopes)
             .filter_map(|scope| {
-                let line = lowest_line(scope)?;
-                // The eventfd compares the usage file, which on the
-                // hierarchy's root is not the page counter.
-                let edge = scope.as_file_value(line.saturating_sub(zone));
-                Some((scope.path.clone()?, edge))
+                let band_level = lowest_line(scope)?.saturating_sub(zone);
+                Some(ZoneEdge {
+                    path: scope.path.clone()?,
+                    // The eventfd compares the usage file, which on the
+                    // hierarchy's root is not the page counter.
+                    file_level: scope.as_file_value(band_level),
+                    band_level,
+                })
             })
             .collect(),
         FarTrigger::AdaptiveRead { .. } => Vec::new(),
@@ -227,7 +247,7 @@ pub fn plan(
         reason,
         zone_bytes: zone,
         distance,
-        eventfd_levels,
+        edges,
         read_after,
         approach_rate,
     }
@@ -295,14 +315,35 @@ mod tests {
         assert_eq!(plan.reason, ArmReason::Far);
         assert_eq!(plan.zone_bytes, ZONE_MIN_BYTES);
         assert_eq!(plan.distance, Some(720 * MIB));
+        let edge = |path: &str, level| ZoneEdge {
+            path: path.to_owned(),
+            file_level: level,
+            band_level: level,
+        };
         assert_eq!(
-            plan.eventfd_levels,
-            [
-                ("/node".to_owned(), 836 * MIB),
-                ("/node/kubepods".to_owned(), 736 * MIB)
-            ]
+            plan.edges,
+            [edge("/node", 836 * MIB), edge("/node/kubepods", 736 * MIB)]
         );
         assert_eq!(plan.read_after, None);
+    }
+
+    #[test]
+    fn on_the_root_the_eventfd_waits_on_the_usage_file_and_the_backstop_on_the_working_set() {
+        // The root's usage file holds 300 MiB of page cache beyond the
+        // working set its band compares.
+        let root = EngineScope {
+            file_value: 400 * MIB,
+            ..scope("/", 100 * MIB, &[900 * MIB])
+        };
+        let plan = plan(&v1(), true, &[root], 0, false);
+        assert_eq!(
+            plan.edges,
+            [ZoneEdge {
+                path: "/".to_owned(),
+                file_level: 1136 * MIB,
+                band_level: 836 * MIB,
+            }]
+        );
     }
 
     #[test]
@@ -442,7 +483,7 @@ mod tests {
         let scopes = [scope("/node", 100 * MIB, &[])];
         let plan = plan(&v1(), true, &scopes, 0, false);
         assert_eq!((plan.armed, plan.reason), (false, ArmReason::NoThreshold));
-        assert!(plan.eventfd_levels.is_empty());
+        assert!(plan.edges.is_empty());
     }
 
     proptest! {
