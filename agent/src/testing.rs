@@ -572,6 +572,9 @@ pub(crate) mod fakes {
         pub memory_hook_changes: Rc<RefCell<Vec<bool>>>,
         /// Whether the PID hooks are attached (they are at startup).
         pub pid_hooks: Rc<RefCell<bool>>,
+        /// Moves of the PID hooks asked for, and whether they fail.
+        pub pid_hook_moves: u32,
+        pub refuse_pid_hooks: bool,
         /// Kills started (a [`FakeKiller`]'s `killed`), and how many had
         /// at each change.
         pub kills: Rc<RefCell<Vec<String>>>,
@@ -585,6 +588,8 @@ pub(crate) mod fakes {
                 memory_hooks: Rc::new(RefCell::new(true)),
                 memory_hook_changes: Rc::default(),
                 pid_hooks: Rc::new(RefCell::new(true)),
+                pid_hook_moves: 0,
+                refuse_pid_hooks: false,
                 kills: Rc::default(),
                 kills_at_changes: Rc::default(),
             }
@@ -616,6 +621,10 @@ pub(crate) mod fakes {
 
         fn set_hooks(&mut self, purpose: Purpose, armed: bool) -> Result<bool, BpfError> {
             if purpose == Purpose::Pids {
+                self.pid_hook_moves += 1;
+                if self.refuse_pid_hooks {
+                    return Err(BpfError::Missing("task_fork"));
+                }
                 return Ok(self.pid_hooks.replace(armed) != armed);
             }
             let changed = self.memory_hooks.replace(armed) != armed;

@@ -615,11 +615,12 @@ pub async fn serve<I: Io>(
         tokio::time::interval_at(tokio::time::Instant::now() + check_interval, check_interval);
     timer.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut batch = Vec::new();
+    let mut pid_hooks = PidHooks::default();
     tokio::pin!(shutdown);
     loop {
         // Here, so that a PID scope the last records installed or removed
         // moves them too.
-        if place_pid_hooks(evictor, kernel.as_deref_mut()) {
+        if pid_hooks.place(evictor, kernel.as_deref_mut()) {
             close_watch = Some(tokio::time::Instant::now());
         }
         let wake = if let Some((id, ended)) = ended_at_start.take() {
@@ -838,26 +839,44 @@ fn place_hooks<K: KernelRecords>(
 /// Attaches the PID programs while a kernel band watches a PID scope and
 /// detaches them while none does: they run on every fork and exit on the
 /// node (0.8 and 1.0 µs a call here), for nothing without a PID line,
-/// which kubelet's defaults do not set. True when they were just attached:
-/// a line crossed before then is seen at the next fork or exit, and the
-/// engine looks at once in case none comes.
-fn place_pid_hooks<I: Io>(evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) -> bool {
-    let Some(kernel) = kernel else { return false };
-    let watched = evictor.monitor().kernel_watches_a_scope(ScopeKind::Pids);
-    match kernel.set_hooks(Purpose::Pids, watched) {
-        Ok(false) => false,
-        Ok(true) => {
-            let (state, reason) = if watched {
-                ("attached", "a PID scope is watched")
-            } else {
-                ("detached", "no PID threshold or watched PID scope")
-            };
-            info!(state, reason, "PID hooks");
-            watched
+/// which kubelet's defaults do not set.
+#[derive(Debug, Default)]
+struct PidHooks {
+    /// Where they were last put; `None` before the first time.
+    attached: Option<bool>,
+    /// Moving them failed once: they stay as they are (the resync still
+    /// reads), rather than being tried and warned about at every wake-up.
+    stuck: bool,
+}
+
+impl PidHooks {
+    /// Moves them where the registry's PID scopes want them. True when
+    /// they were just attached: a line crossed before then is seen at the
+    /// next fork or exit, and the engine looks at once in case none comes.
+    fn place<I: Io>(&mut self, evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) -> bool {
+        let Some(kernel) = kernel else { return false };
+        let watched = evictor.monitor().kernel_watches_a_scope(ScopeKind::Pids);
+        if self.stuck || self.attached == Some(watched) {
+            return false;
         }
-        Err(e) => {
-            warn!(error = %e, watched, "cannot move the PID hooks; the resync still reads");
-            false
+        match kernel.set_hooks(Purpose::Pids, watched) {
+            Ok(moved) => {
+                self.attached = Some(watched);
+                if moved {
+                    let (state, reason) = if watched {
+                        ("attached", "a PID scope is watched")
+                    } else {
+                        ("detached", "no PID threshold or watched PID scope")
+                    };
+                    info!(state, reason, "PID hooks");
+                }
+                moved && watched
+            }
+            Err(e) => {
+                self.stuck = true;
+                warn!(error = %e, watched, "cannot move the PID hooks: they stay as they are, and the resync still reads");
+                false
+            }
         }
     }
 }

@@ -160,6 +160,30 @@ async fn without_a_pid_line_the_pid_hooks_go_at_once_and_stay_gone() {
     assert!(moves[0].contains("state=\"detached\""), "{moves:?}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn pid_hooks_the_kernel_will_not_move_are_tried_and_warned_about_once() {
+    let mut harness = Harness::new(HarnessOptions::default());
+    let (records, receiver) = mpsc::unbounded_channel();
+    for _ in 0..3 {
+        records.send(node_crossing(&harness)).unwrap();
+    }
+    let mut kernel = FakeKernel::new(receiver);
+    kernel.refuse_pid_hooks = true;
+    let (log, _guard) = LogCapture::start();
+    serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
+    assert!(
+        harness.engine_runs("kernel") >= 1,
+        "no wake-up after the first"
+    );
+    assert_eq!(kernel.pid_hook_moves, 1);
+    let warnings: Vec<String> = log
+        .problems()
+        .into_iter()
+        .filter(|line| line.contains("PID hooks"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+}
+
 /// Serves with the precise memory hooks managed (cgroup v2's adaptive
 /// read as the far trigger, as on a node without eventfd thresholds).
 async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Duration) {
