@@ -125,6 +125,25 @@ pub struct InventoryArgs {
     /// it writes), and evictd connects again. Without it, no CRI.
     #[arg(long, value_name = "ENDPOINT", value_parser = parse_runtime_endpoint)]
     pub container_runtime_endpoint: Option<String>,
+
+    /// What memory.available leaves out of the node's working set:
+    /// `kubelet`, its inactive file pages (kubelet's signal); or
+    /// `reclaimable`, also its active file pages while the node's file
+    /// refaults over the last 10 s stay at or below 10 % of them (cache the
+    /// kernel would reclaim without reading it back). Nothing more is
+    /// counted until 10 s of readings are in; allocatableMemory.available
+    /// stays kubelet's. While they count, a pod's rank for a memory
+    /// eviction leaves out its own active file pages too.
+    #[arg(long, value_enum, value_name = "SIGNAL", default_value = "kubelet")]
+    pub memory_signal: MemorySignal,
+}
+
+/// `--memory-signal`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum MemorySignal {
+    #[default]
+    Kubelet,
+    Reclaimable,
 }
 
 /// An endpoint naming a unix socket, kept as written (logs quote it).

@@ -8,6 +8,7 @@ use std::{fs, path::Path};
 
 use evictd::node::{
     cgroupfs::{CgroupError, CgroupFs, CgroupVersion, KeptOpen, MemoryReading},
+    cold_cache::ColdCache,
     stats::{self, NodeSignals},
 };
 
@@ -203,6 +204,8 @@ fn check_node(cgroupfs: &CgroupFs, scratch: &Path) {
         containerfs: None,
         files: KeptOpen::default(),
         root_band: false,
+        // Its file cache is read too (--memory-signal reclaimable).
+        cold_cache: Some(ColdCache::default()),
     };
     let observation = match signals.observe() {
         Ok(observation) => observation,

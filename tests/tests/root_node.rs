@@ -80,6 +80,7 @@ fn node_signals(cgroupfs: &CgroupFs) -> NodeSignals {
         containerfs: None,
         files: KeptOpen::default(),
         root_band: false,
+        cold_cache: None,
     }
 }
 

@@ -273,6 +273,14 @@ impl MemoryReading {
     }
 }
 
+/// A cgroup's active file pages and how many file pages refaulted since
+/// it was made (its descendants' included), from memory.stat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileCache {
+    pub active_file_bytes: u64,
+    pub refaulted_file_pages: u64,
+}
+
 impl CgroupFs {
     /// Finds the controllers from `/proc/self/mountinfo`. A cgroup2 mount
     /// counts only if it offers the memory controller (on a hybrid host the
@@ -409,6 +417,25 @@ impl CgroupFs {
                 &dir.join("memory.stat"),
                 self.inactive_file_field(),
             )?,
+        })
+    }
+
+    /// [`FileCache`] of the cgroup at `path` (the root's on either
+    /// version: memory.stat is there on both), through `files` where given.
+    pub fn read_file_cache(
+        &self,
+        files: Option<&KeptOpen>,
+        path: &str,
+    ) -> Result<FileCache, CgroupError> {
+        let path = self.memory_dir(path).join("memory.stat");
+        let text = read_text(files, &path)?;
+        let (active, refaults) = match self.version {
+            CgroupVersion::V1 => ("total_active_file", "total_workingset_refault_file"),
+            CgroupVersion::V2 => ("active_file", "workingset_refault_file"),
+        };
+        Ok(FileCache {
+            active_file_bytes: keyed_field(&text, &path, active)?,
+            refaulted_file_pages: keyed_field(&text, &path, refaults)?,
         })
     }
 

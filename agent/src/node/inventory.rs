@@ -24,10 +24,11 @@ use tracing::{debug, warn};
 
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
-    config::InventoryArgs,
+    config::{InventoryArgs, MemorySignal},
     decide::thrashing::{Thrashing, ThrashingLimits},
     decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
+    node::cold_cache::ColdCache,
     node::forks::{ForkClock, ForkRateError},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
@@ -212,6 +213,8 @@ impl Inventory {
                 containerfs: None,
                 files: KeptOpen::default(),
                 root_band: false,
+                cold_cache: (args.memory_signal == MemorySignal::Reclaimable)
+                    .then(ColdCache::default),
             },
             runtime: None,
             runtime_filesystems: 0,
@@ -856,11 +859,21 @@ impl Inventory {
             .unwrap_or_else(|| self.signals.cgroupfs.read_memory_usage(path))
     }
 
-    /// Pod cgroup `path`'s working set, read as [`Inventory::bytes_charged`].
+    /// Pod cgroup `path`'s working set, read as [`Inventory::bytes_charged`];
+    /// less its active file pages too while `--memory-signal reclaimable`
+    /// counts the node's as available ([`ColdCache::counted`]).
     fn working_set(&mut self, path: &str) -> Result<u64, CgroupError> {
-        self.read_kept(path, OpenMemory::read)
-            .unwrap_or_else(|| self.signals.cgroupfs.read_memory(path))
-            .map(|memory| memory.working_set_bytes())
+        let working_set = self
+            .read_kept(path, OpenMemory::read)
+            .unwrap_or_else(|| self.signals.cgroupfs.read_memory(path))?
+            .working_set_bytes();
+        match &self.signals.cold_cache {
+            Some(cold_cache) if cold_cache.counted() => {
+                let cache = self.signals.cgroupfs.read_file_cache(None, path)?;
+                Ok(working_set.saturating_sub(cache.active_file_bytes))
+            }
+            _ => Ok(working_set),
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! metadata from a `--pod-metadata` file, and the snapshot types the engine
 //! decides on.
 pub mod cgroupfs;
+pub mod cold_cache;
 pub mod containers;
 pub mod forks;
 pub mod inventory;

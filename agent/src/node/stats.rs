@@ -5,10 +5,12 @@ use std::{
     fs, io,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    time::Instant,
 };
 
 use crate::node::{
     cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, KeptOpen, MemoryReading},
+    cold_cache::ColdCache,
     snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
 };
 
@@ -50,6 +52,9 @@ pub struct NodeSignals {
     /// the memory hierarchy's root, so that a node that is the root has a
     /// band ([`NodeObservation::node_band_value`]).
     pub root_band: bool,
+    /// `--memory-signal reclaimable`: the node's cold active file pages
+    /// are left out of its working set.
+    pub cold_cache: Option<ColdCache>,
 }
 
 /// One fresh look at the node: every signal's input, and the readings the
@@ -87,6 +92,14 @@ impl NodeSignals {
         let capacity = lowest_memory_limit(&self.cgroupfs, &self.files, &self.node)?
             .map_or(total, |limit| limit.min(total));
         let node_memory = self.cgroupfs.read_memory_kept(&self.files, &self.node)?;
+        let reclaimable = match &self.cold_cache {
+            Some(cold_cache) => cold_cache.reclaimable(
+                Instant::now(),
+                self.cgroupfs
+                    .read_file_cache(Some(&self.files), &self.node)?,
+            ),
+            None => 0,
+        };
         let kubepods = self.kubepods_memory()?;
         let allocatable = match &kubepods {
             Some((path, memory)) => self.allocatable(path, memory, capacity)?,
@@ -104,7 +117,7 @@ impl NodeSignals {
             stats: NodeStats {
                 memory: MemoryStats {
                     capacity_bytes: capacity,
-                    working_set_bytes: node_memory.working_set_bytes(),
+                    working_set_bytes: node_memory.working_set_bytes().saturating_sub(reclaimable),
                 },
                 allocatable,
                 pid: Some(pid),
@@ -453,6 +466,7 @@ mod tests {
             imagefs: dir.path().to_owned(),
             files: KeptOpen::default(),
             root_band: false,
+            cold_cache: None,
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 536870912);
@@ -505,6 +519,7 @@ mod tests {
             imagefs: dir.path().join("missing"),
             files: KeptOpen::default(),
             root_band: false,
+            cold_cache: None,
         };
         let stats = signals.observe().unwrap().stats;
         assert_eq!(
@@ -567,6 +582,7 @@ mod tests {
             imagefs: dir.path().join("missing"),
             files: KeptOpen::default(),
             root_band: false,
+            cold_cache: None,
         };
         let node = signals.observe().unwrap().stats;
         assert_eq!(node.memory.capacity_bytes, 1048576);

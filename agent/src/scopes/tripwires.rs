@@ -103,10 +103,18 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
             _ => {}
         }
     }
+    // What the node's usage holds beyond the working set the engine
+    // decides on: its inactive file pages, and with `--memory-signal
+    // reclaimable` its cold active file pages too.
+    let node_working_set = stats.memory.working_set_bytes;
+    let beyond_working_set = observation
+        .node_memory
+        .usage_bytes
+        .saturating_sub(node_working_set);
     let memcg_levels = MemcgLevels {
         levels: node_memory
             .iter()
-            .map(|usage| usage + observation.node_memory.inactive_file_bytes)
+            .map(|usage| usage + beyond_working_set)
             .collect(),
         read_usage: observation.node_memory.usage_bytes,
     };
@@ -117,6 +125,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
         scopes.push(memory_scope(
             observation.node_cgroup.clone(),
             node_memory,
+            node_working_set,
             &observation.node_memory,
             band_value,
             node_is_root,
@@ -138,6 +147,7 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
         scopes.push(memory_scope(
             path.clone(),
             kubepods_memory,
+            memory.working_set_bytes(),
             memory,
             memory.usage_bytes,
             false,
@@ -162,15 +172,15 @@ enum Beyond {
 
 /// The memory scope at `path`, whose kernel band compares a value that
 /// reads `band_value` now, with the band's lines for `lines` (working sets
-/// at which a threshold is met).
+/// at which a threshold is met, `working_set` the engine's now).
 fn memory_scope(
     path: String,
     lines: Vec<u64>,
+    working_set: u64,
     memory: &crate::node::cgroupfs::MemoryReading,
     band_value: u64,
     is_root: bool,
 ) -> EngineScope {
-    let working_set = memory.working_set_bytes();
     let beyond = if is_root {
         Beyond::Drift(i128::from(band_value) - i128::from(working_set))
     } else {
@@ -415,8 +425,21 @@ mod tests {
     fn without_inactive_file_the_cache_line_is_the_threshold_line() {
         let mut observation = observation("/node");
         observation.node_memory.inactive_file_bytes = 0;
+        observation.stats.memory.working_set_bytes = 700 * MIB;
         let wires = tripwires(&config("memory.available<100Mi"), &observation);
         assert_eq!(wires.scopes[0].thresholds, [924 * MIB + 1]);
+    }
+
+    #[test]
+    fn cold_active_file_left_out_of_the_working_set_raises_the_cache_line_by_as_much() {
+        // --memory-signal reclaimable counted 200 MiB of active file as
+        // available: the engine's working set is 400 MiB of the 700 used.
+        let mut observation = observation("/node");
+        observation.stats.memory.working_set_bytes = 400 * MIB;
+        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let line = 924 * MIB + 1;
+        assert_eq!(wires.scopes[0].thresholds, [line, line + 300 * MIB]);
+        assert_eq!(wires.memcg_levels.levels, [line + 300 * MIB]);
     }
 
     #[test]
@@ -427,6 +450,7 @@ mod tests {
         // and no line is left above. The next page is past it.
         let mut observation = observation("/node");
         observation.node_memory.inactive_file_bytes = 0;
+        observation.stats.memory.working_set_bytes = 700 * MIB;
         let wires = tripwires(&config("memory.available<100Mi"), &observation);
         let line = wires.scopes[0].thresholds[0];
         let exactly_t_available = 1024 * MIB - 100 * MIB;

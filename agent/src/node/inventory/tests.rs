@@ -42,6 +42,7 @@ fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
         nodefs_path: root.join("missing"),
         imagefs_path: root.join("missing"),
         container_runtime_endpoint: None,
+        memory_signal: MemorySignal::Kubelet,
     };
     Inventory::new(cgroupfs, &args).unwrap()
 }
@@ -411,6 +412,7 @@ fn a_missing_node_cgroup_is_an_input_error() {
         nodefs_path: "/".into(),
         imagefs_path: "/".into(),
         container_runtime_endpoint: None,
+        memory_signal: MemorySignal::Kubelet,
     };
     let err = match Inventory::new(cgroupfs, &args) {
         Err(e) => e,

@@ -1,0 +1,209 @@
+//! A pod that read a large file twice (kubernetes#43916): its pages are
+//! active file cache, in kubelet's working set, and push memory.available
+//! past the threshold while nothing is short of memory: the node is far
+//! below its limit, the kernel reclaims nothing and nothing refaults.
+//! kubelet's signal (the default) evicts the pod; `--memory-signal
+//! reclaimable` counts those cold pages as available and evicts nothing,
+//! and still evicts before the kernel OOM-kills once anonymous memory
+//! does run short.
+#![expect(
+    clippy::unwrap_used,
+    reason = "test helpers: a failed step is a failed test"
+)]
+
+use std::{path::Path, time::Duration};
+
+use evictd::node::cgroupfs::CgroupFs;
+use evictd_integration::{
+    Agent, ColdFile, PodSpec, SandboxNode, cgroupfs_path, http_get, metric, wait_until,
+};
+use serde_json::json;
+
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
+const MIB: u64 = 1 << 20;
+const NODE_MEMORY: u64 = 768 * MIB;
+/// Read twice, it is all active file.
+const FILE: u64 = 384 * MIB;
+/// Past it once the file is read twice (kubelet's available about 768 −
+/// 384 − the pods' few MiB), far from it without the file's pages.
+const THRESHOLD: u64 = 448 * MIB;
+/// The window the option waits for before it counts anything, and room.
+const COLD_WITHIN: Duration = Duration::from_secs(60);
+const COUNTED_AVAILABLE: &str = "memory.available: the node's active file pages count as \
+     available (--memory-signal reclaimable)";
+
+struct Scenario {
+    node: SandboxNode,
+    agent: Agent,
+    file: ColdFile,
+}
+
+fn start(extra: &[&str]) -> Scenario {
+    let uid = |n: u32| format!("00000000-0000-4000-8000-0000000000c{n}");
+    let pods = vec![
+        PodSpec::new(
+            "reader",
+            uid(1),
+            cgroupfs_path("besteffort/", &uid(1)),
+            0,
+            json!({}),
+        ),
+        PodSpec::new(
+            "web",
+            uid(2),
+            cgroupfs_path("burstable/", &uid(2)),
+            0,
+            json!({"requests": {"memory": "64Mi"}}),
+        ),
+        PodSpec::new(
+            "hog",
+            uid(3),
+            cgroupfs_path("besteffort/", &uid(3)),
+            0,
+            json!({}),
+        ),
+    ];
+    let node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
+    let file = ColdFile::new(Path::new(env!("CARGO_TARGET_TMPDIR")), "read-twice", FILE).unwrap();
+    let hard = format!("--eviction-hard=memory.available<{THRESHOLD}");
+    let mut args = vec![hard.as_str(), "--resync-interval=1s"];
+    args.extend_from_slice(extra);
+    let agent = node.start_agent(&args).unwrap();
+    Scenario { node, agent, file }
+}
+
+/// kubelet's memory.available of the sandbox node, from its own files.
+fn kubelet_available(node: &SandboxNode) -> u64 {
+    let reading = CgroupFs::discover()
+        .unwrap()
+        .read_memory(&node.node_cgroup())
+        .unwrap();
+    NODE_MEMORY.saturating_sub(reading.working_set_bytes())
+}
+
+/// The reader reads its file: the first time into the inactive list, the
+/// second time every page to the active one.
+fn read(scenario: &mut Scenario) -> std::io::Result<String> {
+    let path = scenario.file.path();
+    let reader = scenario.node.workload("reader")?;
+    reader.command(&format!("read {path}"))
+}
+
+fn read_twice(scenario: &mut Scenario) {
+    for _ in 0..2 {
+        let read = read(scenario);
+        if read.as_ref().ok() != Some(&FILE.to_string()) {
+            scenario.agent.log.drain();
+            panic!(
+                "the read: {read:?}; the agent's log: {:#?}",
+                scenario.agent.log.seen
+            );
+        }
+    }
+    let available = kubelet_available(&scenario.node);
+    assert!(
+        available < THRESHOLD,
+        "kubelet's memory.available {available} B is not past the threshold: the scenario \
+         needs the file's pages in the working set"
+    );
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn kubelets_signal_evicts_a_pod_for_active_file_cache_nothing_needs_back() {
+    let mut scenario = start(&[]);
+    assert_eq!(read(&mut scenario).unwrap(), FILE.to_string());
+    // The reader is evicted while its second read turns the pages active:
+    // the read may end in its kill.
+    let second = read(&mut scenario);
+    let decided = scenario
+        .agent
+        .log
+        .expect("eviction decided", &[("victim", "default/reader")]);
+    assert_eq!(decided["signal"], "memory.available", "{decided}");
+    assert_eq!(decided["reason"], "threshold", "{decided}");
+    scenario
+        .agent
+        .log
+        .expect("pod killed", &[("victim", "default/reader")]);
+    assert!(second.is_err() || !scenario.node.alive("reader"));
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn with_the_reclaimable_signal_cold_active_file_counts_as_available_and_nobody_is_evicted() {
+    let mut scenario = start(&["--memory-signal=reclaimable"]);
+    let log = &mut scenario.agent.log;
+    wait_until(COLD_WITHIN, "the active file counted as available", || {
+        log.drain();
+        !log.all(COUNTED_AVAILABLE).is_empty()
+    })
+    .unwrap();
+    read_twice(&mut scenario);
+
+    // Two resyncs after the read, each observing a node past kubelet's
+    // line, and the latest available memory the agent saw.
+    let address = scenario.agent.log.metrics_address();
+    let runs = |page: &str| metric(page, "evictd_engine_runs_total{trigger=\"resync\"}");
+    let before = runs(&http_get(&address, "/metrics").unwrap()).unwrap_or(0.0);
+    let mut page = String::new();
+    wait_until(
+        Duration::from_secs(30),
+        "two resyncs after the read",
+        || {
+            page = http_get(&address, "/metrics").unwrap_or_default();
+            runs(&page).is_some_and(|now| now >= before + 2.0)
+        },
+    )
+    .unwrap();
+    let still_past = kubelet_available(&scenario.node);
+    assert!(still_past < THRESHOLD, "{still_past}");
+    let seen = metric(
+        &page,
+        "evictd_signal_available{signal=\"memory.available\"}",
+    )
+    .unwrap();
+    assert!(
+        seen > THRESHOLD as f64,
+        "the agent's memory.available {seen} is past the threshold"
+    );
+    let (status, mut log) = scenario.agent.stop().unwrap();
+    assert!(status.success());
+    assert!(log.all("eviction decided").is_empty(), "evicted");
+    assert!(scenario.node.alive("reader"));
+    assert_eq!(scenario.node.oom_kills().unwrap(), 0);
+}
+
+#[test]
+#[ignore = "needs root and cgroups: run with cargo xtask test"]
+fn with_the_reclaimable_signal_a_hog_beside_the_cold_cache_is_still_evicted_before_the_kernel_kills()
+ {
+    let mut scenario = start(&["--memory-signal=reclaimable"]);
+    let log = &mut scenario.agent.log;
+    wait_until(COLD_WITHIN, "the active file counted as available", || {
+        log.drain();
+        !log.all(COUNTED_AVAILABLE).is_empty()
+    })
+    .unwrap();
+    read_twice(&mut scenario);
+    // Anonymous memory the kernel cannot reclaim without swap, past the
+    // line whatever the cache: the agent must stop the hog before the
+    // kernel's OOM killer does, and take it, not the reader, whose cache
+    // the node counts as free (ranked on its whole working set, as
+    // kubelet ranks, the reader went first and gave nothing back: page
+    // cache stays charged to its cgroup, and the kernel killed the hog).
+    let held = scenario
+        .node
+        .grow_until_stopped("hog", 8 * MIB, NODE_MEMORY);
+    assert!(held.is_ok(), "{held:?}");
+    let log = &mut scenario.agent.log;
+    let first = log.expect("eviction decided", &[]);
+    assert_eq!(first["victim"], "default/hog", "{first}");
+    log.expect("pod killed", &[("victim", "default/hog")]);
+    assert_eq!(
+        scenario.node.oom_kills().unwrap(),
+        0,
+        "the kernel killed first"
+    );
+    assert!(scenario.node.alive("reader"));
+}
