@@ -88,9 +88,7 @@ impl ColdCache {
             _ => 0,
         }
     }
-}
 
-impl ColdCache {
     /// Whether the last reading counted the node's active file as
     /// available: then a pod's own active file is left out of its working
     /// set too, so that a pod is not ranked first for cache the node

@@ -104,13 +104,14 @@ pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Trip
         }
     }
     // What the node's usage holds beyond the working set the engine
-    // decides on: its inactive file pages, and with `--memory-signal
-    // reclaimable` its cold active file pages too.
+    // decides on: its inactive file pages (as kubelet arms its levels),
+    // and with `--memory-signal reclaimable` its cold active file pages.
     let node_working_set = stats.memory.working_set_bytes;
-    let beyond_working_set = observation
+    let counted_available = observation
         .node_memory
-        .usage_bytes
+        .working_set_bytes()
         .saturating_sub(node_working_set);
+    let beyond_working_set = observation.node_memory.inactive_file_bytes + counted_available;
     let memcg_levels = MemcgLevels {
         levels: node_memory
             .iter()
