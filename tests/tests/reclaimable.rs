@@ -134,6 +134,20 @@ fn read_twice(scenario: &mut Scenario) {
     );
 }
 
+/// `--memory-signal reclaimable` once it counts the node's active file
+/// as available (a whole window read), and the reader's file read twice.
+fn cold_cache_read_twice() -> Scenario {
+    let mut scenario = start(&["--memory-signal=reclaimable"]);
+    let log = &mut scenario.agent.log;
+    wait_until(COLD_WITHIN, "the active file counted as available", || {
+        log.drain();
+        !log.all(COUNTED_AVAILABLE).is_empty()
+    })
+    .unwrap();
+    read_twice(&mut scenario);
+    scenario
+}
+
 #[test]
 #[ignore = "needs root and cgroups: run with cargo xtask test"]
 fn kubelets_signal_evicts_a_pod_for_active_file_cache_nothing_needs_back() {
@@ -164,14 +178,7 @@ fn with_the_reclaimable_signal_cold_active_file_counts_as_available_and_nobody_i
     if no_active_file_from_reads() {
         return;
     }
-    let mut scenario = start(&["--memory-signal=reclaimable"]);
-    let log = &mut scenario.agent.log;
-    wait_until(COLD_WITHIN, "the active file counted as available", || {
-        log.drain();
-        !log.all(COUNTED_AVAILABLE).is_empty()
-    })
-    .unwrap();
-    read_twice(&mut scenario);
+    let mut scenario = cold_cache_read_twice();
 
     // Two resyncs after the read, each observing a node past kubelet's
     // line, and the latest available memory the agent saw.
@@ -213,14 +220,7 @@ fn with_the_reclaimable_signal_a_hog_beside_the_cold_cache_is_still_evicted_befo
     if no_active_file_from_reads() {
         return;
     }
-    let mut scenario = start(&["--memory-signal=reclaimable"]);
-    let log = &mut scenario.agent.log;
-    wait_until(COLD_WITHIN, "the active file counted as available", || {
-        log.drain();
-        !log.all(COUNTED_AVAILABLE).is_empty()
-    })
-    .unwrap();
-    read_twice(&mut scenario);
+    let mut scenario = cold_cache_read_twice();
     // Anonymous memory the kernel cannot reclaim without swap, past the
     // line whatever the cache: the agent must stop the hog before the
     // kernel's OOM killer does, and take it, not the reader, whose cache
