@@ -57,7 +57,9 @@ pub use daemonset::{
 pub use fuse::StuckFile;
 pub use layout::{CgroupLayout, CgroupVersion, Hierarchy};
 pub use memory::{ProcessMemory, Region};
-pub use node_memory::{VMSTAT, read_working_set, working_set_from_vmstat};
+pub use node_memory::{
+    VMSTAT, make_room, pages_scanned_for_reclaim, read_working_set, working_set_from_vmstat,
+};
 pub use oci_image::OciImage;
 pub use sandbox::{
     MEMORY_PODS_HELD, PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, machine_memory,

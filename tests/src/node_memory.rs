@@ -8,10 +8,12 @@
 //! served from memcg counters that are flushed every 2 s or past a batch
 //! of pending updates, so a reading there can lag by more than the
 //! bench's 64 KiB step.
-use std::{fs::File, os::unix::fs::FileExt as _};
+use std::{fs::File, io, os::unix::fs::FileExt as _};
 
 /// The file [`working_set_from_vmstat`] reads.
 pub const VMSTAT: &str = "/proc/vmstat";
+const MEMINFO: &str = "/proc/meminfo";
+const DROP_CACHES: &str = "/proc/sys/vm/drop_caches";
 
 const PAGE: u64 = 4096;
 
@@ -46,6 +48,57 @@ pub fn read_working_set(file: &File) -> Option<u64> {
         }
     }
     working_set_from_vmstat(std::str::from_utf8(&text[..read]).ok()?)
+}
+
+/// Pages the kernel has scanned to reclaim memory since boot (kswapd's
+/// and direct reclaim's), from /proc/vmstat: a scenario that needs the
+/// kernel to reclaim nothing compares two readings.
+pub fn pages_scanned_for_reclaim() -> io::Result<u64> {
+    let text = std::fs::read_to_string(VMSTAT)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(name, _)| name.starts_with("pgscan_"))
+        .filter_map(|(_, value)| value.trim().parse::<u64>().ok())
+        .sum())
+}
+
+/// `MemFree` of /proc/meminfo, in bytes.
+fn free_memory() -> io::Result<u64> {
+    let text = std::fs::read_to_string(MEMINFO)?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("MemFree:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map(|kib| kib << 10)
+        .ok_or_else(|| io::Error::other("MemFree missing from /proc/meminfo"))
+}
+
+/// At least `bytes` of the machine's memory free, so that a scenario
+/// that allocates that much wakes no reclaim: a machine whose memory is
+/// full of page cache (a build's, for one) reclaims on every allocation,
+/// from every cgroup's lists, a test's included. Where less is free, the
+/// kernel drops its clean page cache (nothing is lost: it is read back
+/// from disk when next used); an error if that still leaves less.
+pub fn make_room(bytes: u64) -> io::Result<()> {
+    if free_memory()? >= bytes {
+        return Ok(());
+    }
+    std::fs::write(DROP_CACHES, "1")?;
+    let free = free_memory()?;
+    if free < bytes {
+        return Err(io::Error::other(format!(
+            "{} MiB free once the clean page cache is dropped, {} MiB needed",
+            free >> 20,
+            bytes >> 20
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,6 +7,12 @@
 //! and still evicts before the kernel OOM-kills once anonymous memory
 //! does run short.
 //!
+//! The scenario needs a machine that reclaims nothing while it runs: a
+//! machine full of page cache reclaims from the reader's pages too, and
+//! its refaults are heat the option rightly counts. Each test first
+//! makes room (dropping clean page cache if less than [`FREE_NEEDED`] is
+//! free) and a failure says how many pages the kernel scanned meanwhile.
+//!
 //! Where the multi-generational LRU is on (Debian's 7.2), a file read
 //! through a descriptor stays on the inactive list however often it is
 //! read, so kubelet's working set leaves it out and the scenario does not
@@ -20,7 +26,8 @@ use std::{path::Path, time::Duration};
 
 use evictd::node::cgroupfs::CgroupFs;
 use evictd_integration::{
-    Agent, ColdFile, PodSpec, SandboxNode, cgroupfs_path, http_get, metric, wait_until,
+    Agent, ColdFile, PodSpec, SandboxNode, cgroupfs_path, http_get, make_room, metric,
+    pages_scanned_for_reclaim, wait_until,
 };
 use serde_json::json;
 
@@ -34,6 +41,12 @@ const FILE: u64 = 384 * MIB;
 const THRESHOLD: u64 = 448 * MIB;
 /// The window the option waits for before it counts anything, and room.
 const COLD_WITHIN: Duration = Duration::from_secs(60);
+/// Room for the kernel's flush of memory.stat's counters.
+const STATS_FLUSHED: Duration = Duration::from_secs(10);
+/// Free memory the scenario can allocate without waking the kernel's
+/// reclaim: the node's (the file's pages are charged to it) and room
+/// above the kernel's watermarks.
+const FREE_NEEDED: u64 = NODE_MEMORY + 128 * MIB;
 const COUNTED_AVAILABLE: &str = "memory.available: the node's active file pages count as \
      available (--memory-signal reclaimable)";
 
@@ -41,6 +54,16 @@ struct Scenario {
     node: SandboxNode,
     agent: Agent,
     file: ColdFile,
+    /// [`pages_scanned_for_reclaim`] when the scenario started.
+    scanned_before: u64,
+}
+
+impl Scenario {
+    /// What the machine's reclaim did since the start, for a failure.
+    fn reclaim_since_start(&self) -> String {
+        let scanned = pages_scanned_for_reclaim().unwrap() - self.scanned_before;
+        format!("the kernel scanned {scanned} pages for reclaim since the scenario started")
+    }
 }
 
 /// Whether the kernel's multi-generational LRU is on, under which pages
@@ -65,6 +88,8 @@ fn no_active_file_from_reads() -> bool {
 }
 
 fn start(extra: &[&str]) -> Scenario {
+    make_room(FREE_NEEDED).unwrap();
+    let scanned_before = pages_scanned_for_reclaim().unwrap();
     let uid = |n: u32| format!("00000000-0000-4000-8000-0000000000c{n}");
     let pods = vec![
         PodSpec::new(
@@ -95,7 +120,12 @@ fn start(extra: &[&str]) -> Scenario {
     let mut args = vec![hard.as_str(), "--resync-interval=1s"];
     args.extend_from_slice(extra);
     let agent = node.start_agent(&args).unwrap();
-    Scenario { node, agent, file }
+    Scenario {
+        node,
+        agent,
+        file,
+        scanned_before,
+    }
 }
 
 /// kubelet's memory.available of the sandbox node, from its own files.
@@ -126,12 +156,25 @@ fn read_twice(scenario: &mut Scenario) {
             );
         }
     }
-    let available = kubelet_available(&scenario.node);
-    assert!(
-        available < THRESHOLD,
-        "kubelet's memory.available {available} B is not past the threshold: the scenario \
-         needs the file's pages in the working set"
+    // memory.stat's page states reach the file when the kernel flushes its
+    // per-CPU counters (at most 2 s apart), usage at once.
+    let past = wait_until(
+        STATS_FLUSHED,
+        "kubelet's memory.available past the line",
+        || kubelet_available(&scenario.node) < THRESHOLD,
     );
+    if past.is_err() {
+        let cgroups = CgroupFs::discover().unwrap();
+        let node = scenario.node.node_cgroup();
+        panic!(
+            "kubelet's memory.available {} B is not past the threshold: the scenario needs the \
+             file's pages in the working set; the node: {:?}, {:?} ({})",
+            kubelet_available(&scenario.node),
+            cgroups.read_memory(&node).unwrap(),
+            cgroups.read_file_cache(None, &node).unwrap(),
+            scenario.reclaim_since_start()
+        );
+    }
 }
 
 /// `--memory-signal reclaimable` once it counts the node's active file
@@ -204,7 +247,9 @@ fn with_the_reclaimable_signal_cold_active_file_counts_as_available_and_nobody_i
     .unwrap();
     assert!(
         seen > THRESHOLD as f64,
-        "the agent's memory.available {seen} is past the threshold"
+        "the agent's memory.available {seen} B is past the threshold: it counted the file as \
+         used ({})",
+        scenario.reclaim_since_start()
     );
     let (status, mut log) = scenario.agent.stop().unwrap();
     assert!(status.success());
@@ -231,14 +276,25 @@ fn with_the_reclaimable_signal_a_hog_beside_the_cold_cache_is_still_evicted_befo
         .node
         .grow_until_stopped("hog", 8 * MIB, NODE_MEMORY);
     assert!(held.is_ok(), "{held:?}");
-    let log = &mut scenario.agent.log;
-    let first = log.expect("eviction decided", &[]);
-    assert_eq!(first["victim"], "default/hog", "{first}");
-    log.expect("pod killed", &[("victim", "default/hog")]);
+    let first = scenario.agent.log.expect("eviction decided", &[]);
+    assert_eq!(
+        first["victim"],
+        "default/hog",
+        "{first} ({})",
+        scenario.reclaim_since_start()
+    );
+    scenario
+        .agent
+        .log
+        .expect("pod killed", &[("victim", "default/hog")]);
     assert_eq!(
         scenario.node.oom_kills().unwrap(),
         0,
         "the kernel killed first"
     );
-    assert!(scenario.node.alive("reader"));
+    assert!(
+        scenario.node.alive("reader"),
+        "{}",
+        scenario.reclaim_since_start()
+    );
 }
