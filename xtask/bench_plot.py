@@ -217,9 +217,16 @@ def reserve_sweep(results, out):
         axis.plot(thresholds, [count + offset for count in lost], style, marker="o",
                   label=f"{mode} (of {max(totals)} runs)")
     axis.set_xscale("log")
+    # Only the thresholds run, not the log scale's own minor labels.
+    axis.minorticks_off()
     axis.set_xticks(thresholds)
     axis.set_xticklabels([f"{t:.0f}" for t in thresholds])
     axis.set_xlabel("--threshold: memory.available below (MiB, log)")
+    # From none to every run, whatever was lost: a sweep no mode lost a run
+    # of must not zoom into the offsets.
+    most = max(len(runs_of(results, s, m)) for s in scenarios for m in modes)
+    axis.set_ylim(-0.5, most + 0.5)
+    axis.yaxis.get_major_locator().set_params(integer=True)
     axis.set_ylabel("runs lost: kernel OOM kill, or none within 30 s")
     axis.grid(alpha=0.25)
     axis.legend(fontsize=8)

@@ -89,7 +89,9 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "256Mi,1Gi,max")]
     rates: Vec<String>,
     /// Agent modes compared (the oracle and the no-agent floor are added
-    /// where they apply).
+    /// where they apply). `MODE+OPTION` runs MODE with an opt-in option:
+    /// `+kubelet` or `+fork-rate` (`--pid-ranking`), `+thrashing-eviction`,
+    /// `+reclaimable` (`--memory-signal reclaimable`).
     #[arg(
         long,
         value_delimiter = ',',
@@ -257,13 +259,19 @@ impl fmt::Display for Scenario {
 /// The option of the thrashing scenario's second mode, `event+` it.
 const THRASHING_EVICTION: &str = "thrashing-eviction";
 
+/// The option of a mode that counts cold active file as available:
+/// `event+` it is `--memory-signal reclaimable`.
+const RECLAIMABLE: &str = "reclaimable";
+
 /// One agent mode, as its command-line arguments; `MODE+RANKING` adds
-/// `--pid-ranking RANKING`, `MODE+thrashing-eviction` that flag.
+/// `--pid-ranking RANKING`, `MODE+thrashing-eviction` that flag,
+/// `MODE+reclaimable` `--memory-signal reclaimable`.
 fn mode_args(mode: &str) -> Result<Vec<String>> {
     if let Some((mode, option)) = mode.split_once('+') {
         let mut args = mode_args(mode)?;
         match option {
             THRASHING_EVICTION => args.push(format!("--{THRASHING_EVICTION}")),
+            RECLAIMABLE => args.extend(["--memory-signal".into(), RECLAIMABLE.into()]),
             ranking => args.extend(["--pid-ranking".into(), ranking.into()]),
         }
         return Ok(args);
@@ -743,6 +751,10 @@ mod tests {
         assert_eq!(
             mode_args("event+thrashing-eviction").unwrap(),
             ["--mode", "event", "--thrashing-eviction"]
+        );
+        assert_eq!(
+            mode_args("event+reclaimable").unwrap(),
+            ["--mode", "event", "--memory-signal", "reclaimable"]
         );
         assert_eq!(mode_args("psi").unwrap(), ["--mode", "psi"]);
         assert!(mode_args("kprobe").is_err());
