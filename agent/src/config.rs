@@ -342,7 +342,9 @@ pub struct RunArgs {
     /// charged and freed on the node) are attached: `zone` only near a
     /// memory threshold, with a rare trigger standing in farther away, and
     /// none while a victim's memory is returned where they run on frees;
-    /// `always` from start to stop.
+    /// `always` from start to stop. The PID hooks (every fork and exit)
+    /// alike: `zone` only near a `pid.available` line, the engine reading
+    /// the node's tasks farther away; `always` whenever a PID line is set.
     #[arg(long, value_name = "WHEN", default_value = "zone")]
     pub precise_hooks: PreciseHooks,
 

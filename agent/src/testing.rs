@@ -660,6 +660,8 @@ pub(crate) mod fakes {
         pub budget: EvictionBudget,
         /// Precise memory hooks near thresholds only.
         pub zone: Option<ZoneOptions>,
+        /// PID hooks near PID thresholds only.
+        pub pid_zone: Option<ZoneOptions>,
         /// The state directory that keeps the budget spent.
         pub state_dir: Option<PathBuf>,
         pub pid_ranking: PidRanking,
@@ -684,6 +686,7 @@ pub(crate) mod fakes {
                     period: Duration::from_secs(60),
                 },
                 zone: None,
+                pid_zone: None,
                 state_dir: None,
                 pid_ranking: PidRanking::Kubelet,
                 pre_kill: None,
@@ -759,6 +762,7 @@ pub(crate) mod fakes {
                     kernel_triggers: options.kernel,
                     budget: options.budget,
                     zone: options.zone,
+                    pid_zone: options.pid_zone,
                     thrashing_eviction: options.thrashing_eviction,
                     thrashing_limits: ThrashingLimits::default(),
                 },

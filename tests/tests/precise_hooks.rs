@@ -206,7 +206,7 @@ fn fork_program_runs(address: &str) -> std::io::Result<u64> {
 
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
-fn the_pid_programs_run_only_where_a_pid_line_is_set() {
+fn the_pid_programs_run_only_near_a_pid_line() {
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
 
     // No PID line: unlinked, so forks on the node run nothing.
@@ -230,8 +230,10 @@ fn the_pid_programs_run_only_where_a_pid_line_is_set() {
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 
-    // A PID line: they stay, and run on the node's forks (counted while
-    // the kernel's BPF statistics are on).
+    // A PID line within the PID zone (the node limited to 200 tasks):
+    // they stay, and run on the node's forks (counted while the kernel's
+    // BPF statistics are on).
+    node.tree.set_pids_limit("node", 200).unwrap();
     let _stats = BpfStats::on().unwrap();
     let mut agent = node
         .start_agent(&["--eviction-hard", "memory.available<96Mi,pid.available<60"])
@@ -252,4 +254,58 @@ fn the_pid_programs_run_only_where_a_pid_line_is_set() {
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
     assert_eq!(log.all("PID hooks"), Vec::<Value>::new());
+}
+
+/// A node with room for the PID zone (1,024 tasks, left only past twice
+/// that): its line 3,096 tasks above none, about 3,090 above idle. The
+/// private tree's own ceiling is raised to let it have them.
+const ROOMY_PIDS_MAX: u64 = 4096;
+const FAR_PID_LINE: &str = "memory.available<96Mi,pid.available<1000";
+
+#[test]
+#[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
+fn far_from_the_pid_line_the_pid_programs_are_unlinked_and_a_climb_into_its_zone_links_them_before_the_crossing()
+ {
+    let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
+    node.tree.set_pids_limit("", ROOMY_PIDS_MAX + 256).unwrap();
+    node.tree.set_pids_limit("node", ROOMY_PIDS_MAX).unwrap();
+    let mut agent = node
+        .start_agent(&["--eviction-hard", FAR_PID_LINE, "--resync-interval", "1h"])
+        .unwrap();
+    let attached = agent.log.expect("eBPF programs attached", &[]);
+    let programs = program_ids(&attached, Purpose::Pids);
+    agent.log.expect(
+        "PID hooks",
+        &[
+            ("state", "detached"),
+            ("reason", "far from every PID threshold"),
+        ],
+    );
+    wait_until(AGENT_DEADLINE, "the PID programs unlinked", || {
+        !linked(&programs)
+    })
+    .unwrap();
+
+    // The hog's 2,600 threads put the node about 480 tasks below the line:
+    // within the zone, where the engine's next read links the programs.
+    node.workload("hog").unwrap().threads(2600).unwrap();
+    agent.log.expect(
+        "PID hooks",
+        &[("state", "attached"), ("reason", "near a PID threshold")],
+    );
+    assert!(linked(&programs));
+    assert!(agent.log.all("eviction decided").is_empty());
+
+    // 600 more, past the line: the kernel's record wakes the decision,
+    // which may kill the hog before it answers.
+    let more = node.workload("hog").unwrap().threads(600);
+    let decided = agent
+        .log
+        .expect("eviction decided", &[("signal", "pid.available")]);
+    assert_eq!(decided["victim"], "default/hog", "{decided}");
+    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    agent.log.expect("pod killed", &[("victim", "default/hog")]);
+    assert!(more.is_err() || !node.alive("hog"), "{more:?}");
+    let (status, _) = agent.stop().unwrap();
+    assert!(status.success());
 }

@@ -130,6 +130,10 @@ pub struct Evaluation {
     /// Where the precise memory hooks and their far trigger belong now;
     /// `None` when they are not managed or the node could not be read.
     pub precise: Option<ZonePlan>,
+    /// Where the PID hooks belong now, by the node's distance to its PID
+    /// lines; `None` when they are not managed by distance or the node
+    /// could not be read.
+    pub pid_hooks: Option<ZonePlan>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +149,9 @@ pub struct EvictorOptions {
     /// Attach the precise memory hooks only near a threshold
     /// (`--precise-hooks zone` with a kernel memory trigger).
     pub zone: Option<ZoneOptions>,
+    /// Attach the PID hooks only near a PID threshold (`--precise-hooks
+    /// zone` with a kernel PID trigger).
+    pub pid_zone: Option<ZoneOptions>,
     /// Evict a pod thrashing at its own memory limit
     /// (`--thrashing-eviction`); it is reported either way, by
     /// `thrashing_limits`.
@@ -177,6 +184,7 @@ pub struct Evictor<I: Io> {
     /// Shared with the evictions under way.
     pre_kill: Option<Rc<PreKillHook>>,
     zone: Option<precise::Zone>,
+    pid_zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
     thrashing: thrashing::ThrashingChecks,
     /// Disk thresholds whose node-level reclaim is under way: each is
@@ -233,6 +241,7 @@ impl<I: Io> Evictor<I> {
             spent_budget: parts.spent_budget,
             pre_kill: parts.pre_kill.map(Rc::new),
             zone: options.zone.map(precise::Zone::new),
+            pid_zone: options.pid_zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
             thrashing: thrashing::ThrashingChecks::default(),
             reclaim_asked: BTreeMap::new(),
@@ -295,6 +304,7 @@ impl<I: Io> Evictor<I> {
                     action: self.soon(),
                     memcg_levels: None,
                     precise: None,
+                    pid_hooks: None,
                 };
             }
         };
@@ -333,7 +343,11 @@ impl<I: Io> Evictor<I> {
         };
         // After the decision: an eviction it started takes the hooks off.
         let precise = self.plan_precise(&wires.scopes);
-        let read_after = precise.as_ref().and_then(|plan| plan.read_after);
+        let pid_hooks = self.plan_pid_hooks(&wires.scopes);
+        let read_after = [&precise, &pid_hooks]
+            .into_iter()
+            .filter_map(|plan| plan.as_ref()?.read_after)
+            .min();
         let next = sooner(
             sooner(sooner(action, reclaiming), read_after),
             pod_limits.look_again,
@@ -360,6 +374,7 @@ impl<I: Io> Evictor<I> {
             action: next,
             memcg_levels: Some(wires.memcg_levels),
             precise,
+            pid_hooks,
         }
     }
 

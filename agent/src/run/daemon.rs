@@ -58,7 +58,7 @@ use crate::{
     scopes::{
         monitor::{KernelCoverage, Monitor, MonitorOptions},
         tripwires::MemcgLevels,
-        zone::{FarTrigger, ZoneOptions},
+        zone::{self, FarTrigger, ZoneOptions, ZonePlan},
     },
     state::StateDir,
 };
@@ -214,6 +214,7 @@ pub async fn run(
     drop(btf);
     triggers::report(&armed, args.mode, &metrics, check_interval);
     let zone = zone_options(&armed, &args, check_interval);
+    let pid_zone = pid_zone_options(&armed, &args, check_interval);
     let precise = zone.map(|_| {
         let clock = Pacer::new();
         if !clock.is_precise() {
@@ -329,6 +330,7 @@ pub async fn run(
             kernel_triggers: kernel.is_some(),
             budget: args.eviction_budget,
             zone,
+            pid_zone,
             thrashing_eviction: args.thrashing_eviction,
             thrashing_limits: args.thrashing_limits(),
         },
@@ -568,6 +570,30 @@ fn zone_options(
     Some(ZoneOptions::new(far, off_while_reclaiming))
 }
 
+/// Whether the PID hooks go on only near a PID threshold: event mode with
+/// the kernel's PID hook, unless `--precise-hooks always`. A `--watch-pids`
+/// scope, whose crossings are reported at any distance, keeps them on
+/// while it is watched ([`PidHooks`]).
+fn pid_zone_options(
+    armed: &triggers::Armed,
+    args: &RunArgs,
+    check_interval: Duration,
+) -> Option<ZoneOptions> {
+    if !matches!(
+        armed.triggers.get(Purpose::Pids).trigger,
+        triggers::Trigger::Kernel(_)
+    ) || args.precise_hooks == PreciseHooksFlag::Always
+    {
+        return None;
+    }
+    info!(
+        zone_min_tasks = zone::PID_ZONE_MIN_TASKS,
+        floor_rate = zone::PID_FLOOR_RATE,
+        "PID hooks attached only near a PID threshold (--precise-hooks zone): farther away the engine reads the node's tasks again before a fork storm could get there"
+    );
+    Some(ZoneOptions::pids(check_interval))
+}
+
 /// What wakes the engine besides a close watch.
 pub struct Sources<'a, K> {
     /// Kernel records (event mode).
@@ -607,6 +633,7 @@ pub async fn serve<I: Io>(
     let (first, mut ended_at_start) = evaluate(evictor, startup);
     let reached = rearm(notifier.as_mut(), first.memcg_levels.as_ref());
     let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &first);
+    let mut pid_plan = first.pid_hooks;
     // Ready (/readyz) once the node has been looked at and, under pressure,
     // relieved: a rolling update moves on only then.
     ready.store(true, Ordering::Release);
@@ -620,7 +647,7 @@ pub async fn serve<I: Io>(
     loop {
         // Here, so that a PID scope the last records installed or removed
         // moves them too.
-        if pid_hooks.place(evictor, kernel.as_deref_mut()) {
+        if pid_hooks.place(evictor, kernel.as_deref_mut(), pid_plan.as_ref()) {
             close_watch = Some(tokio::time::Instant::now());
         }
         let wake = if let Some((id, ended)) = ended_at_start.take() {
@@ -678,6 +705,7 @@ pub async fn serve<I: Io>(
         let reached = rearm(notifier.as_mut(), evaluation.memcg_levels.as_ref());
         let attached = place_hooks(precise.as_mut(), kernel.as_deref_mut(), &evaluation);
         close_watch = deadline(evaluation.action, attached || reached);
+        pid_plan = evaluation.pid_hooks;
         // After the tick's decision, and not while a kill runs: reading
         // every pod's counters takes milliseconds at a few hundred pods.
         if wake.cause == timer_cause && evictor.evictions_running() == 0 {
@@ -836,10 +864,12 @@ fn place_hooks<K: KernelRecords>(
     }
 }
 
-/// Attaches the PID programs while a kernel band watches a PID scope and
-/// detaches them while none does: they run on every fork and exit on the
-/// node (0.8 and 1.0 µs a call here), for nothing without a PID line,
-/// which kubelet's defaults do not set.
+/// Attaches the PID programs while a kernel band watches a PID scope that
+/// needs them and detaches them otherwise: they run on every fork and exit
+/// on the node (0.5 to 1 µs a call here). A `--watch-pids` scope needs them
+/// at any distance; the engine's PID scope needs them within its zone
+/// ([`ZoneOptions::pids`]), or whenever it has a line where the zone is not
+/// managed (`--precise-hooks always`).
 #[derive(Debug, Default)]
 struct PidHooks {
     /// Where they were last put; `None` before the first time.
@@ -850,31 +880,47 @@ struct PidHooks {
 }
 
 impl PidHooks {
-    /// Moves them where the registry's PID scopes want them. True when
-    /// they were just attached: a line crossed before then is seen at the
-    /// next fork or exit, and the engine looks at once in case none comes.
-    fn place<I: Io>(&mut self, evictor: &mut Evictor<I>, kernel: Option<&mut I::Kernel>) -> bool {
+    /// Moves them where the registry's PID scopes and the engine's last
+    /// `plan` want them. True when they were just attached: a line crossed
+    /// before then is seen at the next fork or exit, and the engine looks at
+    /// once in case none comes.
+    fn place<I: Io>(
+        &mut self,
+        evictor: &mut Evictor<I>,
+        kernel: Option<&mut I::Kernel>,
+        plan: Option<&ZonePlan>,
+    ) -> bool {
         let Some(kernel) = kernel else { return false };
-        let watched = evictor.monitor().kernel_watches_a_scope(ScopeKind::Pids);
-        if self.stuck || self.attached == Some(watched) {
+        let monitor = evictor.monitor();
+        let (wanted, reason) = if monitor.kernel_watches_a_flag_scope(ScopeKind::Pids) {
+            (true, "a --watch-pids scope is watched")
+        } else if !monitor.kernel_watches_a_scope(ScopeKind::Pids) {
+            (false, "no PID threshold or watched PID scope")
+        } else {
+            match plan {
+                Some(plan) => (plan.armed, plan.reason.describe(ScopeKind::Pids)),
+                None => (true, "a PID scope is watched"),
+            }
+        };
+        if self.stuck || self.attached == Some(wanted) {
             return false;
         }
-        match kernel.set_hooks(Purpose::Pids, watched) {
+        match kernel.set_hooks(Purpose::Pids, wanted) {
             Ok(moved) => {
-                self.attached = Some(watched);
+                self.attached = Some(wanted);
                 if moved {
-                    let (state, reason) = if watched {
-                        ("attached", "a PID scope is watched")
-                    } else {
-                        ("detached", "no PID threshold or watched PID scope")
-                    };
-                    info!(state, reason, "PID hooks");
+                    let state = if wanted { "attached" } else { "detached" };
+                    match plan {
+                        Some(plan) => info!(state, reason, distance = ?plan.distance,
+                            zone = plan.zone_width, "PID hooks"),
+                        None => info!(state, reason, "PID hooks"),
+                    }
                 }
-                moved && watched
+                moved && wanted
             }
             Err(e) => {
                 self.stuck = true;
-                warn!(error = %e, watched, "cannot move the PID hooks: they stay as they are, and the resync still reads");
+                warn!(error = %e, wanted, "cannot move the PID hooks: they stay as they are, and the resync still reads");
                 false
             }
         }

@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 use crate::{
     act::{io::KernelRecords, timer::Pacer},
     kernel::{
-        bpf::{Purpose, monotonic_now_ns},
+        bpf::{Purpose, ScopeKind, monotonic_now_ns},
         notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
     node::{
@@ -117,7 +117,8 @@ impl PreciseHooks {
         self.approach_rate = plan.approach_rate;
         if !far {
             self.drop_eventfds_not_in(&plan.edges);
-            return self.set(kernel, plan.armed, plan.reason.as_str()) && plan.armed;
+            return self.set(kernel, plan.armed, plan.reason.describe(ScopeKind::Memory))
+                && plan.armed;
         }
         let edges = self.arm_eventfds(&plan.edges);
         if !self.managed {
@@ -126,7 +127,7 @@ impl PreciseHooks {
         match edges {
             Edges::Registering => false,
             Edges::Armed { passed } => {
-                self.set(kernel, plan.armed, plan.reason.as_str());
+                self.set(kernel, plan.armed, plan.reason.describe(ScopeKind::Memory));
                 passed
             }
         }
@@ -462,7 +463,7 @@ mod tests {
         ZonePlan {
             armed: false,
             reason: ArmReason::Far,
-            zone_bytes: 64 * MIB,
+            zone_width: 64 * MIB,
             distance: Some(edge + 64 * MIB - 100 * MIB),
             edges: vec![ZoneEdge {
                 path: "/node".to_owned(),

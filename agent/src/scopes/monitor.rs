@@ -348,6 +348,12 @@ impl<B: BandTable> Monitor<B> {
         self.bands.is_some() && self.registry.kernel_watches_any(kind)
     }
 
+    /// Whether a kernel band watches a `--watch-*` scope of `kind` now,
+    /// which reports its crossings at any distance.
+    pub fn kernel_watches_a_flag_scope(&self, kind: ScopeKind) -> bool {
+        self.bands.is_some() && self.registry.kernel_watches_any_of(kind, Owner::Flag)
+    }
+
     /// The band table, for tests to read what the kernel holds.
     #[cfg(test)]
     pub fn bands(&self) -> Option<&B> {

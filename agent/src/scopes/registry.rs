@@ -186,6 +186,13 @@ impl Registry {
             .any(|(key, scope)| key.kind == kind && scope.kernel)
     }
 
+    /// Whether the kernel watches any scope of `kind` that `owner` installed.
+    pub fn kernel_watches_any_of(&self, kind: ScopeKind, owner: Owner) -> bool {
+        self.scopes
+            .iter()
+            .any(|(key, scope)| key.kind == kind && scope.kernel && scope.owner == owner)
+    }
+
     /// Keys of the scopes `owner` installed.
     pub fn keys_of(&self, owner: Owner) -> Vec<ScopeKey> {
         self.scopes

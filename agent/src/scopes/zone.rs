@@ -1,6 +1,8 @@
 //! When the precise memory hooks should run ("the zone"): a pure function
 //! of the engine's memory tripwires, the fastest allocation rate the node
-//! has shown, and whether a victim's memory is being returned.
+//! has shown, and whether a victim's memory is being returned. The PID
+//! hooks (`task_fork`, `task_free`: every fork and exit on the node, 0.5 to
+//! 1 µs a call) have a zone of their own, in tasks: [`ZoneOptions::pids`].
 //!
 //! The memory hooks fire on every charge on the node (`lru-insertion`,
 //! once per folio), or several times per page on every charge and uncharge
@@ -50,6 +52,17 @@ pub const MAX_EDGE_CHECK: Duration = Duration::from_secs(1);
 /// would read as tens of GiB/s.
 pub const RATE_WINDOW: Duration = Duration::from_millis(100);
 
+/// The PID zone is never narrower than this many tasks: what a fork storm
+/// at [`PID_FLOOR_RATE`] makes in [`ARM_LEAD`], so that the PID hooks are
+/// on before a storm that started from idle, with no rate shown yet, can
+/// reach a line.
+pub const PID_ZONE_MIN_TASKS: u64 = 1024;
+
+/// The fork rate the PID zone's read assumes until the node has shown a
+/// faster one: about five times the fastest this machine's two cores fork
+/// and reap (a C loop: 4,000 a second on one).
+pub const PID_FLOOR_RATE: u64 = 20_000;
+
 /// What stands in for the precise hooks far from every threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FarTrigger {
@@ -62,8 +75,12 @@ pub enum FarTrigger {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZoneOptions {
+    /// The scopes whose lines the zone is measured from: bytes for memory,
+    /// tasks for PIDs.
+    pub kind: ScopeKind,
     pub far: FarTrigger,
-    pub min_bytes: u64,
+    /// The narrowest zone, in the kind's unit.
+    pub min_width: u64,
     pub lead: Duration,
     pub floor_rate: u64,
     /// Whether the hooks go while a victim's memory comes back: a hook
@@ -76,13 +93,32 @@ pub struct ZoneOptions {
 }
 
 impl ZoneOptions {
+    /// The precise memory hooks' zone.
     pub fn new(far: FarTrigger, off_while_reclaiming: bool) -> Self {
         Self {
+            kind: ScopeKind::Memory,
             far,
-            min_bytes: ZONE_MIN_BYTES,
+            min_width: ZONE_MIN_BYTES,
             lead: ARM_LEAD,
             floor_rate: FLOOR_RATE_BYTES_PER_SEC,
             off_while_reclaiming,
+        }
+    }
+
+    /// The PID hooks' zone, in tasks. No kernel notifies a task count
+    /// nearing a level (`pids.events` counts only forks refused at
+    /// `pids.max`), so far away the engine reads the count again after
+    /// distance ÷ rate, at most every `max_period`, on either cgroup
+    /// version; the hooks stay where they are while a PID victim is being
+    /// killed (the exits it makes are what the engine waits for).
+    pub fn pids(max_period: Duration) -> Self {
+        Self {
+            kind: ScopeKind::Pids,
+            far: FarTrigger::AdaptiveRead { max_period },
+            min_width: PID_ZONE_MIN_TASKS,
+            lead: ARM_LEAD,
+            floor_rate: PID_FLOOR_RATE,
+            off_while_reclaiming: false,
         }
     }
 }
@@ -102,12 +138,17 @@ pub enum ArmReason {
 }
 
 impl ArmReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Near => "near a memory threshold",
-            Self::Far => "far from every memory threshold",
-            Self::Reclaim => "a victim's memory is being returned",
-            Self::NoThreshold => "no memory threshold",
+    /// The reason, for the hooks of `kind`'s zone.
+    pub fn describe(self, kind: ScopeKind) -> &'static str {
+        match (kind, self) {
+            (ScopeKind::Memory, Self::Near) => "near a memory threshold",
+            (ScopeKind::Memory, Self::Far) => "far from every memory threshold",
+            (ScopeKind::Memory, Self::Reclaim) => "a victim's memory is being returned",
+            (ScopeKind::Memory, Self::NoThreshold) => "no memory threshold",
+            (ScopeKind::Pids, Self::Near) => "near a PID threshold",
+            (ScopeKind::Pids, Self::Far) => "far from every PID threshold",
+            (ScopeKind::Pids, Self::Reclaim) => "a PID victim is being killed",
+            (ScopeKind::Pids, Self::NoThreshold) => "no PID threshold",
         }
     }
 }
@@ -117,7 +158,8 @@ impl ArmReason {
 pub struct ZonePlan {
     pub armed: bool,
     pub reason: ArmReason,
-    pub zone_bytes: u64,
+    /// Bytes, or tasks.
+    pub zone_width: u64,
     /// The smallest distance of an engine memory scope to its lowest line
     /// (0 past one); `None` when no scope has a line.
     pub distance: Option<u64>,
@@ -147,20 +189,22 @@ pub struct ZoneEdge {
     pub band_level: u64,
 }
 
-/// The fastest the node's engine memory scopes have grown between two
-/// engine runs, per second. Only ever grows: a node that once allocated
-/// that fast can again, and a wider zone only costs hooks attached sooner.
+/// The fastest the node's engine scopes of one kind have grown between
+/// two engine runs, per second (bytes, or tasks). Only ever grows: a node
+/// that once allocated (or forked) that fast can again, and a wider zone
+/// only costs hooks attached sooner.
 #[derive(Debug, Clone, Default)]
-pub struct AllocationRate {
+pub struct GrowthRate {
+    /// By scope path; the node's tasks, which have none, under "".
     last: BTreeMap<String, (u64, u64)>,
     fastest: u64,
 }
 
-impl AllocationRate {
-    /// Takes the readings of one engine run at `now_ns`.
-    pub fn observe(&mut self, now_ns: u64, scopes: &[EngineScope]) {
-        for scope in memory_scopes(scopes) {
-            let Some(path) = &scope.path else { continue };
+impl GrowthRate {
+    /// Takes the readings of `kind` of one engine run at `now_ns`.
+    pub fn observe(&mut self, now_ns: u64, kind: ScopeKind, scopes: &[EngineScope]) {
+        for scope in zone_scopes(kind, scopes) {
+            let path = scope.path.as_deref().unwrap_or_default();
             let value = scope.reading.value;
             if let Some(&(at_ns, before)) = self.last.get(path) {
                 let elapsed = now_ns.saturating_sub(at_ns);
@@ -172,27 +216,28 @@ impl AllocationRate {
                     self.fastest = self.fastest.max(u64::try_from(rate).unwrap_or(u64::MAX));
                 }
             }
-            self.last.insert(path.clone(), (now_ns, value));
+            self.last.insert(path.to_owned(), (now_ns, value));
         }
     }
 
-    /// Bytes per second.
+    /// Bytes (or tasks) per second.
     pub fn fastest(&self) -> u64 {
         self.fastest
     }
 }
 
-fn memory_scopes(scopes: &[EngineScope]) -> impl Iterator<Item = &EngineScope> {
+fn zone_scopes(kind: ScopeKind, scopes: &[EngineScope]) -> impl Iterator<Item = &EngineScope> {
     scopes
         .iter()
-        .filter(|scope| scope.kind == ScopeKind::Memory && !scope.thresholds.is_empty())
+        .filter(move |scope| scope.kind == kind && !scope.thresholds.is_empty())
 }
 
-/// The zone's width for a node that has allocated `fastest` bytes/s.
-pub fn zone_bytes(options: &ZoneOptions, fastest: u64) -> u64 {
+/// The zone's width for a node that has grown `fastest` bytes (or tasks)
+/// a second.
+pub fn zone_width(options: &ZoneOptions, fastest: u64) -> u64 {
     let lead = u128::from(fastest) * options.lead.as_nanos() / 1_000_000_000;
     options
-        .min_bytes
+        .min_width
         .max(u64::try_from(lead).unwrap_or(u64::MAX))
 }
 
@@ -206,13 +251,13 @@ pub fn plan(
     fastest: u64,
     reclaiming: bool,
 ) -> ZonePlan {
-    let zone = zone_bytes(options, fastest);
+    let zone = zone_width(options, fastest);
     let lowest_line = |scope: &EngineScope| scope.thresholds.iter().copied().min();
-    let distance = memory_scopes(scopes)
+    let distance = zone_scopes(options.kind, scopes)
         .filter_map(|scope| Some(lowest_line(scope)?.saturating_sub(scope.reading.value)))
         .min();
     let edges = match options.far {
-        FarTrigger::MemcgEventfd => memory_scopes(scopes)
+        FarTrigger::MemcgEventfd => zone_scopes(options.kind, scopes)
             .filter_map(|scope| {
                 let band_level = lowest_line(scope)?.saturating_sub(zone);
                 Some(ZoneEdge {
@@ -245,7 +290,7 @@ pub fn plan(
     ZonePlan {
         armed,
         reason,
-        zone_bytes: zone,
+        zone_width: zone,
         distance,
         edges,
         read_after,
@@ -313,7 +358,7 @@ mod tests {
         let plan = plan(&v1(), true, &scopes, 0, false);
         assert!(!plan.armed);
         assert_eq!(plan.reason, ArmReason::Far);
-        assert_eq!(plan.zone_bytes, ZONE_MIN_BYTES);
+        assert_eq!(plan.zone_width, ZONE_MIN_BYTES);
         assert_eq!(plan.distance, Some(720 * MIB));
         let edge = |path: &str, level| ZoneEdge {
             path: path.to_owned(),
@@ -398,23 +443,47 @@ mod tests {
 
     #[test]
     fn the_zone_widens_with_the_fastest_rate_the_node_has_shown() {
-        assert_eq!(zone_bytes(&v1(), 512 * MIB), ZONE_MIN_BYTES);
+        assert_eq!(zone_width(&v1(), 512 * MIB), ZONE_MIN_BYTES);
         // 4 GiB/s × 50 ms.
-        assert_eq!(zone_bytes(&v1(), 4096 * MIB), 4096 * MIB / 20);
-        let mut rate = AllocationRate::default();
-        rate.observe(0, &[scope("/node", 100 * MIB, &[900 * MIB])]);
-        rate.observe(100_000_000, &[scope("/node", 300 * MIB, &[900 * MIB])]);
+        assert_eq!(zone_width(&v1(), 4096 * MIB), 4096 * MIB / 20);
+        let mut rate = GrowthRate::default();
+        rate.observe(
+            0,
+            ScopeKind::Memory,
+            &[scope("/node", 100 * MIB, &[900 * MIB])],
+        );
+        rate.observe(
+            100_000_000,
+            ScopeKind::Memory,
+            &[scope("/node", 300 * MIB, &[900 * MIB])],
+        );
         // A fall says nothing about how fast it can grow.
-        rate.observe(200_000_000, &[scope("/node", 100 * MIB, &[900 * MIB])]);
+        rate.observe(
+            200_000_000,
+            ScopeKind::Memory,
+            &[scope("/node", 100 * MIB, &[900 * MIB])],
+        );
         assert_eq!(rate.fastest(), 2000 * MIB);
         // Nor does a step within the window (batching, a huge page): it
         // counts over the window from the last anchor.
-        rate.observe(210_000_000, &[scope("/node", 150 * MIB, &[900 * MIB])]);
+        rate.observe(
+            210_000_000,
+            ScopeKind::Memory,
+            &[scope("/node", 150 * MIB, &[900 * MIB])],
+        );
         assert_eq!(rate.fastest(), 2000 * MIB);
         // 300 MiB in the 200 ms since the anchor: slower than seen before.
-        rate.observe(400_000_000, &[scope("/node", 400 * MIB, &[900 * MIB])]);
+        rate.observe(
+            400_000_000,
+            ScopeKind::Memory,
+            &[scope("/node", 400 * MIB, &[900 * MIB])],
+        );
         assert_eq!(rate.fastest(), 2000 * MIB);
-        rate.observe(500_000_000, &[scope("/node", 700 * MIB, &[900 * MIB])]);
+        rate.observe(
+            500_000_000,
+            ScopeKind::Memory,
+            &[scope("/node", 700 * MIB, &[900 * MIB])],
+        );
         assert_eq!(rate.fastest(), 3000 * MIB);
         let plan = plan(
             &v1(),
@@ -423,7 +492,7 @@ mod tests {
             rate.fastest(),
             false,
         );
-        assert_eq!(plan.zone_bytes, 150 * MIB);
+        assert_eq!(plan.zone_width, 150 * MIB);
         assert!(!plan.armed);
     }
 
@@ -478,6 +547,55 @@ mod tests {
         );
     }
 
+    fn node_tasks(tasks: u64, line: u64) -> EngineScope {
+        EngineScope {
+            kind: ScopeKind::Pids,
+            path: None,
+            thresholds: vec![line],
+            reading: Reading {
+                value: tasks,
+                working_set: None,
+            },
+            file_value: tasks,
+        }
+    }
+
+    #[test]
+    fn the_pid_zone_is_counted_in_tasks_and_read_again_at_the_fastest_fork_rate() {
+        let options = ZoneOptions::pids(Duration::from_secs(1));
+        let line = 22_024;
+        // 21,024 tasks from the line: far, and read again after the
+        // (21,024 − 1,024) tasks a storm at 20,000 forks/s makes in 1 s.
+        let far = plan(&options, true, &[node_tasks(1000, line)], 0, false);
+        assert_eq!((far.armed, far.reason), (false, ArmReason::Far));
+        assert_eq!(far.zone_width, PID_ZONE_MIN_TASKS);
+        assert_eq!(far.read_after, Some(Duration::from_secs(1)));
+        let halfway = plan(&options, false, &[node_tasks(11_000, line)], 0, false);
+        assert_eq!(halfway.read_after, Some(Duration::from_millis(500)));
+        let near = plan(&options, false, &[node_tasks(21_001, line)], 0, false);
+        assert_eq!((near.armed, near.read_after), (true, None));
+        // The memory scopes' lines are not the PID zone's.
+        let memory = plan(&options, true, &[scope("/node", 0, &[MIB])], 0, false);
+        assert_eq!(memory.reason, ArmReason::NoThreshold);
+        // A storm shown at 100,000 forks/s widens it to what it makes in
+        // the lead.
+        let mut rate = GrowthRate::default();
+        rate.observe(0, ScopeKind::Pids, &[node_tasks(1000, line)]);
+        rate.observe(100_000_000, ScopeKind::Pids, &[node_tasks(11_000, line)]);
+        assert_eq!(rate.fastest(), 100_000);
+        let storm = plan(
+            &options,
+            false,
+            &[node_tasks(11_000, line)],
+            rate.fastest(),
+            false,
+        );
+        assert_eq!(storm.zone_width, 5_000);
+        // While a PID victim is killed they stay where they are.
+        let killing = plan(&options, true, &[node_tasks(1000, line)], 0, true);
+        assert_eq!((killing.armed, killing.reason), (true, ArmReason::Reclaim));
+    }
+
     #[test]
     fn without_a_memory_line_nothing_needs_the_hooks() {
         let scopes = [scope("/node", 100 * MIB, &[])];
@@ -507,7 +625,7 @@ mod tests {
                 let rate = fastest.max(options.floor_rate);
                 let period = plan.read_after.unwrap();
                 let covered = u128::from(rate) * period.as_nanos() / 1_000_000_000;
-                let to_edge = u128::from((line - value).saturating_sub(plan.zone_bytes));
+                let to_edge = u128::from((line - value).saturating_sub(plan.zone_width));
                 prop_assert!(covered <= to_edge.max(u128::from(rate) * MIN_READ_PERIOD.as_nanos() / 1_000_000_000));
             }
         }

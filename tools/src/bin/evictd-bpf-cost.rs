@@ -83,8 +83,17 @@ fn run(
         .args(["--health-address", "127.0.0.1:0"])
         .args(["--watch-memory", &format!("{scope}=192Mi")])
         .args(match pids {
-            PidsWatched::Cgroup => ["--watch-pids".to_owned(), format!("{scope}=40")],
-            PidsWatched::Node => ["--eviction-hard".to_owned(), "pid.available<100".to_owned()],
+            PidsWatched::Cgroup => vec!["--watch-pids".to_owned(), format!("{scope}=40")],
+            // Far from the line the PID zone would unlink the programs this
+            // measures.
+            PidsWatched::Node => [
+                "--eviction-hard",
+                "pid.available<100",
+                "--precise-hooks",
+                "always",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         })
         .args(agent_args)
         .stdout(Stdio::piped())
@@ -112,7 +121,9 @@ fn run(
     let mut workload = Workload::spawn_in(&tree, "churn", workload_path)?;
     let watched = match pids {
         PidsWatched::Cgroup => "tasks watched in the cgroup, a 40-task line crossed each round",
-        PidsWatched::Node => "tasks watched node-wide only, far from pid.available<100",
+        PidsWatched::Node => {
+            "tasks watched node-wide only, far from pid.available<100 (the PID hooks kept on)"
+        }
     };
     println!(
         "bpf-cost: {rounds} rounds of freeing and re-touching 128 MiB across a 192 Mi threshold, 50 forks each; {watched}"

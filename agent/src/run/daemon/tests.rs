@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 use super::*;
 use crate::{
     act::{evictor::CLOSE_WATCH_INTERVAL, wake::WakeCause},
+    config::EvictionArgs,
     kernel::bpf::{Crossing, KernelEvent, Received, ScopeKind},
     node::cgroupfs::CgroupFs,
     testing::{
@@ -182,6 +183,50 @@ async fn pid_hooks_the_kernel_will_not_move_are_tried_and_warned_about_once() {
         .filter(|line| line.contains("PID hooks"))
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn far_from_a_pid_line_the_pid_hooks_go_and_come_back_when_the_tasks_climb_into_its_zone() {
+    let mut harness = Harness::new(HarnessOptions {
+        eviction: EvictionArgs {
+            eviction_hard: vec!["memory.available<100Mi".into(), "pid.available<1000".into()],
+            ..EvictionArgs::default()
+        },
+        pods: vec![pod("forker", 10)],
+        pid_zone: Some(ZoneOptions::pids(Duration::from_secs(1))),
+        ..HarnessOptions::default()
+    });
+    // The line at 9,001 tasks, the node at 11: far.
+    harness.node.0.borrow_mut().pid_max = 10_000;
+    let (_records, receiver) = mpsc::unbounded_channel();
+    let mut kernel = FakeKernel::new(receiver);
+    let (log, _guard) = LogCapture::start();
+    serve_for(&mut harness, &mut kernel, Duration::from_secs(2)).await;
+    assert!(!*kernel.pid_hooks.borrow(), "far, and still attached");
+    // (8,990 − 1,024) tasks at 20,000 forks/s: read again every 398 ms.
+    let reads = harness.engine_runs("close-watch");
+    assert!((4..=6).contains(&reads), "{reads} reads in 2 s");
+
+    // The pod forks to 491 tasks below the line, within the zone: the next
+    // read attaches them, and the engine looks again at once.
+    harness.node.0.borrow_mut().pods[0].usage.pids = 8500;
+    serve_for(&mut harness, &mut kernel, Duration::from_millis(500)).await;
+    assert!(*kernel.pid_hooks.borrow(), "near, and still detached");
+    let moves: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("PID hooks"))
+        .collect();
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    assert!(
+        moves[0].contains("state=\"detached\"")
+            && moves[0].contains("far from every PID threshold"),
+        "{moves:?}"
+    );
+    assert!(
+        moves[1].contains("state=\"attached\"") && moves[1].contains("near a PID threshold"),
+        "{moves:?}"
+    );
 }
 
 /// Serves with the precise memory hooks managed (cgroup v2's adaptive
