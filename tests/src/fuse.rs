@@ -17,14 +17,21 @@
 //! killable) for the write to end, called under `mmap_write_lock` of the
 //! mapping process. SIGKILL cannot end that wait; answering the write can.
 //!
+//! The held write is a child process's (`dd`), not a thread's: a file of
+//! the mount open in the test process would be closed in every child it
+//! starts, at its exec, and on 6.12 that close's flush waits for the held
+//! write (`fuse_flush`), so the child never ran and the test hung in its
+//! `vfork`.
+//!
 //! Dropping it answers every write, detaches the mount and removes its
 //! directory; the serving thread ends once the kernel closes the
 //! connection (when the last file of the mount is closed).
 use std::{
     fs::{self, File, OpenOptions},
     io::{self, Read as _, Write as _},
-    os::{fd::AsRawFd as _, unix::fs::FileExt as _},
+    os::fd::AsRawFd as _,
     path::PathBuf,
+    process::{Child, Command, Stdio},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     thread::JoinHandle,
     time::Duration,
@@ -89,8 +96,8 @@ pub struct StuckFile {
     device: Arc<File>,
     held: Arc<Mutex<Held>>,
     server: Option<JoinHandle<()>>,
-    /// The write the test itself started, and its file.
-    writer: Option<JoinHandle<io::Result<usize>>>,
+    /// The process whose write the server holds.
+    writer: Option<Child>,
 }
 
 fn lock(held: &Mutex<Held>) -> MutexGuard<'_, Held> {
@@ -135,11 +142,16 @@ impl StuckFile {
             server: Some(server),
             writer: None,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(stuck.path())?;
-        stuck.writer = Some(std::thread::spawn(move || file.write_at(b"x", 0)));
+        // One byte at offset 0, within the file: the parallel path.
+        stuck.writer = Some(
+            Command::new("dd")
+                .arg("if=/dev/zero")
+                .arg(format!("of={}", stuck.path().display()))
+                .args(["bs=1", "count=1", "conv=notrunc"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?,
+        );
         wait_until(WRITE_DEADLINE, "the write held by the server", || {
             !lock(&stuck.held).writes.is_empty()
         })?;
@@ -176,10 +188,11 @@ impl StuckFile {
         for (unique, size) in writes {
             reply(&self.device, unique, 0, &write_out(size))?;
         }
-        if let Some(writer) = self.writer.take() {
-            writer
-                .join()
-                .map_err(|_| io::Error::other("the held write's thread panicked"))??;
+        if let Some(mut writer) = self.writer.take() {
+            let status = writer.wait()?;
+            if !status.success() {
+                return Err(io::Error::other(format!("the held write's dd: {status}")));
+            }
         }
         Ok(())
     }
