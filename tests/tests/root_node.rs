@@ -18,11 +18,14 @@ use evictd::node::{
     cgroupfs::{CgroupFs, CgroupVersion, KeptOpen},
     stats::NodeSignals,
 };
-use evictd_integration::{Agent, PrivateCgroupTree, Workload, run_evictd, wait_until};
+use evictd_integration::{Agent, PrivateCgroupTree, Workload, make_room, run_evictd, wait_until};
 use serde_json::Value;
 
 const WORKLOAD: &str = env!("CARGO_BIN_EXE_evictd-workload");
 const MIB: u64 = 1 << 20;
+/// What the system daemon of the root test takes, past the line 256 MiB
+/// above the machine's working set.
+const DAEMON_MEMORY: u64 = 768 * MIB;
 
 /// `key`'s number in a `key value` (memory.stat) or `Key: value kB`
 /// (/proc/meminfo) file.
@@ -153,6 +156,12 @@ fn the_roots_memory_is_kubelets_formula_with_slab_and_anonymous_memory_on_the_no
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_root() {
+    // The daemon's 768 MiB from free memory: where the machine must
+    // reclaim for them, the page cache it takes back can come out of the
+    // working set too and keep the climb below the line, with no crossing
+    // to report. Once in CI (7.2, a 1.5 GiB guest) no crossing came; the
+    // premise check below now says whether that was why.
+    make_room(DAEMON_MEMORY + 64 * MIB).unwrap();
     let cgroupfs = CgroupFs::discover().unwrap();
     let tree = PrivateCgroupTree::new().unwrap();
     // A system daemon's cgroup: outside any pods' cgroup.
@@ -186,7 +195,22 @@ fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_
         .log
         .expect("watching scope", &[("scope", "/"), ("resource", "memory")]);
     agent.log.expect("eBPF programs attached", &[]);
-    daemon.touch(768 * MIB).unwrap();
+    daemon.touch(DAEMON_MEMORY).unwrap();
+    // The scenario's premise, apart from what the agent says: the working
+    // set did pass the line (memory.stat's counters are flushed within 2 s).
+    let line = capacity - threshold;
+    wait_until(
+        Duration::from_secs(10),
+        "the working set past the line",
+        || kubelet_working_set(&cgroupfs) > line,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: the machine's working set is {} B, the line {line} B: it reclaimed page \
+             cache counted in it",
+            kubelet_working_set(&cgroupfs)
+        )
+    });
     let crossed = agent.log.expect(
         "threshold crossed",
         &[
@@ -200,7 +224,6 @@ fn memory_outside_the_pods_past_the_nodes_line_is_reported_by_the_kernel_on_the_
     // holding its page cache and kernel memory: what it reported is what
     // the daemon brought the working set to, give or take what the rest
     // of the machine did meanwhile.
-    let line = capacity - threshold;
     let kernel_value = crossed["kernel_value"].as_u64().unwrap();
     assert!(
         (line - 16 * MIB..line + 64 * MIB).contains(&kernel_value),
