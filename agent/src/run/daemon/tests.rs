@@ -142,6 +142,14 @@ async fn a_failed_kill_does_not_wedge_the_loop() {
     assert!(harness.node.0.borrow().pods.is_empty());
 }
 
+/// The `PID hooks` lines logged: one per move.
+fn pid_hook_moves(log: &LogCapture) -> Vec<String> {
+    log.lines()
+        .into_iter()
+        .filter(|line| line.contains("PID hooks"))
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_a_pid_line_the_pid_hooks_go_at_once_and_stay_gone() {
     // A memory line alone, kubelet's default.
@@ -152,11 +160,7 @@ async fn without_a_pid_line_the_pid_hooks_go_at_once_and_stay_gone() {
     serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
     assert!(!*kernel.pid_hooks.borrow(), "still attached");
     serve_for(&mut harness, &mut kernel, Duration::from_secs(1)).await;
-    let moves: Vec<String> = log
-        .lines()
-        .into_iter()
-        .filter(|line| line.contains("PID hooks"))
-        .collect();
+    let moves = pid_hook_moves(&log);
     assert_eq!(moves.len(), 1, "{moves:?}");
     assert!(moves[0].contains("state=\"detached\""), "{moves:?}");
 }
@@ -212,11 +216,7 @@ async fn far_from_a_pid_line_the_pid_hooks_go_and_come_back_when_the_tasks_climb
     harness.node.0.borrow_mut().pods[0].usage.pids = 8500;
     serve_for(&mut harness, &mut kernel, Duration::from_millis(500)).await;
     assert!(*kernel.pid_hooks.borrow(), "near, and still detached");
-    let moves: Vec<String> = log
-        .lines()
-        .into_iter()
-        .filter(|line| line.contains("PID hooks"))
-        .collect();
+    let moves = pid_hook_moves(&log);
     assert_eq!(moves.len(), 2, "{moves:?}");
     assert!(
         moves[0].contains("state=\"detached\"")
