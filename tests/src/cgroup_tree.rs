@@ -442,10 +442,7 @@ fn kill_frozen(dir: &Path) -> io::Result<()> {
 
 fn kill_subtree_once(dir: &Path) -> io::Result<()> {
     for pid in read_procs(dir)? {
-        if let Ok(raw) = i32::try_from(pid) {
-            // ESRCH: it exited meanwhile.
-            let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
-        }
+        signal_listed(pid);
     }
     for child in child_dirs(dir)? {
         kill_subtree_once(&child)?;
@@ -482,16 +479,14 @@ fn child_dirs(dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// it waits as a zombie for its parent.
 fn kill_all(dir: &Path) -> io::Result<()> {
     let mut last_error = None;
-    let emptied = wait_until(CLEANUP_DEADLINE, "killed processes to leave", || {
-        match read_procs(dir) {
+    let emptied = wait_until(
+        CLEANUP_DEADLINE,
+        "killed processes to leave",
+        || match read_procs(dir) {
             Ok(pids) if pids.is_empty() => true,
             Ok(pids) => {
                 for pid in pids {
-                    let Ok(raw) = i32::try_from(pid) else {
-                        continue;
-                    };
-                    // ESRCH: it exited between the read and the kill.
-                    let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
+                    signal_listed(pid);
                 }
                 false
             }
@@ -500,8 +495,8 @@ fn kill_all(dir: &Path) -> io::Result<()> {
                 last_error = Some(e);
                 false
             }
-        }
-    });
+        },
+    );
     match (emptied, last_error) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(e)) => Err(e),
@@ -509,6 +504,21 @@ fn kill_all(dir: &Path) -> io::Result<()> {
             io::ErrorKind::TimedOut,
             format!("{}: {timeout}", dir.display()),
         )),
+    }
+}
+
+/// SIGKILLs process `pid` as a `cgroup.procs` lists it. A 0 there is a
+/// process this pid namespace cannot name (one exiting, past the release of
+/// its pid): kill(0) would take this test's own process group instead, as
+/// it once did in a guest (the test and its `timeout` SIGKILLed by the
+/// test's thread).
+fn signal_listed(pid: u32) {
+    let Ok(raw) = i32::try_from(pid) else {
+        return;
+    };
+    if raw > 0 {
+        // ESRCH: it exited between the read and the kill.
+        let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
     }
 }
 
@@ -582,5 +592,15 @@ mod tests {
         assert_eq!(keyed_value(v2, "oom_kill"), Some(2));
         assert_eq!(keyed_value(v2, "oom"), Some(2));
         assert_eq!(keyed_value("under_oom 0\n", "oom_kill"), None);
+    }
+
+    /// Were the 0 signalled, kill(0) would SIGKILL this test's own process
+    /// group, and the run would end here.
+    #[test]
+    fn a_pid_listed_as_0_is_not_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("cgroup.procs"), "0\n").unwrap();
+        kill_subtree_once(dir.path()).unwrap();
+        assert_eq!(read_procs(dir.path()).unwrap(), [0]);
     }
 }
