@@ -162,11 +162,25 @@ impl Drop for Agent {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+        if std::thread::panicking() {
+            // The failed test's report then ends with what its agent said,
+            // where an assertion's message leaves it out: in a guest in CI
+            // it is the only trace.
+            self.log.drain();
+            let shown = self.log.seen.len().saturating_sub(LOG_LINES_ON_FAILURE);
+            eprintln!("the agent's log (from line {shown}):");
+            for line in &self.log.seen[shown..] {
+                eprintln!("{line}");
+            }
+        }
         if let Some(dir) = &self.state_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
+
+/// The most of an agent's log a failed test prints.
+const LOG_LINES_ON_FAILURE: usize = 400;
 
 /// A state directory for one agent, not made yet (the agent makes it when
 /// it first writes).
