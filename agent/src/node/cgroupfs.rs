@@ -134,11 +134,23 @@ impl OpenMemory {
         let stat =
             read_whole_at_zero(&self.stat).map_err(|e| CgroupError::io(&self.stat_path, e))?;
         let path = self.stat_path.with_file_name(PRESSURE);
-        // A kernel booted with psi=0 has no such file: no stall counters.
-        let file = self
-            .pressure
-            .as_ref()
-            .and_then(|pressure| pressure.get_or_init(|| fs::File::open(&path).ok()).as_ref());
+        let file = match &self.pressure {
+            None => None,
+            Some(kept) => match kept.get() {
+                Some(file) => file.as_ref(),
+                None => match fs::File::open(&path) {
+                    Ok(file) => kept.get_or_init(|| Some(file)).as_ref(),
+                    // A kernel booted with psi=0 has no such file: no
+                    // stall counters, for good.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                        kept.get_or_init(|| None).as_ref()
+                    }
+                    // Anything else is this reading's failure, tried again
+                    // at the next, not a pod without PSI from now on.
+                    Err(e) => return Err(CgroupError::io(&path, e)),
+                },
+            },
+        };
         let pressure = match file {
             Some(file) => Some(read_bounded_at_zero(file).map_err(|e| CgroupError::io(&path, e))?),
             None => None,
