@@ -942,6 +942,45 @@ mod tests {
     }
 
     #[test]
+    fn a_pressure_file_that_fails_to_open_is_tried_again_and_a_missing_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = CgroupFs {
+            version: CgroupVersion::V2,
+            memory_root: dir.path().to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        };
+        let pressure_text = "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n\
+                             full avg10=0.00 avg60=0.00 avg300=0.00 total=3\n";
+        for pod in ["failing", "without-psi"] {
+            let pod = dir.path().join(pod);
+            fs::create_dir(&pod).unwrap();
+            fs::write(pod.join("memory.current"), "4096\n").unwrap();
+            fs::write(pod.join("memory.stat"), "anon 4096\n").unwrap();
+        }
+        // A link to itself: ELOOP, an error other than the file missing.
+        let failing = dir.path().join("failing/memory.pressure");
+        std::os::unix::fs::symlink(&failing, &failing).unwrap();
+        let open = fs.open_memory("/failing").unwrap().unwrap();
+        assert!(open.stall_texts().is_err());
+        fs::remove_file(&failing).unwrap();
+        fs::write(&failing, pressure_text).unwrap();
+        assert_eq!(
+            open.stall_texts().unwrap().pressure.as_deref(),
+            Some(pressure_text)
+        );
+        // psi=0: no file, and none looked for again.
+        let without_psi = fs.open_memory("/without-psi").unwrap().unwrap();
+        assert_eq!(without_psi.stall_texts().unwrap().pressure, None);
+        fs::write(
+            dir.path().join("without-psi/memory.pressure"),
+            pressure_text,
+        )
+        .unwrap();
+        assert_eq!(without_psi.stall_texts().unwrap().pressure, None);
+    }
+
+    #[test]
     fn reads_this_machine() {
         let fs = CgroupFs::discover().unwrap();
         let root = fs.read_memory("/").unwrap();
