@@ -256,6 +256,12 @@ fn the_pid_programs_run_only_near_a_pid_line() {
     assert_eq!(log.all("PID hooks"), Vec::<Value>::new());
 }
 
+/// The engine runs the close watch woke, by the agent's count.
+fn close_watch_runs(address: &str) -> f64 {
+    let page = http_get(address, "/metrics").unwrap_or_default();
+    metric(&page, "evictd_engine_runs_total{trigger=\"close-watch\"}").unwrap_or(0.0)
+}
+
 /// A node with room for the PID zone (1,024 tasks, left only past twice
 /// that): its line 3,096 tasks above none, about 3,090 above idle. The
 /// private tree's own ceiling is raised to let it have them.
@@ -286,6 +292,8 @@ fn far_from_the_pid_line_the_pid_programs_are_unlinked_and_a_climb_into_its_zone
     })
     .unwrap();
 
+    let address = agent.log.metrics_address();
+    let runs_before = close_watch_runs(&address);
     // The hog's 2,600 threads put the node about 480 tasks below the line:
     // within the zone, where the engine's next read links the programs.
     node.workload("hog").unwrap().threads(2600).unwrap();
@@ -295,6 +303,16 @@ fn far_from_the_pid_line_the_pid_programs_are_unlinked_and_a_climb_into_its_zone
     );
     assert!(linked(&programs));
     assert!(agent.log.all("eviction decided").is_empty());
+    // Linking them, the engine looks at the node once more (the forks
+    // between its read and the link went unseen by the programs); the
+    // next climb waits for that look, so that the crossing is the
+    // kernel's to see. In a 6.12 guest a look slowed by the link once read
+    // the next climb already past the line and decided before the
+    // kernel's record.
+    wait_until(AGENT_DEADLINE, "the engine's look after the link", || {
+        close_watch_runs(&address) > runs_before
+    })
+    .unwrap();
 
     // 600 more, past the line: the kernel's record wakes the decision,
     // which may kill the hog before it answers.
