@@ -290,6 +290,7 @@ fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
 #[test]
 #[ignore = "needs root, cgroups and a BPF-capable kernel: run with cargo xtask test"]
 fn a_leak_outside_the_pods_costs_at_most_the_budget_and_evictd_says_why_it_stopped() {
+    const STEP: u64 = 8 * MIB;
     let mut node = SandboxNode::new(memory_pods(), NODE_MEMORY, WORKLOAD).unwrap();
     node.alloc(&MEMORY_PODS_HELD).unwrap();
     // A host daemon beside kubepods, not a pod.
@@ -309,11 +310,30 @@ fn a_leak_outside_the_pods_costs_at_most_the_budget_and_evictd_says_why_it_stopp
     );
     // The leak grows until something stops it: evictd must not be it, and
     // must not drain the pods trying; the kernel OOM killer ends it at the
-    // node's limit.
+    // node's limit. Each step waits for the agent to read it (or to free
+    // memory meanwhile): unpaced, a leak in an emulated 6.1 guest once
+    // reached the limit during the agent's second eviction, before it had
+    // a third decision to hold.
+    let address = agent.log.metrics_address();
+    let read = format!(
+        "evictd_scope_value{{resource=\"memory\",scope=\"{}\"}}",
+        node.node_cgroup()
+    );
     let mut held = 0;
-    while leak.alloc(8 * MIB).is_ok() {
-        held += 8 * MIB;
+    loop {
+        let before = node.tree.memory_usage("node").unwrap();
+        if leak.alloc(STEP).is_err() {
+            break;
+        }
+        held += STEP;
         assert!(held < NODE_MEMORY, "the leak was never stopped");
+        let seen = before + STEP / 2;
+        wait_until(AGENT_DEADLINE, "the agent's reading of the step", || {
+            let page = http_get(&address, "/metrics").unwrap_or_default();
+            metric(&page, &read).is_some_and(|value| value >= seen as f64)
+                || node.tree.memory_usage("node").is_ok_and(|now| now < seen)
+        })
+        .unwrap();
     }
     let stopped = agent
         .log
