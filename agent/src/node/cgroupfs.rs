@@ -912,15 +912,20 @@ mod tests {
         assert_eq!(value(&format!("5{}junk", "\u{b}".repeat(35))), None);
     }
 
+    /// A cgroup filesystem of `version` whose memory hierarchy is `root`.
+    fn memory_only(version: CgroupVersion, root: &Path) -> CgroupFs {
+        CgroupFs {
+            version,
+            memory_root: root.to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        }
+    }
+
     #[test]
     fn the_v2_root_is_read_as_kubelet_reads_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = CgroupFs {
-            version: CgroupVersion::V2,
-            memory_root: dir.path().to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        };
+        let fs = memory_only(CgroupVersion::V2, dir.path());
         // Slab and kernel stacks are in the root's memory.stat too; kubelet
         // counts only anon and file.
         fs::write(
@@ -944,12 +949,7 @@ mod tests {
     #[test]
     fn a_pressure_file_that_fails_to_open_is_tried_again_and_a_missing_one_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = CgroupFs {
-            version: CgroupVersion::V2,
-            memory_root: dir.path().to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        };
+        let fs = memory_only(CgroupVersion::V2, dir.path());
         let pressure_text = "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n\
                              full avg10=0.00 avg60=0.00 avg300=0.00 total=3\n";
         for pod in ["failing", "without-psi"] {
@@ -994,12 +994,7 @@ mod tests {
     #[test]
     fn a_process_anywhere_below_a_cgroup_counts_and_a_removed_cgroup_is_gone() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = CgroupFs {
-            version: CgroupVersion::V1,
-            memory_root: dir.path().to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        };
+        let fs = memory_only(CgroupVersion::V1, dir.path());
         let procs = |path: &str, text: &str| {
             let cgroup = dir.path().join(path);
             fs::create_dir_all(&cgroup).unwrap();
