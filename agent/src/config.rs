@@ -9,7 +9,7 @@ use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     decide::engine::VictimPolicy,
     decide::rank::PidRanking,
-    decide::thrashing::ThrashingLimits,
+    decide::{memory_high::MemoryHighThresholds, thrashing::ThrashingLimits},
     duration,
     node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE,
     quantity::Quantity,
@@ -483,6 +483,33 @@ pub struct RunArgs {
     #[arg(long, value_name = "PERCENT", default_value_t = ThrashingLimits::default().stall_percent,
         value_parser = clap::value_parser!(u64).range(1..=100))]
     pub thrashing_stall_limit: u64,
+
+    /// KEP-5986's per-container memory pressure, out of tree (cgroup v2;
+    /// each threshold 0, off, by default as in the KEP): a container whose
+    /// memory.events `high` count grows faster than this many a second
+    /// between two 10 s readings puts its pod under pressure. Past
+    /// --memory-pressure-eviction-grace-period its memory.high is raised to
+    /// its memory.max (stage 1); still under pressure a grace period later,
+    /// the pod is evicted (stage 2, reason `container-memory-pressure`).
+    #[arg(long, value_name = "EVENTS/S", default_value_t = 0.0, value_parser = parse_rate)]
+    pub memory_high_eviction_threshold: f64,
+
+    /// ... memory.events `max` (the container met its memory.max) more
+    /// than this many a second: stage 2 after the grace, no stage 1.
+    #[arg(long, value_name = "EVENTS/S", default_value_t = 0.0, value_parser = parse_rate)]
+    pub memory_max_eviction_threshold: f64,
+
+    /// ... memory.pressure `some avg10` above this percentage (0 to 100):
+    /// stage 2 after the grace, no stage 1.
+    #[arg(long, value_name = "PERCENT", default_value_t = 0.0, value_parser = parse_psi_percent)]
+    pub memory_psi_eviction_threshold: f64,
+
+    /// How long a pod's containers must stay under pressure before each
+    /// stage (the KEP's MemoryPressureEvictionGracePeriod; it names no
+    /// default, its example is 30 s). The readings are 10 s apart, so a
+    /// grace is served in whole readings.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_age)]
+    pub memory_pressure_eviction_grace_period: Duration,
 }
 
 impl RunArgs {
@@ -490,6 +517,15 @@ impl RunArgs {
         ThrashingLimits {
             refault_percent: self.thrashing_refault_limit,
             stall_percent: self.thrashing_stall_limit,
+        }
+    }
+
+    pub fn memory_high_thresholds(&self) -> MemoryHighThresholds {
+        MemoryHighThresholds {
+            high_rate: self.memory_high_eviction_threshold,
+            max_rate: self.memory_max_eviction_threshold,
+            psi_some_avg10: self.memory_psi_eviction_threshold,
+            grace: self.memory_pressure_eviction_grace_period,
         }
     }
 
@@ -524,6 +560,22 @@ impl RunArgs {
 }
 
 /// A non-negative Kubernetes quantity as bytes (a command-line value parser).
+/// A rate a second: a finite number, 0 or more.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!("{text:?} is not a rate of 0 or more a second")),
+    }
+}
+
+/// A PSI percentage: 0 to 100.
+fn parse_psi_percent(text: &str) -> Result<f64, String> {
+    match parse_rate(text) {
+        Ok(percent) if percent <= 100.0 => Ok(percent),
+        _ => Err(format!("{text:?} is not a percentage from 0 to 100")),
+    }
+}
+
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let quantity = Quantity::parse(text).map_err(|e| e.to_string())?;
     if quantity.is_negative() {

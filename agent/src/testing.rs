@@ -107,6 +107,7 @@ pub(crate) mod fakes {
         config::{EvictionAction, EvictionArgs},
         decide::{
             engine::VictimPolicy,
+            memory_high::MemoryHighThresholds,
             rank::PidRanking,
             thrashing::{Thrashing, ThrashingLimits},
             thresholds::{Resource, Signal},
@@ -114,7 +115,8 @@ pub(crate) mod fakes {
         kernel::bpf::{BpfError, DecodeError, Purpose, Received},
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
-            inventory::{InventoryError, ThrashingPod},
+            container_pressure::PodFinding,
+            inventory::{ContainerPressurePod, InventoryError, MemoryFindings, ThrashingPod},
             runtime::{
                 disk_usage::PodDiskUsage,
                 link::NodeReclaim,
@@ -126,7 +128,7 @@ pub(crate) mod fakes {
             stats::NodeObservation,
         },
         report::{
-            kubernetes::{EvictOutcome, EvictionNotice, KnownPod},
+            kubernetes::{EvictOutcome, EvictionNotice, KnownPod, PodWarning},
             metrics::Metrics,
         },
         scopes::{
@@ -192,6 +194,11 @@ pub(crate) mod fakes {
         /// What the next reading of the pods' memory counters finds
         /// thrashing, by pod uid; `None`: no reading is due.
         pub thrashing: Option<Vec<(String, Thrashing)>>,
+        /// What the next reading of the counters finds of KEP-5986's
+        /// container pressure, by pod uid.
+        pub container_pressure: Option<Vec<(String, PodFinding)>>,
+        /// Container cgroups whose memory.high was relaxed, in order.
+        pub relaxed: Vec<String>,
     }
 
     impl NodeModel {
@@ -320,21 +327,44 @@ pub(crate) mod fakes {
 
         fn cgroup_changed(&mut self, _hierarchy_id: u32, _path: &str) {}
 
-        fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+        fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
             let mut model = self.0.borrow_mut();
-            let found = model.thrashing.take()?;
-            Some(
-                found
+            let thrashing = model.thrashing.take();
+            let container_pressure = model.container_pressure.take();
+            if thrashing.is_none() && container_pressure.is_none() {
+                return None;
+            }
+            let pod = |uid: &str| {
+                let pod = model.pods.iter().find(|pod| pod.uid == uid)?;
+                Some(Arc::new(pod.clone()))
+            };
+            Some(MemoryFindings {
+                thrashing: thrashing
+                    .unwrap_or_default()
                     .into_iter()
                     .filter_map(|(uid, thrashing)| {
-                        let pod = model.pods.iter().find(|pod| pod.uid == uid)?;
                         Some(ThrashingPod {
-                            pod: Arc::new(pod.clone()),
+                            pod: pod(&uid)?,
                             thrashing,
                         })
                     })
                     .collect(),
-            )
+                container_pressure: container_pressure
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|(uid, finding)| {
+                        Some(ContainerPressurePod {
+                            pod: pod(&uid)?,
+                            finding,
+                        })
+                    })
+                    .collect(),
+            })
+        }
+
+        fn relax_memory_high(&mut self, path: &str) -> Result<String, CgroupError> {
+            self.0.borrow_mut().relaxed.push(path.to_owned());
+            Ok("max".to_owned())
         }
 
         /// As the inventory: only pods that set a limit, judged on the
@@ -483,6 +513,7 @@ pub(crate) mod fakes {
         pub answer: EvictOutcome,
         pub evictions: usize,
         pub reports: Vec<EvictionNotice>,
+        pub warnings: Vec<PodWarning>,
     }
 
     #[derive(Clone)]
@@ -508,6 +539,7 @@ pub(crate) mod fakes {
                 answer,
                 evictions: 0,
                 reports: Vec::new(),
+                warnings: Vec::new(),
             })))
         }
     }
@@ -529,6 +561,10 @@ pub(crate) mod fakes {
             let mut model = self.0.borrow_mut();
             model.evictions += 1;
             model.answer.clone()
+        }
+
+        fn warn_pod(&self, warning: PodWarning) {
+            self.0.borrow_mut().warnings.push(warning);
         }
     }
 
@@ -667,6 +703,7 @@ pub(crate) mod fakes {
         pub pid_ranking: PidRanking,
         pub pre_kill: Option<PreKillHook>,
         pub thrashing_eviction: bool,
+        pub memory_high_thresholds: MemoryHighThresholds,
     }
 
     impl Default for HarnessOptions {
@@ -691,6 +728,7 @@ pub(crate) mod fakes {
                 pid_ranking: PidRanking::Kubelet,
                 pre_kill: None,
                 thrashing_eviction: false,
+                memory_high_thresholds: MemoryHighThresholds::OFF,
             }
         }
     }
@@ -765,6 +803,7 @@ pub(crate) mod fakes {
                     pid_zone: options.pid_zone,
                     thrashing_eviction: options.thrashing_eviction,
                     thrashing_limits: ThrashingLimits::default(),
+                    memory_high_thresholds: options.memory_high_thresholds,
                 },
             );
             Self {

@@ -12,6 +12,7 @@
 //! so the loop runs in unit tests without root.
 mod eviction;
 mod local_storage;
+mod memory_high;
 mod precise;
 mod safeguards;
 mod spent;
@@ -39,6 +40,7 @@ use crate::{
     },
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
+        memory_high::MemoryHighThresholds,
         rank::PidRanking,
         thrashing::ThrashingLimits,
         thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
@@ -157,6 +159,8 @@ pub struct EvictorOptions {
     /// `thrashing_limits`.
     pub thrashing_eviction: bool,
     pub thrashing_limits: ThrashingLimits,
+    /// KEP-5986's thresholds and grace (each threshold 0: off).
+    pub memory_high_thresholds: MemoryHighThresholds,
 }
 
 pub struct Evictor<I: Io> {

@@ -11,14 +11,14 @@ use crate::{
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
     node::{
         cgroupfs::CgroupError,
-        inventory::{Inventory, InventoryError, ThrashingPod},
+        inventory::{Inventory, InventoryError, MemoryFindings},
         runtime::{link::NodeReclaim, local_storage::LocalStorageEviction},
         snapshot::PodSnapshot,
         stats::NodeObservation,
     },
     report::{
         kernel::CounterExport,
-        kubernetes::{EvictOutcome, EvictionNotice, KnownPod, Kubernetes},
+        kubernetes::{EvictOutcome, EvictionNotice, KnownPod, Kubernetes, PodWarning},
         metrics::Metrics,
     },
     scopes::monitor::BandTable,
@@ -68,10 +68,14 @@ pub trait NodeSource {
     fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str);
     /// Reads and exports every pod's memory stall and refault counters,
     /// when they are due (a timer's work, never a decision's): the pods
-    /// found thrashing at their own limit, `None` when nothing was read.
-    fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+    /// found thrashing at their own limit and those whose containers'
+    /// pressure calls for a KEP-5986 stage, `None` when nothing was read.
+    fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
         None
     }
+    /// KEP-5986's stage 1: container cgroup `path`'s memory.high raised to
+    /// its memory.max; the value written.
+    fn relax_memory_high(&mut self, path: &str) -> Result<String, CgroupError>;
     /// Each container's ephemeral storage (writable layer and logs, by
     /// name) in pod `uid`, as the last disk reading found it; empty without
     /// a container runtime.
@@ -138,6 +142,8 @@ pub trait EvictionApi {
     /// A soft eviction through the Eviction API, waiting at most
     /// --api-timeout.
     fn evict(&self, notice: EvictionNotice, grace: Duration) -> impl Future<Output = EvictOutcome>;
+    /// Queues a warning event on a pod (best effort); never waits.
+    fn warn_pod(&self, warning: PodWarning);
 }
 
 /// The kernel programs' records and counters.
@@ -184,8 +190,12 @@ impl NodeSource for Inventory {
         Inventory::cgroup_changed(self, hierarchy_id, path);
     }
 
-    fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+    fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
         Inventory::read_memory_stalls(self)
+    }
+
+    fn relax_memory_high(&mut self, path: &str) -> Result<String, CgroupError> {
+        Inventory::relax_memory_high(self, path)
     }
 
     fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
@@ -270,6 +280,10 @@ impl EvictionApi for Kubernetes {
 
     async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
         Kubernetes::evict(self, notice, grace).await
+    }
+
+    fn warn_pod(&self, warning: PodWarning) {
+        Kubernetes::warn_pod(self, warning);
     }
 }
 

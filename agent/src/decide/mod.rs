@@ -5,6 +5,7 @@
 //! own limit.
 pub mod engine;
 pub mod layout;
+pub mod memory_high;
 pub mod rank;
 pub mod reason;
 pub mod thrashing;

@@ -1,9 +1,7 @@
 //! Why a pod is killed, one type from the decision to every report of the
 //! kill (its log line, the `reason` label of `evictd_evictions_total`, the
 //! pod's `Evicted` event and its report journal, the pre-kill hook), as
-//! Android's lmkd records one of its typed kill reasons. Only reasons
-//! evictd acts on today have a variant; KEP-5986's second stage gets its
-//! own with that feature.
+//! Android's lmkd records one of its typed kill reasons.
 use crate::decide::{rank::Ranked, thresholds::Signal};
 
 /// Why a pod is killed.
@@ -22,6 +20,10 @@ pub enum KillReason {
     /// The pod thrashed at its own memory limit (`--thrashing-eviction`,
     /// [`crate::decide::thrashing`]); no threshold need be met.
     Thrashing,
+    /// The pod's containers stayed under memory pressure past the grace
+    /// period (KEP-5986's stage 2, [`crate::decide::memory_high`]); no
+    /// threshold need be met.
+    ContainerMemoryPressure,
 }
 
 /// The local-storage limit a pod outgrew, each under kubelet's signal name.
@@ -58,6 +60,7 @@ impl KillReason {
             Self::ForkRate => "fork-rate",
             Self::PodLimit(_) => "pod-limit",
             Self::Thrashing => "thrashing",
+            Self::ContainerMemoryPressure => "container-memory-pressure",
         }
     }
 
@@ -69,6 +72,8 @@ impl KillReason {
             Self::PodLimit(limit) => limit.signal(),
             // Evicted as kubelet evicts for memory: the resource it lacks.
             Self::Thrashing => Signal::MemoryAvailable.as_str(),
+            // The KEP's label for its evictions in kubelet_evictions.
+            Self::ContainerMemoryPressure => "memory.high.pressure",
         }
     }
 

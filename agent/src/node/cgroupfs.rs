@@ -12,6 +12,8 @@ use std::{
     sync::{Mutex, OnceLock, PoisonError},
 };
 
+use crate::decide::memory_high::ContainerReading;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error("{path}: {source}")]
@@ -491,6 +493,94 @@ impl CgroupFs {
         }
     }
 
+    /// The cgroups directly below `path` (a pod's containers, on v2), by
+    /// name, at most `most`: a pod allowed to make cgroups below its own
+    /// makes the agent read no more. The second value says whether some
+    /// were left out.
+    pub fn child_cgroups(
+        &self,
+        path: &str,
+        most: usize,
+    ) -> Result<(Vec<String>, bool), CgroupError> {
+        let dir = self.memory_dir(path);
+        let entries = fs::read_dir(&dir).map_err(|e| CgroupError::io(&dir, e))?;
+        let mut children = Vec::new();
+        let mut left_out = false;
+        for entry in entries {
+            let entry = entry.map_err(|e| CgroupError::io(&dir, e))?;
+            if !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                continue;
+            }
+            if children.len() == most {
+                left_out = true;
+                break;
+            }
+            if let Ok(name) = entry.file_name().into_string() {
+                children.push(name);
+            }
+        }
+        children.sort_unstable();
+        Ok((children, left_out))
+    }
+
+    /// Cgroup `path`'s KEP-5986 files (v2): memory.events `high` and
+    /// `max`, memory.pressure `some avg10` (none with psi=0), memory.high
+    /// and memory.max. Each is the kernel's, read bounded.
+    pub fn container_pressure(
+        &self,
+        path: &str,
+        read_at_ns: u64,
+    ) -> Result<ContainerReading, CgroupError> {
+        let dir = self.memory_dir(path);
+        let read = |name: &str| {
+            let path = dir.join(name);
+            fs::File::open(&path)
+                .and_then(|file| read_bounded_at_zero(&file))
+                .map_err(|e| CgroupError::io(&path, e))
+        };
+        let events_path = dir.join("memory.events");
+        let events = read("memory.events")?;
+        let pressure = dir.join(PRESSURE);
+        let some_avg10 = match fs::File::open(&pressure) {
+            // psi=0, as in [`CgroupFs::open_memory`].
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            opened => {
+                let text = opened
+                    .and_then(|file| read_bounded_at_zero(&file))
+                    .map_err(|e| CgroupError::io(&pressure, e))?;
+                Some(parse_some_avg10(&text).ok_or(CgroupError::Parse {
+                    path: pressure,
+                    text,
+                })?)
+            }
+        };
+        let limit = |name: &str| -> Result<Option<u64>, CgroupError> {
+            let text = read(name)?;
+            parse_limit(text.trim()).ok_or_else(|| CgroupError::Parse {
+                path: dir.join(name),
+                text: text.trim().to_owned(),
+            })
+        };
+        Ok(ContainerReading {
+            read_at_ns,
+            high_events: keyed_field(&events, &events_path, "high")?,
+            max_events: keyed_field(&events, &events_path, "max")?,
+            some_avg10,
+            memory_high: limit("memory.high")?,
+            memory_max: limit("memory.max")?,
+        })
+    }
+
+    /// KEP-5986's stage 1: raises cgroup `path`'s memory.high to its
+    /// memory.max (the text written, `max` where there is no limit).
+    pub fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
+        let dir = self.memory_dir(path);
+        let max = read_text(None, &dir.join("memory.max"))?;
+        let high = dir.join("memory.high");
+        fs::write(&high, max.trim()).map_err(|e| CgroupError::io(&high, e))?;
+        Ok(max.trim().to_owned())
+    }
+
     /// Cgroup `path`'s memory files, kept open to be read again and again;
     /// `None` for the v2 root, which has none.
     pub fn open_memory(&self, path: &str) -> Result<Option<OpenMemory>, CgroupError> {
@@ -727,6 +817,24 @@ fn keyed_field(text: &str, path: &Path, field: &str) -> Result<u64, CgroupError>
     })
 }
 
+/// A v2 limit file's value: `max` is none.
+fn parse_limit(text: &str) -> Option<Option<u64>> {
+    match text {
+        "max" => Some(None),
+        bytes => bytes.parse().ok().map(Some),
+    }
+}
+
+/// The `some` line's `avg10=` of a PSI text, a percentage.
+fn parse_some_avg10(text: &str) -> Option<f64> {
+    let line = text.lines().find(|line| line.starts_with("some "))?;
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("avg10="))?
+        .parse()
+        .ok()
+        .filter(|avg10: &f64| avg10.is_finite())
+}
+
 /// Value of `key` in a `key value` per line file (memory.stat, meminfo).
 fn parse_keyed(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|line| {
@@ -920,6 +1028,60 @@ mod tests {
             pids_root: None,
             freezer_root: None,
         }
+    }
+
+    #[test]
+    fn a_containers_pressure_files_are_read_and_its_memory_high_raised_to_its_memory_max() {
+        let dir = tempfile::tempdir().unwrap();
+        let fs = memory_only(CgroupVersion::V2, dir.path());
+        let container = dir.path().join("pod1/app");
+        fs::create_dir_all(&container).unwrap();
+        fs::create_dir(dir.path().join("pod1/sandbox")).unwrap();
+        fs::write(dir.path().join("pod1/memory.events"), "").unwrap();
+        let write = |name: &str, text: &str| fs::write(container.join(name), text).unwrap();
+        write(
+            "memory.events",
+            "low 0\nhigh 412\nmax 3\noom 0\noom_kill 0\noom_group_kill 0\n",
+        );
+        write(
+            "memory.pressure",
+            "some avg10=12.50 avg60=3.00 avg300=1.00 total=900\nfull avg10=1.00 avg60=0.00 avg300=0.00 total=10\n",
+        );
+        write("memory.high", "25165824\n");
+        write("memory.max", "67108864\n");
+        assert_eq!(
+            fs.child_cgroups("/pod1", 8).unwrap(),
+            (vec!["app".to_owned(), "sandbox".to_owned()], false)
+        );
+        assert!(fs.child_cgroups("/pod1", 1).unwrap().1);
+        let reading = fs.container_pressure("/pod1/app", 7).unwrap();
+        assert_eq!(
+            reading,
+            ContainerReading {
+                read_at_ns: 7,
+                high_events: 412,
+                max_events: 3,
+                some_avg10: Some(12.5),
+                memory_high: Some(24 << 20),
+                memory_max: Some(64 << 20),
+            }
+        );
+        assert_eq!(fs.relax_memory_high("/pod1/app").unwrap(), "67108864");
+        assert_eq!(
+            fs::read_to_string(container.join("memory.high")).unwrap(),
+            "67108864"
+        );
+        // No PSI (psi=0) is no avg10; `max` is no limit; a text that is
+        // not the kernel's is an error, not a zero.
+        fs::remove_file(container.join("memory.pressure")).unwrap();
+        write("memory.max", "max\n");
+        let reading = fs.container_pressure("/pod1/app", 8).unwrap();
+        assert_eq!((reading.some_avg10, reading.memory_max), (None, None));
+        write("memory.high", "lots\n");
+        assert!(matches!(
+            fs.container_pressure("/pod1/app", 9),
+            Err(CgroupError::Parse { .. })
+        ));
     }
 
     #[test]

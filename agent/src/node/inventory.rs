@@ -25,10 +25,12 @@ use tracing::{debug, warn};
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::{InventoryArgs, MemorySignal},
+    decide::memory_high::MemoryHighThresholds,
     decide::thrashing::{Thrashing, ThrashingLimits},
     decide::thresholds::{Resource, Signal},
     node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
     node::cold_cache::ColdCache,
+    node::container_pressure::{ContainerPressures, PodFinding},
     node::forks::{ForkClock, ForkRateError},
     node::runtime::{
         link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
@@ -135,6 +137,20 @@ pub struct ThrashingPod {
     pub thrashing: Thrashing,
 }
 
+/// A pod whose containers' memory pressure calls for a KEP-5986 stage.
+#[derive(Debug, Clone)]
+pub struct ContainerPressurePod {
+    pub pod: Arc<PodSnapshot>,
+    pub finding: PodFinding,
+}
+
+/// What one reading of the pods' memory counters found.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryFindings {
+    pub thrashing: Vec<ThrashingPod>,
+    pub container_pressure: Vec<ContainerPressurePod>,
+}
+
 /// A pod cgroup found on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodCgroup {
@@ -179,6 +195,8 @@ pub struct Inventory {
     fork_rates: Option<ForkClock>,
     /// Each pod's memory stall and refault counters as last read.
     stalls: PodStalls,
+    /// Each pod's containers' KEP-5986 signals as last read.
+    container_pressures: ContainerPressures,
     /// Where the pods' counters are exported.
     metrics: Option<Arc<Metrics>>,
 }
@@ -221,6 +239,7 @@ impl Inventory {
             metadata,
             fork_rates: None,
             stalls: PodStalls::default(),
+            container_pressures: ContainerPressures::default(),
             metrics: None,
         })
     }
@@ -244,9 +263,10 @@ impl Inventory {
     /// reading: the timer's work, off any decision's path. A pod whose
     /// files cannot be read or parsed is left out of this reading (its
     /// series with it) and the others are read. Returns the pods found
-    /// thrashing at their own memory limit since their last reading;
-    /// `None` when nothing was read.
-    pub fn read_memory_stalls(&mut self) -> Option<Vec<ThrashingPod>> {
+    /// thrashing at their own memory limit since their last reading, and
+    /// those whose containers' pressure calls for a KEP-5986 stage; `None`
+    /// when nothing was read.
+    pub fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
         let now_ns = stalls::monotonic_now_ns();
         if !self.stalls.due(now_ns) {
             return None;
@@ -278,30 +298,69 @@ impl Inventory {
         let thrashing = self
             .stalls
             .record(readings, now_ns, self.metrics.as_deref());
-        // What the reading costs the agent every 10 s, at any pod count.
-        debug!(
-            pods = read,
-            took_us = started.elapsed().as_micros() as u64,
-            "pods' memory counters read"
-        );
+        let stalls_took = started.elapsed();
+        let pod_of = |cgroup: &str| {
+            pods.iter()
+                .find(|pod| pod.cgroup.as_deref() == Some(cgroup))
+                .map(Arc::clone)
+        };
         let thrashing = thrashing
             .into_iter()
             .filter_map(|(cgroup, thrashing)| {
-                let pod = pods
-                    .iter()
-                    .find(|pod| pod.cgroup.as_ref() == Some(&cgroup))?;
                 Some(ThrashingPod {
-                    pod: Arc::clone(pod),
+                    pod: pod_of(&cgroup)?,
                     thrashing,
                 })
             })
             .collect();
-        Some(thrashing)
+        let cgroupfs = &self.signals.cgroupfs;
+        let container_pressure = if self.container_pressures.enabled(cgroupfs.version) {
+            let pod_cgroups: Vec<&str> = pods
+                .iter()
+                .filter_map(|pod| pod.cgroup.as_deref())
+                .collect();
+            self.container_pressures
+                .read(cgroupfs, &pod_cgroups, now_ns)
+                .into_iter()
+                .filter_map(|finding| {
+                    Some(ContainerPressurePod {
+                        pod: pod_of(&finding.pod_cgroup)?,
+                        finding,
+                    })
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // What the reading costs the agent every 10 s, at any pod count;
+        // the containers' part only with a KEP-5986 threshold set.
+        debug!(
+            pods = read,
+            took_us = started.elapsed().as_micros() as u64,
+            containers_us = (started.elapsed() - stalls_took).as_micros() as u64,
+            "pods' memory counters read"
+        );
+        Some(MemoryFindings {
+            thrashing,
+            container_pressure,
+        })
     }
 
     /// Judges thrashing by `limits` ([`crate::decide::thrashing`]).
     pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
         self.stalls.set_thrashing_limits(limits);
+    }
+
+    /// Reads each pod's containers' KEP-5986 signals against `thresholds`
+    /// (cgroup v2 only; nothing is read while every threshold is off).
+    pub fn set_memory_high_thresholds(&mut self, thresholds: MemoryHighThresholds) {
+        self.container_pressures.set_thresholds(thresholds);
+    }
+
+    /// KEP-5986's stage 1 for container cgroup `path`: its memory.high
+    /// raised to its memory.max; returns the value written.
+    pub fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
+        self.signals.cgroupfs.relax_memory_high(path)
     }
 
     /// Pod cgroup `path`'s counters now, read as [`Inventory::bytes_charged`],

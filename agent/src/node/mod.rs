@@ -4,6 +4,7 @@
 //! decides on.
 pub mod cgroupfs;
 pub mod cold_cache;
+pub mod container_pressure;
 pub mod containers;
 pub mod forks;
 pub mod inventory;

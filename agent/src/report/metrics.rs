@@ -57,6 +57,10 @@ pub struct Metrics {
     /// Pre-kill hook runs by outcome (`done`, `failed`, `timeout`), and
     /// hard evictions that ran none (`skipped`).
     pub pre_kill_hooks: IntCounterVec,
+    /// KEP-5986's stage 1 by outcome: a container's memory.high raised to
+    /// its memory.max (`relaxed`), the write refused (`failed`), or only
+    /// said (`dry-run`).
+    pub memory_high_relaxations: IntCounterVec,
     /// Decisions held back by a safeguard (`budget`: --eviction-budget
     /// spent; `outside-pods`: a kill did not give the node back what the
     /// pod held).
@@ -202,6 +206,11 @@ impl Metrics {
             pre_kill_hooks: counter_vec(
                 "pre_kill_hooks_total",
                 "Pre-kill hook runs by outcome (done, failed, timeout; skipped: a hard eviction runs none)",
+                &["outcome"],
+            )?,
+            memory_high_relaxations: counter_vec(
+                "memory_high_relaxations_total",
+                "Containers under memory pressure whose memory.high was raised to their memory.max (KEP-5986 stage 1), by outcome (relaxed, failed, dry-run)",
                 &["outcome"],
             )?,
             evictions_held: counter_vec(
@@ -538,7 +547,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 44] = [
+        let collectors: [&dyn Collector; 45] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -583,6 +592,7 @@ mod tests {
             &metrics.pod_memory_activations,
             &metrics.pod_memory_stall,
             &metrics.pod_memory_thrashing,
+            &metrics.memory_high_relaxations,
         ];
         collectors
             .iter()

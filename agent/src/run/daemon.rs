@@ -30,6 +30,7 @@ use crate::{
     },
     config::{PreciseHooks as PreciseHooksFlag, RunArgs},
     decide::{
+        memory_high::MemoryHighThresholds,
         rank::PidRanking,
         thresholds::{EvictionConfig, containerfs_conflicts},
     },
@@ -40,7 +41,7 @@ use crate::{
         triggers::{self, MemoryFalls},
     },
     node::{
-        cgroupfs::CgroupFs,
+        cgroupfs::{CgroupFs, CgroupVersion},
         inventory::Inventory,
         runtime::{
             link::{LinkError, RuntimeLink},
@@ -127,6 +128,8 @@ pub async fn run(
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
     inventory.set_thrashing_limits(args.thrashing_limits());
+    inventory.set_memory_high_thresholds(args.memory_high_thresholds());
+    tell_memory_high(&args.memory_high_thresholds(), inventory.cgroupfs().version);
     if args.policy.pid_ranking == PidRanking::ForkRate {
         inventory.measure_fork_rates();
     }
@@ -333,6 +336,7 @@ pub async fn run(
             pid_zone,
             thrashing_eviction: args.thrashing_eviction,
             thrashing_limits: args.thrashing_limits(),
+            memory_high_thresholds: args.memory_high_thresholds(),
         },
     );
     if args.dry_run {
@@ -953,3 +957,24 @@ async fn or_never<F: Future>(future: Option<F>) -> F::Output {
 
 #[cfg(test)]
 mod tests;
+
+/// Says whether KEP-5986's per-container memory pressure is judged, and
+/// why not on cgroup v1 (no memory.high: the KEP is a no-op there too).
+fn tell_memory_high(thresholds: &MemoryHighThresholds, version: CgroupVersion) {
+    if !thresholds.enabled() {
+        return;
+    }
+    if version == CgroupVersion::V1 {
+        warn!(
+            "--memory-*-eviction-threshold set, but the memory controller is on cgroup v1, which has no memory.high or memory.events: containers' memory pressure is not judged"
+        );
+        return;
+    }
+    info!(
+        high_rate = thresholds.high_rate,
+        max_rate = thresholds.max_rate,
+        psi_some_avg10 = thresholds.psi_some_avg10,
+        grace = ?thresholds.grace,
+        "containers' memory pressure judged at each 10 s reading (KEP-5986): memory.high relaxed, then the pod evicted"
+    );
+}

@@ -94,10 +94,11 @@ pub(super) enum Cause {
     /// need be met, the kill is immediate, and nothing is watched after
     /// (its disk comes back when kubelet removes the pod).
     PodLimit(LocalStorageViolation),
-    /// The pod thrashed at its own memory limit (`--thrashing-eviction`),
-    /// said by this message: a soft eviction of the pod alone, nothing
+    /// The pod thrashed at its own memory limit (`--thrashing-eviction`)
+    /// or its containers stayed under memory pressure (KEP-5986's stage
+    /// 2), said by this message: a soft eviction of the pod alone, nothing
     /// watched after (the node was not short).
-    Thrashing(String),
+    OwnMemory(KillReason, String),
 }
 
 impl Cause {
@@ -105,7 +106,7 @@ impl Cause {
         match self {
             Self::Threshold(starvation) => starvation.threshold.hard,
             Self::PodLimit(_) => true,
-            Self::Thrashing(_) => false,
+            Self::OwnMemory(..) => false,
         }
     }
 
@@ -114,7 +115,7 @@ impl Cause {
         match self {
             Self::Threshold(starvation) => starvation.threshold.signal.as_str(),
             Self::PodLimit(violation) => violation.signal(),
-            Self::Thrashing(_) => KillReason::Thrashing.signal(),
+            Self::OwnMemory(reason, _) => reason.signal(),
         }
     }
 
@@ -637,7 +638,7 @@ impl<I: Io> Evictor<I> {
                     violation.message(),
                 ));
             }
-            Cause::Thrashing(message) => {
+            Cause::OwnMemory(_, message) => {
                 return Some(EvictionNotice::own_limit(
                     &known,
                     Resource::Memory,

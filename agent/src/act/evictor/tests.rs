@@ -15,7 +15,10 @@ use crate::{
         disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
         local_storage::EmptyDirVolume,
     },
-    node::snapshot::ForkRate,
+    node::{
+        container_pressure::PodFinding,
+        snapshot::{ForkRate, QosClass},
+    },
     report::kubernetes::{EvictOutcome, KILL_REASON_KEY},
     testing::{
         LogCapture,
@@ -1408,4 +1411,95 @@ async fn a_pod_thrashing_at_its_limit_is_told_once_and_evicted_only_with_the_opt
             Some("thrashing")
         );
     }
+}
+
+/// A KEP-5986 finding for pod `name`.
+fn container_pressure(name: &str, step: crate::decide::memory_high::Step) -> (String, PodFinding) {
+    let finding = PodFinding {
+        pod_cgroup: cgroup(name),
+        step,
+        description: "app: memory.high hit 0.0/s, memory.max hit 40.0/s".to_owned(),
+    };
+    (format!("uid-{name}"), finding)
+}
+
+#[tokio::test(start_paused = true)]
+async fn container_pressure_relaxes_memory_high_and_evicts_one_pod_in_the_keps_order() {
+    use crate::decide::memory_high::Step;
+    let evict = |worst_ratio| Step::Evict { worst_ratio };
+    let with_qos = |mut pod: PodSnapshot, qos| {
+        pod.cgroup_qos = Some(qos);
+        pod
+    };
+    let pods = vec![
+        pod("mild", 50),
+        pod("hot", 50),
+        with_qos(pod("burstable", 50), QosClass::Burstable),
+        with_qos(pod("guaranteed", 50), QosClass::Guaranteed),
+        pod("throttled", 50),
+    ];
+    let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
+    api.0.borrow_mut().action = EvictionAction::Status;
+    let mut harness = Harness::new(HarnessOptions {
+        pods,
+        outside_pods: outside(250, 400),
+        api: Some(api.clone()),
+        ..HarnessOptions::default()
+    });
+    harness.node.0.borrow_mut().container_pressure = Some(vec![
+        container_pressure("burstable", evict(50.0)),
+        container_pressure("mild", evict(2.0)),
+        container_pressure("guaranteed", evict(90.0)),
+        container_pressure("hot", evict(9.0)),
+        container_pressure("throttled", Step::Relax(vec!["app".to_owned()])),
+    ]);
+    harness.evictor.read_memory_stalls(&wake(&harness));
+    harness.settle(wake(&harness)).await;
+    assert_eq!(
+        harness.node.0.borrow().relaxed,
+        [format!("{}/app", cgroup("throttled"))]
+    );
+    // BestEffort before Burstable whatever the ratio, then the ratio; one
+    // pod a reading; a Guaranteed pod never.
+    assert_eq!(killed(&harness), [cgroup("hot")]);
+    let counted = |labels: &[&str]| harness.metrics.evictions.with_label_values(labels).get();
+    assert_eq!(
+        counted(&[
+            "memory.high.pressure",
+            "BestEffort",
+            "container-memory-pressure"
+        ]),
+        1
+    );
+    assert_eq!(
+        harness
+            .metrics
+            .memory_high_relaxations
+            .with_label_values(&["relaxed"])
+            .get(),
+        1
+    );
+    let warnings = api.0.borrow().warnings.clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        (warnings[0].name.as_str(), warnings[0].reason),
+        ("throttled", "MemoryHighRelaxed")
+    );
+    assert!(
+        warnings[0]
+            .message
+            .starts_with("Container app was throttled at its memory.high"),
+        "{}",
+        warnings[0].message
+    );
+    let reports = api.0.borrow().reports.clone();
+    assert_eq!(reports.len(), 1);
+    assert_eq!(
+        reports[0]
+            .message
+            .annotations
+            .get(KILL_REASON_KEY)
+            .map(String::as_str),
+        Some("container-memory-pressure")
+    );
 }

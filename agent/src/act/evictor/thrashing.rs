@@ -18,7 +18,7 @@ use crate::{
         wake::Wake,
     },
     decide::{engine::Victim, reason::KillReason, thresholds::Resource},
-    node::inventory::ThrashingPod,
+    node::{inventory::ThrashingPod, snapshot::PodSnapshot},
 };
 
 #[derive(Default)]
@@ -30,17 +30,22 @@ pub(super) struct ThrashingChecks {
 
 impl<I: Io> Evictor<I> {
     /// Reads the pods' memory stall and refault counters if they are due,
-    /// and answers the pods found thrashing.
+    /// and answers the pods found thrashing and those whose containers'
+    /// pressure calls for a KEP-5986 stage.
     pub fn read_memory_stalls(&mut self, wake: &Wake) {
         let Some(found) = self.node.read_memory_stalls() else {
             return;
         };
-        self.thrashing
-            .told
-            .retain(|uid| found.iter().any(|thrashing| thrashing.pod.uid == *uid));
-        for thrashing in found {
+        self.thrashing.told.retain(|uid| {
+            found
+                .thrashing
+                .iter()
+                .any(|thrashing| thrashing.pod.uid == *uid)
+        });
+        for thrashing in found.thrashing {
             self.answer_thrashing(wake, thrashing);
         }
+        self.answer_container_pressure(wake, found.container_pressure);
     }
 
     fn answer_thrashing(&mut self, wake: &Wake, found: ThrashingPod) {
@@ -73,19 +78,41 @@ impl<I: Io> Evictor<I> {
             warn!(pod = %pod.key(), "thrashing, but a critical pod or evictd's own: not evicted");
             return;
         }
+        self.evict_for_own_memory(
+            wake,
+            &pod,
+            KillReason::Thrashing,
+            message,
+            thrashing.usage_bytes,
+        );
+    }
+
+    /// Evicts `pod` alone for its own memory (no node threshold met), as a
+    /// soft memory eviction: its own grace period (at most
+    /// --eviction-max-pod-grace-period), within the eviction budget, said
+    /// to the API and the pod by `message`. In a dry run it is only logged
+    /// and counted.
+    pub(super) fn evict_for_own_memory(
+        &mut self,
+        wake: &Wake,
+        pod: &PodSnapshot,
+        reason: KillReason,
+        message: String,
+        usage_bytes: u64,
+    ) {
+        let now_ns = self.clock.now_ns();
+        let act = !self.options.dry_run;
         if act && self.safeguards.room(now_ns, &self.metrics).is_err() {
             return;
         }
-        let reason = KillReason::Thrashing;
-        let grace = self.engine.soft_grace_period(&pod);
+        let grace = self.engine.soft_grace_period(pod);
         let qos = pod.qos_class();
         info!(
             signal = reason.signal(),
             reason = reason.as_str(),
             resource = Resource::Memory.as_str(),
             victim = %pod.key(),
-            usage_bytes = thrashing.usage_bytes,
-            limit_bytes = thrashing.limit_bytes,
+            usage_bytes,
             eviction_message = message,
             ?qos,
             grace_seconds = grace.as_secs(),
@@ -108,16 +135,16 @@ impl<I: Io> Evictor<I> {
         let victim = Victim {
             pod: pod.key(),
             index: 0,
-            usage: i64::try_from(thrashing.usage_bytes).unwrap_or(i64::MAX),
+            usage: i64::try_from(usage_bytes).unwrap_or(i64::MAX),
             grace_period: grace,
             reason,
         };
         let decision = [victim.pod.clone()];
         self.start(
             wake,
-            Cause::Thrashing(message),
+            Cause::OwnMemory(reason, message),
             &victim,
-            &pod,
+            pod,
             cgroup,
             &decision,
         );

@@ -28,7 +28,7 @@ pub use message::{
 };
 pub use pod_cache::PodCache;
 pub use pods::{KnownPod, PodStore, known_pod};
-pub use report::{EvictOutcome, EvictionNotice};
+pub use report::{EvictOutcome, EvictionNotice, PodWarning};
 
 use crate::{
     config::{EvictionAction, KubernetesArgs},
@@ -42,6 +42,9 @@ use crate::{
 /// Past either bound, reports are dropped (counted and logged), never the
 /// kills.
 const REPORT_QUEUE: usize = 256;
+/// Pod warnings waiting for the API thread: best effort, as kubelet's own
+/// event recorder is; a warning past these is logged and dropped.
+const WARNING_QUEUE: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -77,6 +80,7 @@ pub struct Kubernetes {
     action: EvictionAction,
     reports: mpsc::Sender<EvictionNotice>,
     evictions: mpsc::Sender<report::EvictRequest>,
+    warnings: mpsc::Sender<PodWarning>,
     api_timeout: Duration,
     metrics: Arc<Metrics>,
     finished: std_mpsc::Receiver<()>,
@@ -103,6 +107,7 @@ impl Kubernetes {
         };
         let (reports, report_queue) = mpsc::channel(REPORT_QUEUE);
         let (evictions, eviction_queue) = mpsc::channel(REPORT_QUEUE);
+        let (warnings, warning_queue) = mpsc::channel(WARNING_QUEUE);
         let (started_tx, started_rx) = std_mpsc::channel();
         let (finished_tx, finished) = std_mpsc::channel();
         let store = PodStore::default();
@@ -159,6 +164,11 @@ impl Kubernetes {
                         context.clone(),
                         eviction_queue,
                     ));
+                    tokio::spawn(report::serve_warnings(
+                        client.clone(),
+                        context.clone(),
+                        warning_queue,
+                    ));
                     let journal = Journal::open(state, &context.node_name);
                     report::serve_reports(client, context, report_queue, journal).await;
                 });
@@ -171,6 +181,7 @@ impl Kubernetes {
             action: args.eviction_action,
             reports,
             evictions,
+            warnings,
             api_timeout: args.api_timeout,
             metrics,
             finished,
@@ -202,6 +213,19 @@ impl Kubernetes {
         }
     }
 
+    /// Queues a warning event on a pod; never waits. Best effort: one
+    /// attempt, no journal (what it says is in the agent's log too).
+    pub fn warn_pod(&self, warning: PodWarning) {
+        if let Err(e) = self.warnings.try_send(warning) {
+            let warning = match e {
+                mpsc::error::TrySendError::Full(warning)
+                | mpsc::error::TrySendError::Closed(warning) => warning,
+            };
+            warn!(pod = %format!("{}/{}", warning.namespace, warning.name), reason = warning.reason,
+                queued = WARNING_QUEUE, "pod event dropped: the Kubernetes API has not kept up");
+        }
+    }
+
     /// Asks the API server to evict the pod (policy/v1 Eviction, which
     /// honours PodDisruptionBudgets) with `grace` as its grace period (the
     /// soft eviction's, as kubelet gives it), waiting at most --api-timeout.
@@ -230,10 +254,11 @@ impl Kubernetes {
         let Self {
             reports,
             evictions,
+            warnings,
             finished,
             ..
         } = self;
-        drop((reports, evictions));
+        drop((reports, evictions, warnings));
         if finished.recv_timeout(within).is_err() {
             warn!(
                 ?within,

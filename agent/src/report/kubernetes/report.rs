@@ -66,6 +66,17 @@ pub struct EvictionNotice {
     pub pod_limit: bool,
 }
 
+/// A warning event on a pod that is not an eviction (KEP-5986's stage 1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodWarning {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The event's reason, CamelCase as Kubernetes writes them.
+    pub reason: &'static str,
+    pub message: String,
+}
+
 /// The answer to a policy/v1 Eviction request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictOutcome {
@@ -245,6 +256,38 @@ pub(super) async fn serve_evictions(
             let outcome = evict(&client, &context, &request.notice, request.grace).await;
             let _ = request.reply.send(outcome);
         });
+    }
+}
+
+/// Posts each pod warning once, bounded by --api-timeout; one the API
+/// refuses or does not answer is logged (API errors are counted as every
+/// request's are) and not retried.
+pub(super) async fn serve_warnings(
+    client: Client,
+    context: Context,
+    mut queue: mpsc::Receiver<PodWarning>,
+) {
+    while let Some(warning) = queue.recv().await {
+        let pod_event = event(
+            &context,
+            &warning.namespace,
+            ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                namespace: Some(warning.namespace.clone()),
+                name: Some(warning.name.clone()),
+                uid: Some(warning.uid.clone()),
+                ..ObjectReference::default()
+            },
+            warning.reason,
+            warning.message.clone(),
+            BTreeMap::new(),
+            Timestamp::now(),
+        );
+        if let Err(failure) = create_event(&client, &context, &pod_event).await {
+            warn!(pod = %format!("{}/{}", warning.namespace, warning.name), reason = warning.reason,
+                code = failure.code, "pod event not delivered to the Kubernetes API");
+        }
     }
 }
 

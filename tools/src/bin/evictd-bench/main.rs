@@ -263,15 +263,29 @@ const THRASHING_EVICTION: &str = "thrashing-eviction";
 /// `event+` it is `--memory-signal reclaimable`.
 const RECLAIMABLE: &str = "reclaimable";
 
+/// The option of a mode that judges KEP-5986's per-container memory
+/// pressure: `event+` it sets each `--memory-*-eviction-threshold` (1 a
+/// second for the two rates, 10 % for PSI).
+const MEMORY_HIGH: &str = "memory-high";
+
 /// One agent mode, as its command-line arguments; `MODE+RANKING` adds
 /// `--pid-ranking RANKING`, `MODE+thrashing-eviction` that flag,
-/// `MODE+reclaimable` `--memory-signal reclaimable`.
+/// `MODE+reclaimable` `--memory-signal reclaimable`, `MODE+memory-high`
+/// KEP-5986's thresholds.
 fn mode_args(mode: &str) -> Result<Vec<String>> {
     if let Some((mode, option)) = mode.split_once('+') {
         let mut args = mode_args(mode)?;
         match option {
             THRASHING_EVICTION => args.push(format!("--{THRASHING_EVICTION}")),
             RECLAIMABLE => args.extend(["--memory-signal".into(), RECLAIMABLE.into()]),
+            MEMORY_HIGH => args.extend(
+                [
+                    "--memory-high-eviction-threshold=1",
+                    "--memory-max-eviction-threshold=1",
+                    "--memory-psi-eviction-threshold=10",
+                ]
+                .map(String::from),
+            ),
             ranking => args.extend(["--pid-ranking".into(), ranking.into()]),
         }
         return Ok(args);
@@ -755,6 +769,16 @@ mod tests {
         assert_eq!(
             mode_args("event+reclaimable").unwrap(),
             ["--mode", "event", "--memory-signal", "reclaimable"]
+        );
+        assert_eq!(
+            mode_args("event+memory-high").unwrap(),
+            [
+                "--mode",
+                "event",
+                "--memory-high-eviction-threshold=1",
+                "--memory-max-eviction-threshold=1",
+                "--memory-psi-eviction-threshold=10"
+            ]
         );
         assert_eq!(mode_args("psi").unwrap(), ["--mode", "psi"]);
         assert!(mode_args("kprobe").is_err());
