@@ -191,6 +191,7 @@ pub struct Evictor<I: Io> {
     pid_zone: Option<precise::Zone>,
     local_storage: local_storage::LocalStorageChecks,
     thrashing: thrashing::ThrashingChecks,
+    container_pressure: memory_high::ExemptPods,
     /// Disk thresholds whose node-level reclaim is under way: each is
     /// decided again once it is done, met or not ([`Evictor::decide`]).
     reclaim_asked: BTreeMap<Signal, Starvation>,
@@ -248,6 +249,7 @@ impl<I: Io> Evictor<I> {
             pid_zone: options.pid_zone.map(precise::Zone::new),
             local_storage: local_storage::LocalStorageChecks::default(),
             thrashing: thrashing::ThrashingChecks::default(),
+            container_pressure: memory_high::ExemptPods::default(),
             reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
         }
@@ -358,6 +360,9 @@ impl<I: Io> Evictor<I> {
         );
         // What keeps the engine running (a close watch costs a whole run
         // every 20 ms): per run, at debug.
+        let spent = ThreadUsage::now()
+            .zip(run_usage)
+            .map(|(now, start)| now.since(&start));
         debug!(
             cause = wake.cause.as_str(),
             decided = ?action,
@@ -369,9 +374,8 @@ impl<I: Io> Evictor<I> {
             thresholds_met = assessment.thresholds_met.len(),
             evictions = self.evictions_running(),
             run_us = self.clock.since(run_ns).as_micros() as u64,
-            on_cpu_us = ThreadUsage::now()
-                .zip(run_usage)
-                .map(|(now, start)| now.since(&start).cpu.as_micros() as u64),
+            on_cpu_us = spent.map(|spent| spent.cpu.as_micros() as u64),
+            page_faults = spent.map(|spent| spent.page_faults),
             "engine run"
         );
         Evaluation {

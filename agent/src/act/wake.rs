@@ -106,16 +106,18 @@ impl Default for Clock {
     }
 }
 
-/// The calling thread's CPU time and context switches. Over a slow
-/// decision they say where its thread was: working (CPU time), waiting for
-/// a CPU (involuntary switches), blocked (voluntary ones), or off the CPU
-/// with neither, which is time the hypervisor took (steal: a guest's task
-/// clock leaves it out).
+/// The calling thread's CPU time, context switches and page faults. Over a
+/// slow decision they say where its thread was: working (CPU time),
+/// waiting for a CPU (involuntary switches), blocked (voluntary ones), or
+/// off the CPU with neither, which is time the hypervisor took (steal: a
+/// guest's task clock leaves it out); and whether its CPU time went on
+/// faulting pages in (each one reclaiming, under the node's pressure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThreadUsage {
     pub cpu: Duration,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
+    pub page_faults: u64,
 }
 
 impl ThreadUsage {
@@ -128,6 +130,8 @@ impl ThreadUsage {
             cpu: Duration::from(cpu),
             voluntary_switches: usage.voluntary_context_switches().max(0) as u64,
             involuntary_switches: usage.involuntary_context_switches().max(0) as u64,
+            page_faults: (usage.minor_page_faults().max(0) + usage.major_page_faults().max(0))
+                as u64,
         })
     }
 
@@ -141,6 +145,7 @@ impl ThreadUsage {
             involuntary_switches: self
                 .involuntary_switches
                 .saturating_sub(earlier.involuntary_switches),
+            page_faults: self.page_faults.saturating_sub(earlier.page_faults),
         }
     }
 }

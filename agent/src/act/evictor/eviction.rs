@@ -457,6 +457,7 @@ impl<I: Io> Evictor<I> {
             run_off_cpu_us = run_spent.map(|spent| us(run.saturating_sub(spent.cpu))),
             run_preempted = run_spent.map(|spent| spent.involuntary_switches),
             run_blocked = run_spent.map(|spent| spent.voluntary_switches),
+            run_page_faults = run_spent.map(|spent| spent.page_faults),
             at_ns = self.clock.now_ns(),
             dry_run = self.options.dry_run,
             "eviction decided"

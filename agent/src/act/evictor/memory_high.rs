@@ -12,7 +12,7 @@
 //! KEP's order: BestEffort before Burstable, lower priority first, then
 //! the highest ratio of a signal to its threshold. Guaranteed pods, critical
 //! pods and evictd's own are never evicted for it.
-use std::cmp::Ordering;
+use std::{cmp::Ordering, collections::BTreeSet};
 
 use tracing::{info, warn};
 
@@ -30,6 +30,13 @@ use crate::{
     report::kubernetes::PodWarning,
 };
 
+/// Exempt pods already told to be past the grace: said once while their
+/// pressure lasts, not at every reading.
+#[derive(Default)]
+pub(super) struct ExemptPods {
+    told: BTreeSet<String>,
+}
+
 impl<I: Io> Evictor<I> {
     pub(super) fn answer_container_pressure(
         &mut self,
@@ -37,6 +44,11 @@ impl<I: Io> Evictor<I> {
         found: Vec<ContainerPressurePod>,
     ) {
         let now_ns = self.clock.now_ns();
+        self.container_pressure.told.retain(|uid| {
+            found.iter().any(|found| {
+                found.pod.uid == *uid && matches!(found.finding.step, Step::Evict { .. })
+            })
+        });
         let mut candidates = Vec::new();
         for ContainerPressurePod { pod, finding } in found {
             if self.evictions.evicting(&pod.uid) || self.safeguards.backing_off(&pod, now_ns) {
@@ -56,8 +68,12 @@ impl<I: Io> Evictor<I> {
                         None
                     };
                     match exempt {
-                        Some(exempt) => warn!(pod = %pod.key(), description = finding.description,
-                            exempt, "containers under memory pressure past the grace period, but the pod is exempt: not evicted"),
+                        Some(exempt) => {
+                            if self.container_pressure.told.insert(pod.uid.clone()) {
+                                warn!(pod = %pod.key(), description = finding.description, exempt,
+                                    "containers under memory pressure past the grace period, but the pod is exempt: not evicted");
+                            }
+                        }
                         None => candidates.push((pod, finding.description, worst_ratio)),
                     }
                 }

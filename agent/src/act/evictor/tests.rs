@@ -1446,6 +1446,7 @@ async fn container_pressure_relaxes_memory_high_and_evicts_one_pod_in_the_keps_o
         api: Some(api.clone()),
         ..HarnessOptions::default()
     });
+    let (log, _guard) = LogCapture::start();
     harness.node.0.borrow_mut().container_pressure = Some(vec![
         container_pressure("burstable", evict(50.0)),
         container_pressure("mild", evict(2.0)),
@@ -1502,4 +1503,15 @@ async fn container_pressure_relaxes_memory_high_and_evicts_one_pod_in_the_keps_o
             .map(String::as_str),
         Some("container-memory-pressure")
     );
+    // The exempt pod is said to be past the grace once while it lasts.
+    harness.node.0.borrow_mut().container_pressure =
+        Some(vec![container_pressure("guaranteed", evict(90.0))]);
+    harness.evictor.read_memory_stalls(&wake(&harness));
+    let exempt = log
+        .lines()
+        .iter()
+        .filter(|line| line.contains("the pod is exempt"))
+        .count();
+    assert_eq!(exempt, 1, "{:?}", log.lines());
+    assert_eq!(killed(&harness), [cgroup("hot")]);
 }
