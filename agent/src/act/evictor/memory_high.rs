@@ -91,7 +91,7 @@ impl<I: Io> Evictor<I> {
         }
         let grace = self.options.memory_high_thresholds.grace;
         let message = format!(
-            "The pod's containers stayed under memory pressure for {}s after the grace period: {description}. ",
+            "The pod's containers stayed under memory pressure past the {}s grace period: {description}. ",
             grace.as_secs()
         );
         let usage = pod.usage.memory_working_set_bytes;
@@ -143,9 +143,7 @@ impl<I: Io> Evictor<I> {
                 .inc();
         }
     }
-}
 
-impl<I: Io> Evictor<I> {
     /// Stage 1's warning event on the pod (the KEP's reason), where the
     /// API knows the pod.
     fn tell_relaxed(

@@ -1496,6 +1496,10 @@ async fn container_pressure_relaxes_memory_high_and_evicts_one_pod_in_the_keps_o
     let reports = api.0.borrow().reports.clone();
     assert_eq!(reports.len(), 1);
     assert_eq!(
+        reports[0].message.text,
+        "The pod's containers stayed under memory pressure past the 30s grace period: app: memory.high hit 0.0/s, memory.max hit 40.0/s. "
+    );
+    assert_eq!(
         reports[0]
             .message
             .annotations
