@@ -296,6 +296,18 @@ pub struct FileCache {
 }
 
 impl CgroupFs {
+    /// A cgroup filesystem of `version` with only a memory hierarchy, at
+    /// `memory_root`: the unit tests' directories of plain files.
+    #[cfg(test)]
+    pub(crate) fn memory_only(version: CgroupVersion, memory_root: &Path) -> Self {
+        Self {
+            version,
+            memory_root: memory_root.to_owned(),
+            pids_root: None,
+            freezer_root: None,
+        }
+    }
+
     /// Finds the controllers from `/proc/self/mountinfo`. A cgroup2 mount
     /// counts only if it offers the memory controller (on a hybrid host the
     /// unified mount has none).
@@ -1020,20 +1032,10 @@ mod tests {
         assert_eq!(value(&format!("5{}junk", "\u{b}".repeat(35))), None);
     }
 
-    /// A cgroup filesystem of `version` whose memory hierarchy is `root`.
-    fn memory_only(version: CgroupVersion, root: &Path) -> CgroupFs {
-        CgroupFs {
-            version,
-            memory_root: root.to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        }
-    }
-
     #[test]
     fn a_containers_pressure_files_are_read_and_its_memory_high_raised_to_its_memory_max() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = memory_only(CgroupVersion::V2, dir.path());
+        let fs = CgroupFs::memory_only(CgroupVersion::V2, dir.path());
         let container = dir.path().join("pod1/app");
         fs::create_dir_all(&container).unwrap();
         fs::create_dir(dir.path().join("pod1/sandbox")).unwrap();
@@ -1087,7 +1089,7 @@ mod tests {
     #[test]
     fn the_v2_root_is_read_as_kubelet_reads_it() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = memory_only(CgroupVersion::V2, dir.path());
+        let fs = CgroupFs::memory_only(CgroupVersion::V2, dir.path());
         // Slab and kernel stacks are in the root's memory.stat too; kubelet
         // counts only anon and file.
         fs::write(
@@ -1111,7 +1113,7 @@ mod tests {
     #[test]
     fn a_pressure_file_that_fails_to_open_is_tried_again_and_a_missing_one_is_not() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = memory_only(CgroupVersion::V2, dir.path());
+        let fs = CgroupFs::memory_only(CgroupVersion::V2, dir.path());
         let pressure_text = "some avg10=0.00 avg60=0.00 avg300=0.00 total=7\n\
                              full avg10=0.00 avg60=0.00 avg300=0.00 total=3\n";
         for pod in ["failing", "without-psi"] {
@@ -1156,7 +1158,7 @@ mod tests {
     #[test]
     fn a_process_anywhere_below_a_cgroup_counts_and_a_removed_cgroup_is_gone() {
         let dir = tempfile::tempdir().unwrap();
-        let fs = memory_only(CgroupVersion::V1, dir.path());
+        let fs = CgroupFs::memory_only(CgroupVersion::V1, dir.path());
         let procs = |path: &str, text: &str| {
             let cgroup = dir.path().join(path);
             fs::create_dir_all(&cgroup).unwrap();

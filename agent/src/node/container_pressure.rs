@@ -170,12 +170,7 @@ mod tests {
     #[test]
     fn a_throttled_container_puts_its_pod_through_stage_1_and_a_vanished_pod_is_forgotten() {
         let root = tempfile::tempdir().unwrap();
-        let cgroupfs = CgroupFs {
-            version: CgroupVersion::V2,
-            memory_root: root.path().to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        };
+        let cgroupfs = CgroupFs::memory_only(CgroupVersion::V2, root.path());
         let app = root.path().join("kubepods/pod1/app");
         let mut pressures = ContainerPressures::default();
         pressures.set_thresholds(MemoryHighThresholds {

@@ -438,12 +438,7 @@ mod tests {
             format!("{}\n", 100 * MIB),
         )
         .unwrap();
-        CgroupFs {
-            version: CgroupVersion::V1,
-            memory_root: root.to_owned(),
-            pids_root: None,
-            freezer_root: None,
-        }
+        CgroupFs::memory_only(CgroupVersion::V1, root)
     }
 
     /// Hooks on [`deaf_cgroup`], attached as at startup, and the kernel

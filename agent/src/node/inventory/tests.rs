@@ -399,12 +399,7 @@ fn a_malformed_metadata_file_is_an_input_error_naming_it() {
 #[test]
 fn a_missing_node_cgroup_is_an_input_error() {
     let dir = tempfile::tempdir().unwrap();
-    let cgroupfs = CgroupFs {
-        version: CgroupVersion::V1,
-        memory_root: dir.path().to_owned(),
-        pids_root: None,
-        freezer_root: None,
-    };
+    let cgroupfs = CgroupFs::memory_only(CgroupVersion::V1, dir.path());
     let args = InventoryArgs {
         pod_uid: None,
         node_cgroup: "/nowhere".into(),

@@ -141,12 +141,7 @@ fn malformed_counters_are_errors_naming_the_file() {
 }
 
 fn cgroupfs(root: &Path, version: CgroupVersion) -> CgroupFs {
-    CgroupFs {
-        version,
-        memory_root: root.to_owned(),
-        pids_root: None,
-        freezer_root: None,
-    }
+    CgroupFs::memory_only(version, root)
 }
 
 #[test]

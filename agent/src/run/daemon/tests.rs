@@ -234,12 +234,10 @@ async fn far_from_a_pid_line_the_pid_hooks_go_and_come_back_when_the_tasks_climb
 async fn serve_zoned(harness: &mut Harness, kernel: &mut FakeKernel, run_for: Duration) {
     let ready = AtomicBool::new(false);
     // No eventfd thresholds are armed on the adaptive read: never read.
-    let cgroupfs = CgroupFs {
-        version: crate::node::cgroupfs::CgroupVersion::V2,
-        memory_root: harness._dir.path().join("memory"),
-        pids_root: None,
-        freezer_root: None,
-    };
+    let cgroupfs = CgroupFs::memory_only(
+        crate::node::cgroupfs::CgroupVersion::V2,
+        &harness._dir.path().join("memory"),
+    );
     let sources = Sources::<FakeKernel> {
         kernel: Some(kernel),
         notifier: None,

@@ -20,12 +20,7 @@ fn write_memory(root: &Path, path: &str, usage: u64) {
 }
 
 fn monitor(root: &Path, specs: Vec<WatchSpec>) -> Monitor<FakeBands> {
-    let cgroupfs = CgroupFs {
-        version: CgroupVersion::V2,
-        memory_root: root.join("memory"),
-        pids_root: None,
-        freezer_root: None,
-    };
+    let cgroupfs = CgroupFs::memory_only(CgroupVersion::V2, &root.join("memory"));
     Monitor::new(
         cgroupfs,
         specs,
