@@ -39,6 +39,15 @@ fn api_server(node: &SandboxNode, faults: Faults) -> ApiServer {
 /// Starts the agent on `node` and waits until it watches the node.
 fn start_agent(node: &SandboxNode, kubeconfig: &std::path::Path, extra: &[&str]) -> Agent {
     let mut args = node.api_agent_args(NODE_NAME, kubeconfig);
+    // These tests are about the API, not the zone (precise_hooks.rs). In
+    // the emulated 6.1 guest, with a second guest running beside it, the
+    // zone lost the hog to the kernel's OOM killer in 4 of 20 runs of the
+    // outage test: attaching the hooks as the hog neared the line took
+    // 120-145 ms, the hog (600-900 MiB/s) passed the line meanwhile, the
+    // debug agent's engine runs after a move took up to 141 ms on the CPU,
+    // and detaching the hooks as the kill began held the kill back as
+    // long. With the hooks attached for good: 20 of 20.
+    args.extend(["--precise-hooks".to_owned(), "always".to_owned()]);
     args.extend(extra.iter().map(|a| (*a).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut agent = Agent::start(&args).unwrap();
@@ -327,13 +336,21 @@ fn with_the_api_down_the_node_is_protected_from_cgroups_alone() {
         ],
     );
     hog_is_killed_from_cgroups_alone(&mut node, &mut agent);
-    agent.log.expect("pod watch failed; evictd keeps the pods it knows and protects the node with cgroup metadata for new ones, retrying with backoff", &[]);
-    let metrics = http_get(&agent.log.metrics_address(), "/metrics").unwrap();
-    let unreachable = metric(
-        &metrics,
-        r#"evictd_kube_api_errors_total{reason="Unreachable",resource="pods",verb="watch"}"#,
-    );
-    assert!(unreachable.is_some_and(|n| n >= 1.0), "{metrics}");
+    let metrics_address = agent.log.metrics_address();
+    wait_until(REPORT_DEADLINE, "the pod watch to have failed thrice", || {
+        http_get(&metrics_address, "/metrics").is_ok_and(|metrics| {
+            metric(
+                &metrics,
+                r#"evictd_kube_api_errors_total{reason="Unreachable",resource="pods",verb="watch"}"#,
+            )
+            .is_some_and(|n| n >= 3.0)
+        })
+    })
+    .unwrap();
+    // One warning for the whole outage, however often the watch retried.
+    let failed = agent.log.all("pod watch failed; evictd keeps the pods it knows and protects the node with cgroup metadata for new ones, retrying with backoff");
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(agent.log.all("pod watch restored").is_empty());
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
     let _ = std::fs::remove_file(kubeconfig);
@@ -639,6 +656,9 @@ fn an_eviction_is_made_final_once_across_an_api_outage_and_an_agent_restart() {
         "eviction reported to the Kubernetes API",
         &[("pod", "default/hog"), ("action", "status")],
     );
+    // The watch says it is back once the API answers, and only then.
+    agent.log.expect("pods listed from the Kubernetes API", &[]);
+    agent.log.expect("pod watch restored", &[]);
     let writes = server.writes();
     let summary: Vec<(&str, &str, u16)> = writes
         .iter()

@@ -216,7 +216,12 @@ pub async fn watch(
             }
         };
         match event {
-            Ok(watcher::Event::Init) => listing.clear(),
+            // The watcher says Init before it sends any request, so it is
+            // no sign that the API answers.
+            Ok(watcher::Event::Init) => {
+                listing.clear();
+                continue;
+            }
             Ok(watcher::Event::InitApply(pod)) => listing.push(pod),
             Ok(watcher::Event::InitDone) => {
                 let first = !store.listed();
