@@ -28,7 +28,22 @@ const MIB: u64 = 1 << 20;
 fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
     let mut node = SandboxNode::new(memory_pods(), 512 * MIB, WORKLOAD).unwrap();
     let mut args = node.agent_args();
-    args.extend(["--eviction-hard".into(), "memory.available<96Mi".into()]);
+    // The hooks attached for good: in the emulated 6.1 guest beside a
+    // second guest, the zone lost the hog to the kernel's OOM killer in 1
+    // of 2 runs. The hooks went on as the hog (600-900 MiB/s there) neared
+    // the line, and as the kill began their detach (114 ms) held back its
+    // SIGKILL until the hog had reached the node's limit. The zone has its
+    // own test (precise_hooks.rs); this one is about what the DaemonSet
+    // grants.
+    args.extend(
+        [
+            "--eviction-hard",
+            "memory.available<96Mi",
+            "--precise-hooks",
+            "always",
+        ]
+        .map(String::from),
+    );
     let node_cgroup = node.node_cgroup();
     let mut agent = confined_agent(
         SECCOMP.as_ref(),
@@ -57,18 +72,7 @@ fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
-    // The one expected warning: the engine's scope here is the sandbox node,
-    // above the writable pods' cgroups, so on cgroup v1 the zone's eventfd
-    // (cgroup.event_control) cannot be armed and the precise hooks stay
-    // attached, which the agent says. In a cluster the scope is kubepods.
-    let problems: Vec<_> = log
-        .problems()
-        .into_iter()
-        .filter(|line| {
-            line["message"]
-                != "memory threshold at the zone's edge failed: the precise memory hooks stay attached"
-        })
-        .collect();
+    let problems = log.problems();
     assert!(problems.is_empty(), "{problems:#?}");
 }
 

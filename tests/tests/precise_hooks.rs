@@ -315,13 +315,20 @@ fn far_from_the_pid_line_the_pid_programs_are_unlinked_and_a_climb_into_its_zone
     .unwrap();
 
     // 600 more, past the line: the kernel's record wakes the decision,
-    // which may kill the hog before it answers.
+    // which may kill the hog before it answers. Near the line the engine
+    // also reads the node every 20 ms (the close watch): in a 6.12 guest
+    // beside a second guest, one such read found the node 4 tasks past the
+    // line before the agent had taken the kernel's record, with the
+    // programs linked all along.
     let more = node.workload("hog").unwrap().threads(600);
     let decided = agent
         .log
         .expect("eviction decided", &[("signal", "pid.available")]);
     assert_eq!(decided["victim"], "default/hog", "{decided}");
-    assert_eq!(decided["trigger"], "kernel", "{decided}");
+    assert!(
+        decided["trigger"] == "kernel" || decided["trigger"] == "close-watch",
+        "{decided}"
+    );
     agent.log.expect("pod killed", &[("victim", "default/hog")]);
     assert!(more.is_err() || !node.alive("hog"), "{more:?}");
     let (status, _) = agent.stop().unwrap();
