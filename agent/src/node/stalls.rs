@@ -14,13 +14,10 @@
 //! The files are the kernel's (a pod cannot write them), read bounded, and
 //! a pod whose files do not parse is left out of one reading with a
 //! warning; the others are read.
-use std::{
-    collections::{HashMap, HashSet},
-    path::PathBuf,
-    time::Duration,
-};
+use std::{collections::HashMap, path::PathBuf, time::Duration};
 
 use nix::time::{ClockId, clock_gettime};
+use tracing::warn;
 
 use crate::{
     decide::thrashing::{self, Thrashing, ThrashingLimits},
@@ -29,7 +26,7 @@ use crate::{
         snapshot::MemoryStalls,
         stats::page_size,
     },
-    report::metrics::{Metrics, PodMemoryTotals},
+    report::metrics::{Metrics, PodMemoryRow, PodMemoryTotals},
 };
 
 /// How often the pods' counters are read at most: cAdvisor's housekeeping
@@ -140,13 +137,10 @@ pub fn monotonic_now_ns() -> u64 {
 /// A pod as its metrics name it: namespace and name.
 pub type PodLabels = [String; 2];
 
-/// The last reading of every pod, and the pods whose series are exported.
+/// The last reading of every pod.
 #[derive(Debug, Default)]
 pub struct PodStalls {
     by_cgroup: HashMap<String, MemoryStalls>,
-    /// The labels each pod cgroup's series carry, to delete them when the
-    /// pod goes (or its labels change: metadata that came late).
-    exported: HashMap<String, PodLabels>,
     last_read_ns: Option<u64>,
     thrashing_limits: ThrashingLimits,
 }
@@ -169,8 +163,8 @@ impl PodStalls {
     }
 
     /// Takes `readings` (pod cgroup, labels, counters) made at `now_ns` as
-    /// the pods' counters: the series of a pod not among them are deleted,
-    /// so pods that come and go leave no series behind. Returns the pods
+    /// the pods' counters, exported as every pod's series: a pod not among
+    /// them has none, so pods that come and go leave none behind. Returns the pods
     /// thrashing at their limit since their last reading, by cgroup.
     pub fn record(
         &mut self,
@@ -180,40 +174,30 @@ impl PodStalls {
     ) -> Vec<(String, Thrashing)> {
         self.last_read_ns = Some(now_ns);
         let mut by_cgroup = HashMap::with_capacity(readings.len());
-        let mut exported = HashMap::with_capacity(readings.len());
+        let mut rows = Vec::with_capacity(readings.len());
         let mut thrashing = Vec::new();
         let page_size = page_size();
-        for (cgroup, labels, stalls) in readings {
+        for (cgroup, [namespace, pod], stalls) in readings {
             let found = self.by_cgroup.get(&cgroup).and_then(|before| {
                 thrashing::judge(before, &stalls, page_size, self.thrashing_limits)
             });
-            if let Some(metrics) = metrics {
-                let [namespace, pod] = &labels;
-                metrics.set_pod_memory_totals(namespace, pod, &totals(&stalls));
-                if stalls.limit_bytes.is_some() {
-                    metrics
-                        .pod_memory_thrashing
-                        .with_label_values(&[namespace, pod])
-                        .set(i64::from(found.is_some()));
-                }
-            }
+            rows.push(PodMemoryRow {
+                namespace,
+                pod,
+                totals: totals(&stalls),
+                thrashing: stalls.limit_bytes.map(|_| found.is_some()),
+            });
             if let Some(found) = found {
                 thrashing.push((cgroup.clone(), found));
             }
-            by_cgroup.insert(cgroup.clone(), stalls);
-            exported.insert(cgroup, labels);
+            by_cgroup.insert(cgroup, stalls);
         }
-        if let Some(metrics) = metrics {
-            let current: HashSet<&PodLabels> = exported.values().collect();
-            for labels in self.exported.values() {
-                if !current.contains(labels) {
-                    let [namespace, pod] = labels;
-                    metrics.remove_pod_memory_totals(namespace, pod);
-                }
-            }
+        if let Some(metrics) = metrics
+            && let Err(e) = metrics.pod_memory.publish(&rows)
+        {
+            warn!(error = %e, "cannot export the pods' memory series");
         }
         self.by_cgroup = by_cgroup;
-        self.exported = exported;
         thrashing
     }
 }

@@ -1,10 +1,11 @@
 //! Prometheus metrics; [`crate::endpoint`] serves them.
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
     CounterVec, Encoder as _, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
-    core::{Atomic, GenericCounter},
+    core::{Collector, Desc},
+    proto::MetricFamily,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -127,17 +128,8 @@ pub struct Metrics {
     /// Readings of the pods' disk usage still under way past their 10 s
     /// freshness window.
     pub disk_usage_readings_late: IntCounter,
-    /// Each pod's workingset refaults by page kind (`anon`, `file`), as
-    /// its memory.stat counts them.
-    pub pod_memory_refaults: IntCounterVec,
-    /// Each pod's refaulted pages activated at once (v2), by page kind.
-    pub pod_memory_activations: IntCounterVec,
-    /// Seconds some (`some`) or all (`full`) of each pod's tasks stalled on
-    /// memory (v2 memory.pressure).
-    pub pod_memory_stall: CounterVec,
-    /// 1 while a pod thrashes at its own memory limit, else 0
-    /// ([`crate::decide::thrashing`]), for every pod with a limit.
-    pub pod_memory_thrashing: IntGaugeVec,
+    /// Each pod's refaults, activations, memory stalls and thrashing.
+    pub pod_memory: PodMemorySeries,
 }
 
 /// A pod's kernel totals, each absent where the kernel keeps none:
@@ -150,8 +142,165 @@ pub struct PodMemoryTotals {
     pub stalled_us: [Option<u64>; 2],
 }
 
+/// One pod's memory series in a reading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodMemoryRow {
+    pub namespace: String,
+    pub pod: String,
+    pub totals: PodMemoryTotals,
+    /// Whether the pod thrashes at its own memory limit; `None` for a pod
+    /// without one (no series).
+    pub thrashing: Option<bool>,
+}
+
+/// Every pod's memory series, replaced whole by each reading: a scrape
+/// sees one reading for every pod, never a pod whose series are still
+/// being set (a scrape beside the first reading once found a pod's
+/// refaults and stalls without its activations), and a pod gone from a
+/// reading leaves no series.
+#[derive(Clone)]
+pub struct PodMemorySeries {
+    /// Never filled: the families the registry is told of.
+    described: PodMemoryFamilies,
+    published: Arc<Mutex<Arc<PodMemoryFamilies>>>,
+}
+
+#[derive(Clone)]
+struct PodMemoryFamilies {
+    /// Workingset refaults by page kind, as memory.stat counts them.
+    refaults: IntCounterVec,
+    /// Refaulted pages activated at once (v2), by page kind.
+    activations: IntCounterVec,
+    /// Seconds some or all of the pod's tasks stalled on memory (v2).
+    stall: CounterVec,
+    /// 1 while the pod thrashes at its own memory limit
+    /// ([`crate::decide::thrashing`]), for every pod with a limit.
+    thrashing: IntGaugeVec,
+}
+
 const PAGE_KINDS: [&str; 2] = ["anon", "file"];
 const STALL_KINDS: [&str; 2] = ["some", "full"];
+
+impl PodMemoryFamilies {
+    fn new() -> Result<Self, prometheus::Error> {
+        let by_kind = ["namespace", "pod", "kind"];
+        Ok(Self {
+            refaults: IntCounterVec::new(
+                Opts::new(
+                    "pod_memory_refaults_total",
+                    "Pages of a pod faulted back in soon after reclaim (memory.stat workingset_refault_*), by kind (anon, file)",
+                ),
+                &by_kind,
+            )?,
+            activations: IntCounterVec::new(
+                Opts::new(
+                    "pod_memory_activations_total",
+                    "Refaulted pages of a pod activated at once (memory.stat workingset_activate_*, cgroup v2), by kind (anon, file)",
+                ),
+                &by_kind,
+            )?,
+            stall: CounterVec::new(
+                Opts::new(
+                    "pod_memory_stall_seconds_total",
+                    "Seconds some or all of a pod's tasks stalled on memory (memory.pressure total, cgroup v2), by kind (some, full)",
+                ),
+                &by_kind,
+            )?,
+            thrashing: IntGaugeVec::new(
+                Opts::new(
+                    "pod_memory_thrashing",
+                    "1 while a pod thrashes at its own memory limit (file refaults or full memory stall over the last 10 s past --thrashing-*-limit), else 0",
+                ),
+                &["namespace", "pod"],
+            )?,
+        })
+    }
+
+    fn collectors(&self) -> [&dyn Collector; 4] {
+        [
+            &self.refaults,
+            &self.activations,
+            &self.stall,
+            &self.thrashing,
+        ]
+    }
+}
+
+impl PodMemorySeries {
+    fn new() -> Result<Self, prometheus::Error> {
+        Ok(Self {
+            described: PodMemoryFamilies::new()?,
+            published: Arc::new(Mutex::new(Arc::new(PodMemoryFamilies::new()?))),
+        })
+    }
+
+    /// Makes `rows` every pod's series: a counter is the kernel's total (a
+    /// total below the last, the pod's cgroup made again under the same
+    /// name, is the counter reset Prometheus takes it for), and a total the
+    /// kernel does not keep has no series.
+    pub fn publish(&self, rows: &[PodMemoryRow]) -> Result<(), MetricsError> {
+        let families = PodMemoryFamilies::new()?;
+        for row in rows {
+            let (namespace, pod) = (row.namespace.as_str(), row.pod.as_str());
+            let pages = [
+                (&families.refaults, row.totals.refaults),
+                (&families.activations, row.totals.activations),
+            ];
+            for (counters, totals) in pages {
+                for (kind, total) in PAGE_KINDS.iter().zip(totals) {
+                    if let Some(total) = total {
+                        counters
+                            .with_label_values(&[namespace, pod, kind])
+                            .inc_by(total);
+                    }
+                }
+            }
+            for (kind, total_us) in STALL_KINDS.iter().zip(row.totals.stalled_us) {
+                if let Some(total_us) = total_us {
+                    families
+                        .stall
+                        .with_label_values(&[namespace, pod, kind])
+                        .inc_by(total_us as f64 / 1e6);
+                }
+            }
+            if let Some(thrashing) = row.thrashing {
+                families
+                    .thrashing
+                    .with_label_values(&[namespace, pod])
+                    .set(i64::from(thrashing));
+            }
+        }
+        *self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(families);
+        Ok(())
+    }
+}
+
+impl Collector for PodMemorySeries {
+    fn desc(&self) -> Vec<&Desc> {
+        self.described
+            .collectors()
+            .into_iter()
+            .flat_map(|family| family.desc())
+            .collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let published = Arc::clone(
+            &self
+                .published
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        published
+            .collectors()
+            .into_iter()
+            .flat_map(|family| family.collect())
+            .collect()
+    }
+}
 
 impl Metrics {
     pub fn new() -> Result<Arc<Self>, MetricsError> {
@@ -413,32 +562,11 @@ impl Metrics {
                 "Connections the metrics endpoint closed before answering, by reason (displaced, refused, header-timeout, deadline)",
                 &["reason"],
             )?,
-            pod_memory_refaults: counter_vec(
-                "pod_memory_refaults_total",
-                "Pages of a pod faulted back in soon after reclaim (memory.stat workingset_refault_*), by kind (anon, file)",
-                &["namespace", "pod", "kind"],
-            )?,
-            pod_memory_activations: counter_vec(
-                "pod_memory_activations_total",
-                "Refaulted pages of a pod activated at once (memory.stat workingset_activate_*, cgroup v2), by kind (anon, file)",
-                &["namespace", "pod", "kind"],
-            )?,
-            pod_memory_stall: {
-                let metric = CounterVec::new(
-                    Opts::new(
-                        "pod_memory_stall_seconds_total",
-                        "Seconds some or all of a pod's tasks stalled on memory (memory.pressure total, cgroup v2), by kind (some, full)",
-                    ),
-                    &["namespace", "pod", "kind"],
-                )?;
-                registry.register(Box::new(metric.clone()))?;
-                metric
+            pod_memory: {
+                let series = PodMemorySeries::new()?;
+                registry.register(Box::new(series.clone()))?;
+                series
             },
-            pod_memory_thrashing: gauge_vec(
-                "pod_memory_thrashing",
-                "1 while a pod thrashes at its own memory limit (file refaults or full memory stall over the last 10 s past --thrashing-*-limit), else 0",
-                &["namespace", "pod"],
-            )?,
             pod_metadata_stale: {
                 let metric = IntGauge::new(
                     "pod_metadata_stale",
@@ -451,51 +579,6 @@ impl Metrics {
         }))
     }
 
-    /// Brings pod `namespace`/`pod`'s series to the kernel's `totals`; a
-    /// total the kernel does not keep has no series.
-    pub fn set_pod_memory_totals(&self, namespace: &str, pod: &str, totals: &PodMemoryTotals) {
-        let pages = [
-            (&self.pod_memory_refaults, totals.refaults),
-            (&self.pod_memory_activations, totals.activations),
-        ];
-        for (counters, totals) in pages {
-            for (kind, total) in PAGE_KINDS.iter().zip(totals) {
-                if let Some(total) = total {
-                    set_total(&counters.with_label_values(&[namespace, pod, kind]), total);
-                }
-            }
-        }
-        for (kind, total_us) in STALL_KINDS.iter().zip(totals.stalled_us) {
-            if let Some(total_us) = total_us {
-                let counter = self
-                    .pod_memory_stall
-                    .with_label_values(&[namespace, pod, kind]);
-                set_total(&counter, total_us as f64 / 1e6);
-            }
-        }
-    }
-
-    /// Deletes pod `namespace`/`pod`'s memory series (the pod is gone).
-    pub fn remove_pod_memory_totals(&self, namespace: &str, pod: &str) {
-        for kind in PAGE_KINDS {
-            // A series never set is not there to remove.
-            let _ = self
-                .pod_memory_refaults
-                .remove_label_values(&[namespace, pod, kind]);
-            let _ = self
-                .pod_memory_activations
-                .remove_label_values(&[namespace, pod, kind]);
-        }
-        for kind in STALL_KINDS {
-            let _ = self
-                .pod_memory_stall
-                .remove_label_values(&[namespace, pod, kind]);
-        }
-        let _ = self
-            .pod_memory_thrashing
-            .remove_label_values(&[namespace, pod]);
-    }
-
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
         // Encoding into a Vec cannot fail for well-formed registries.
@@ -506,21 +589,6 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8_lossy(&buffer).into_owned()
-    }
-}
-
-/// Sets `counter` to the kernel's `total`. A total below the counter (the
-/// pod's cgroup made again under the same name) starts it again, which
-/// Prometheus reads as the counter reset it is.
-fn set_total<P: Atomic>(counter: &GenericCounter<P>, total: P::T) {
-    let now = counter.get();
-    if total < now {
-        counter.reset();
-        counter.inc_by(total);
-    } else {
-        let mut rise = total;
-        rise -= now;
-        counter.inc_by(rise);
     }
 }
 
@@ -544,10 +612,62 @@ mod tests {
         );
     }
 
+    /// The pods on a metrics page that have series of `family`.
+    fn pods_in(page: &str, family: &str) -> std::collections::BTreeSet<String> {
+        page.lines()
+            .filter(|line| line.starts_with(family))
+            .filter_map(|line| line.split("pod=\"").nth(1)?.split('"').next())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_scrape_beside_a_reading_sees_every_pod_whole() {
+        let metrics = Metrics::new().unwrap();
+        let totals = PodMemoryTotals {
+            refaults: [Some(1), Some(2)],
+            activations: [Some(3), Some(4)],
+            stalled_us: [Some(5), Some(6)],
+        };
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                // New pods at every reading, so each one's series are made
+                // while the page is rendered.
+                for reading in 0..200 {
+                    let rows: Vec<PodMemoryRow> = (0..20)
+                        .map(|n| PodMemoryRow {
+                            namespace: "ns".into(),
+                            pod: format!("{reading}-{n}"),
+                            totals,
+                            thrashing: Some(false),
+                        })
+                        .collect();
+                    metrics.pod_memory.publish(&rows).unwrap();
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            let mut pages = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || pages == 0 {
+                let page = metrics.render();
+                let refaulted = pods_in(&page, "evictd_pod_memory_refaults_total");
+                assert_eq!(refaulted.len() % 20, 0, "{page}");
+                for family in [
+                    "evictd_pod_memory_activations_total",
+                    "evictd_pod_memory_stall_seconds_total",
+                    "evictd_pod_memory_thrashing",
+                ] {
+                    assert_eq!(pods_in(&page, family), refaulted, "{family}: {page}");
+                }
+                pages += 1;
+            }
+        });
+    }
+
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 45] = [
+        let collectors: [&dyn Collector; 42] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -588,10 +708,7 @@ mod tests {
             &metrics.pods_disk_usage_incomplete,
             &metrics.disk_usage_reading,
             &metrics.disk_usage_readings_late,
-            &metrics.pod_memory_refaults,
-            &metrics.pod_memory_activations,
-            &metrics.pod_memory_stall,
-            &metrics.pod_memory_thrashing,
+            &metrics.pod_memory,
             &metrics.memory_high_relaxations,
         ];
         collectors
