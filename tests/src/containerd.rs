@@ -34,7 +34,7 @@ use k8s_cri::v1::{
 
 use crate::{
     oci_image::OciImage,
-    wait::{scaled, wait_until},
+    wait::{scaled, stop_child, wait_until},
 };
 
 /// The image every container and sandbox runs: `evictd-workload`, which as
@@ -335,7 +335,7 @@ impl Containerd {
         }
         self.client = None;
         if let Some(mut process) = self.process.take()
-            && let Err(e) = stop(&mut process)
+            && let Err(e) = stop_child(&mut process, "containerd", STOP_DEADLINE)
         {
             first_error.get_or_insert(e);
         }
@@ -506,22 +506,6 @@ impl Drop for Containerd {
             );
         }
     }
-}
-
-/// SIGTERM, a bounded wait, then SIGKILL.
-fn stop(process: &mut Child) -> io::Result<()> {
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(process.id()).map_err(io::Error::other)?);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let mut exited = false;
-    let _ = wait_until(STOP_DEADLINE, "containerd to exit", || {
-        exited = !matches!(process.try_wait(), Ok(None));
-        exited
-    });
-    if !exited {
-        process.kill()?;
-        process.wait()?;
-    }
-    Ok(())
 }
 
 /// Processes whose command line names `socket` (containerd's shims are

@@ -32,6 +32,7 @@ mod layout;
 mod memory;
 mod node_memory;
 mod oci_image;
+mod prometheus;
 mod sandbox;
 mod wait;
 mod workload;
@@ -61,6 +62,7 @@ pub use node_memory::{
     VMSTAT, make_room, pages_scanned_for_reclaim, read_working_set, working_set_from_vmstat,
 };
 pub use oci_image::OciImage;
+pub use prometheus::{PROMETHEUS_ENV, PROMETHEUS_JOB, Prometheus};
 pub use sandbox::{
     MEMORY_PODS_HELD, PodSpec, STEADY_POD_MEMORY, SandboxNode, cgroupfs_path, machine_memory,
     memory_pods, oom_score_adj, quiet_pods, set_oom_score_adj, systemd_path,

@@ -1,6 +1,7 @@
 //! Waiting for a condition with a deadline, never a bare sleep.
 use std::{
     fmt, io,
+    process::Child,
     time::{Duration, Instant},
 };
 
@@ -78,6 +79,23 @@ pub fn wait_until(
         }
         std::thread::sleep(POLL_INTERVAL.min(deadline - waited));
     }
+}
+
+/// Ends a child this process started, `what` by name: SIGTERM, a wait of
+/// at most `deadline`, then SIGKILL.
+pub(crate) fn stop_child(process: &mut Child, what: &str, deadline: Duration) -> io::Result<()> {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(process.id()).map_err(io::Error::other)?);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    let mut exited = false;
+    let _ = wait_until(deadline, &format!("{what} to exit"), || {
+        exited = !matches!(process.try_wait(), Ok(None));
+        exited
+    });
+    if !exited {
+        process.kill()?;
+        process.wait()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

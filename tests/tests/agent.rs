@@ -86,6 +86,8 @@ fn agent_reports_one_crossing_each_way_for_a_hovering_workload_and_detaches_on_s
         "{metrics}"
     );
     assert!(metrics.contains("evictd_trigger_info{resource=\"memory\",trigger=\"bpf\"} 1"));
+    assert!(metrics.contains("evictd_trigger_fallback{resource=\"memory\"} 0"));
+    assert!(metrics.contains("evictd_ready 1"), "{metrics}");
     assert!(metrics.contains("evictd_event_latency_seconds_count"));
 
     let (status, mut log) = agent.stop().unwrap();
@@ -204,6 +206,13 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
             ("direction", "above"),
             ("source", "poll"),
         ],
+    );
+    // What EvictdPolling alerts on (deploy/monitoring/alerts.yaml).
+    let address = agent.log.metrics_address();
+    let metrics = http_get(&address, "/metrics").unwrap();
+    assert!(
+        metrics.contains("evictd_trigger_fallback{resource=\"memory\"} 1"),
+        "{metrics}"
     );
     assert!(agent.stop().unwrap().0.success());
 }

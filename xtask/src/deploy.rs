@@ -2,8 +2,10 @@
 //! with a pinned kubectl, validates each rendered object against the
 //! Kubernetes OpenAPI schemas (kubernetes-validate, strict: unknown fields
 //! fail), checks what no schema covers (the PodMonitor, a CRD, against the
-//! DaemonSet it scrapes) and has evictd itself parse the eviction config.
-//! Offline once the pinned tools are cached under target/deploy-check.
+//! DaemonSet it scrapes; the PrometheusRule against the alert rules), runs
+//! promtool's check and unit tests of the alert rules, and has evictd
+//! itself parse the eviction config. Offline once the pinned tools are
+//! cached under target/deploy-check.
 use std::{
     fs,
     path::{Path, PathBuf},
@@ -16,15 +18,37 @@ use serde_json::Value;
 
 use crate::setup::{self, Toolchain};
 
-/// kubectl from Debian bookworm (the only registry here that carries one):
-/// apt verifies it against the signed archive, and the digest below pins
-/// the exact file. Its kustomize is v2.0.3, the oldest any supported kubectl
-/// embeds, so what renders here renders everywhere; a newer `kubectl` on
-/// PATH renders the same kustomizations too.
-const KUBECTL_PACKAGE: &str = "kubernetes-client";
-const KUBECTL_PACKAGE_VERSION: &str = "1.20.5+really1.20.2-1.1+deb12u1";
-const KUBECTL_PACKAGE_SHA256: &str =
-    "087c42dc26c847740043cdaa8b16db666be5591a1da957f822922aa1b677494e";
+/// A Debian package pinned to one file: apt verifies it against the signed
+/// archive, and the digest pins the exact file.
+struct PinnedDeb {
+    package: &'static str,
+    version: &'static str,
+    sha256: &'static str,
+}
+
+/// kubectl from Debian bookworm (the only registry here that carries one).
+/// Its kustomize is v2.0.3, the oldest any supported kubectl embeds, so
+/// what renders here renders everywhere; a newer `kubectl` on PATH renders
+/// the same kustomizations too.
+const KUBECTL: PinnedDeb = PinnedDeb {
+    package: "kubernetes-client",
+    version: "1.20.5+really1.20.2-1.1+deb12u1",
+    sha256: "087c42dc26c847740043cdaa8b16db666be5591a1da957f822922aa1b677494e",
+};
+
+/// Prometheus 2.42 from Debian bookworm: promtool checks and unit-tests the
+/// alert rules, and the integration tests run the server against a live
+/// agent. Unpacked, not installed: no service starts.
+const PROMETHEUS: PinnedDeb = PinnedDeb {
+    package: "prometheus",
+    version: "2.42.0+ds-5+deb12u1",
+    sha256: "81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55",
+};
+
+/// The alert rules (a Prometheus rules file), their promtool unit tests,
+/// and the PrometheusRule that must carry the same groups.
+const ALERTS: &str = "deploy/monitoring/alerts.yaml";
+const ALERTS_TESTS: &str = "alerts.test.yaml";
 
 /// Kubernetes releases whose schemas every object must satisfy: the oldest
 /// API the agent's client speaks (k8s-openapi's v1_33) and the newest the
@@ -37,9 +61,10 @@ const KUSTOMIZATIONS: [&str; 2] = ["deploy", "deploy/monitoring"];
 pub fn check(toolchain: &Toolchain, root: &Path, target: &Path) -> Result<()> {
     let work = target.join("deploy-check");
     fs::create_dir_all(&work)?;
-    let pinned = pinned_kubectl(&work)?;
+    let pinned = unpacked(&work, &KUBECTL)?.join("usr/bin/kubectl");
     let validator = validator(root, &work)?;
-    let mut renderers = vec![(format!("kubectl {KUBECTL_PACKAGE_VERSION}"), pinned)];
+    let rules = check_rules(root, target)?;
+    let mut renderers = vec![(format!("kubectl {}", KUBECTL.version), pinned)];
     if let Some(version) = kubectl_on_path() {
         renderers.push((
             format!("kubectl on PATH ({version})"),
@@ -68,7 +93,7 @@ pub fn check(toolchain: &Toolchain, root: &Path, target: &Path) -> Result<()> {
             )?;
         }
         for object in &custom {
-            check_custom(object, &core)?;
+            check_custom(object, &core, &rules)?;
         }
     }
     setup::step(
@@ -81,22 +106,57 @@ pub fn check(toolchain: &Toolchain, root: &Path, target: &Path) -> Result<()> {
     )
 }
 
-/// The pinned kubectl, downloaded (checksum verified) and unpacked once.
-fn pinned_kubectl(work: &Path) -> Result<PathBuf> {
-    let dir = work.join(format!("kubectl-{KUBECTL_PACKAGE_VERSION}"));
-    let kubectl = dir.join("usr/bin/kubectl");
-    if kubectl.is_file() {
-        return Ok(kubectl);
+/// The Prometheus server, unpacked under `target` (downloaded once).
+pub fn prometheus(target: &Path) -> Result<PathBuf> {
+    let work = target.join("deploy-check");
+    fs::create_dir_all(&work)?;
+    Ok(unpacked(&work, &PROMETHEUS)?.join("usr/bin/prometheus"))
+}
+
+/// promtool's check and unit tests of the alert rules; their groups, which
+/// the PrometheusRule must carry.
+fn check_rules(root: &Path, target: &Path) -> Result<Value> {
+    let promtool = prometheus(target)?.with_file_name("promtool");
+    let alerts = root.join(ALERTS);
+    setup::step(
+        "promtool check rules",
+        Command::new(&promtool)
+            .args(["check", "rules"])
+            .arg(&alerts),
+    )?;
+    setup::step(
+        "promtool test rules (the alerts' unit tests)",
+        Command::new(&promtool)
+            .args(["test", "rules", ALERTS_TESTS])
+            .current_dir(alerts.parent().context("alerts file without a directory")?),
+    )?;
+    let text = fs::read_to_string(&alerts).with_context(|| format!("reading {ALERTS}"))?;
+    let rules: Value =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {ALERTS}"))?;
+    Ok(rules["groups"].clone())
+}
+
+/// `pinned`'s files, downloaded (checksum verified) and unpacked once
+/// under `work`.
+fn unpacked(work: &Path, pinned: &PinnedDeb) -> Result<PathBuf> {
+    let PinnedDeb {
+        package,
+        version,
+        sha256: expected,
+    } = pinned;
+    let dir = work.join(format!("{package}-{version}"));
+    if dir.join("usr/bin").is_dir() {
+        return Ok(dir);
     }
-    let package = format!("{KUBECTL_PACKAGE}={KUBECTL_PACKAGE_VERSION}");
+    let package_version = format!("{package}={version}");
     let download = |update: bool| -> Result<()> {
         if update {
             setup::step("apt-get update", Command::new("apt-get").arg("update"))?;
         }
         setup::step(
-            &format!("download {package}"),
+            &format!("download {package_version}"),
             Command::new("apt-get")
-                .args(["download", &package])
+                .args(["download", &package_version])
                 .current_dir(work),
         )
     };
@@ -104,33 +164,36 @@ fn pinned_kubectl(work: &Path) -> Result<PathBuf> {
     if download(false).is_err() {
         ensure!(
             setup::is_root(),
-            "apt-get cannot find {package}: run `apt-get update` (root) and retry"
+            "apt-get cannot find {package_version}: run `apt-get update` (root) and retry"
         );
         download(true)?;
     }
+    let deb_prefix = format!("{package}_");
     let deb = fs::read_dir(work)?
         .filter_map(Result::ok)
         .map(|entry| entry.path())
         .find(|path| {
             path.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(KUBECTL_PACKAGE) && n.ends_with(".deb"))
+                .is_some_and(|n| n.starts_with(&deb_prefix) && n.ends_with(".deb"))
         })
         .context("apt-get download left no .deb")?;
     let digest = sha256(&deb)?;
-    if digest != KUBECTL_PACKAGE_SHA256 {
+    if &digest != expected {
         fs::remove_file(&deb)?;
-        bail!(
-            "{}: sha256 {digest}, expected {KUBECTL_PACKAGE_SHA256}",
-            deb.display()
-        );
+        bail!("{}: sha256 {digest}, expected {expected}", deb.display());
     }
+    // Unpacked beside its final place and renamed: an interrupted unpack
+    // leaves no half directory that looks whole.
+    let partial = work.join(format!("{package}-{version}.partial"));
+    let _ = fs::remove_dir_all(&partial);
     setup::step(
-        "unpack kubectl",
-        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&dir),
+        &format!("unpack {package}"),
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&partial),
     )?;
+    fs::rename(&partial, &dir)?;
     fs::remove_file(&deb)?;
-    Ok(kubectl)
+    Ok(dir)
 }
 
 fn sha256(file: &Path) -> Result<String> {
@@ -223,13 +286,32 @@ fn is_kubernetes_api(object: &Value) -> bool {
 /// Custom resources have no schema in kubernetes-validate and their CRDs
 /// are not vendored here: each kind is checked for what makes it work
 /// against the objects it refers to, or the check fails on an unknown kind.
-fn check_custom(object: &Value, core: &[Value]) -> Result<()> {
+fn check_custom(object: &Value, core: &[Value], rules: &Value) -> Result<()> {
     let kind = object["kind"].as_str().unwrap_or_default();
     ensure!(
-        kind == "PodMonitor" && object["apiVersion"] == "monitoring.coreos.com/v1",
+        object["apiVersion"] == "monitoring.coreos.com/v1",
         "{kind} ({}): no check for this custom resource",
         object["apiVersion"]
     );
+    match kind {
+        "PodMonitor" => check_pod_monitor(object, core),
+        "PrometheusRule" => {
+            ensure!(
+                &object["spec"]["groups"] == rules,
+                "the PrometheusRule's groups differ from {ALERTS}'s"
+            );
+            println!(
+                "xtask: PrometheusRule (CRD, no schema in kubernetes-validate): the groups of {ALERTS}, which promtool checked and tested"
+            );
+            Ok(())
+        }
+        _ => bail!("{kind}: no check for this custom resource"),
+    }
+}
+
+/// The PodMonitor scrapes the DaemonSet's pods: namespace, selector, port
+/// and path.
+fn check_pod_monitor(object: &Value, core: &[Value]) -> Result<()> {
     let daemonset = core
         .iter()
         .find(|o| o["kind"] == "DaemonSet")

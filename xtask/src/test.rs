@@ -6,6 +6,10 @@ use clap::Args;
 
 use crate::{agent, deploy, setup, supply_chain, vm};
 
+/// Where the integration tests find the Prometheus server
+/// (tests/src/prometheus.rs reads it).
+const PROMETHEUS_ENV: &str = "EVICTD_PROMETHEUS";
+
 #[derive(Args)]
 pub struct TestArgs {
     /// Skip the integration tests that need root and a real kernel.
@@ -77,18 +81,23 @@ pub fn run(args: &TestArgs) -> Result<()> {
              (or pass --no-privileged to skip them)"
         );
     }
-    // The end-to-end tests run the agent binary itself.
+    // The end-to-end tests run the agent binary itself, and a real
+    // Prometheus (the one deploy-check unpacked).
     agent::build(&toolchain, false, false)?;
+    let prometheus = deploy::prometheus(&target)?;
     setup::step(
         "privileged integration tests",
-        toolchain.cargo_host().args([
-            "test",
-            "--package",
-            "evictd-integration",
-            "--",
-            "--ignored",
-            // They share the kernel's cgroup and BPF state.
-            "--test-threads=1",
-        ]),
+        toolchain
+            .cargo_host()
+            .env(PROMETHEUS_ENV, &prometheus)
+            .args([
+                "test",
+                "--package",
+                "evictd-integration",
+                "--",
+                "--ignored",
+                // They share the kernel's cgroup and BPF state.
+                "--test-threads=1",
+            ]),
     )
 }

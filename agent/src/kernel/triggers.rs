@@ -304,7 +304,8 @@ pub fn arm(
 }
 
 /// Logs the capabilities and the choice (one line per resource) and sets
-/// `evictd_trigger_info` and `evictd_trigger_hook_info`. `period` is the
+/// `evictd_trigger_info`, `evictd_trigger_hook_info` and
+/// `evictd_trigger_fallback`. `period` is the
 /// polling period of a resource no kernel hook serves.
 pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duration) {
     info!(capabilities = %armed.capabilities, "kernel capabilities");
@@ -326,6 +327,14 @@ pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duratio
             .set(1);
         let resource = purpose.as_str();
         let reason = choice.reason.as_str();
+        let fallback = choice.trigger == Trigger::Poll
+            && (mode == Mode::Event || purpose == Purpose::Memory)
+            && mode != Mode::Poll
+            && purpose != Purpose::CgroupLifecycle;
+        metrics
+            .trigger_fallback
+            .with_label_values(&[resource])
+            .set(i64::from(fallback));
         match choice.trigger {
             Trigger::Kernel(hook) => {
                 metrics
@@ -335,11 +344,7 @@ pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duratio
                 let tracepoints = TracepointList(hook);
                 info!(resource, trigger, hook = hook.as_str(), %tracepoints, reason, "trigger");
             }
-            Trigger::Poll
-                if (mode == Mode::Event || purpose == Purpose::Memory)
-                    && mode != Mode::Poll
-                    && purpose != Purpose::CgroupLifecycle =>
-            {
+            Trigger::Poll if fallback => {
                 warn!(
                     resource,
                     trigger,

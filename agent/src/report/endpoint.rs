@@ -202,12 +202,16 @@ impl Drop for Endpoint {
 }
 
 fn router(metrics: Arc<Metrics>, ready: Arc<AtomicBool>, routes: Routes) -> Router {
+    let ready_for_metrics = Arc::clone(&ready);
     let router = match routes {
         Routes::Probes => Router::new(),
         Routes::Metrics => Router::new().route(
             "/metrics",
             get(move || {
                 let metrics = Arc::clone(&metrics);
+                metrics
+                    .ready
+                    .set(i64::from(ready_for_metrics.load(Ordering::Acquire)));
                 async move {
                     (
                         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],

@@ -84,6 +84,12 @@ pub struct Metrics {
     /// Seconds from the agent's start to protection: programs attached,
     /// scopes watched, the first engine run about to begin.
     pub startup: Gauge,
+    /// 1 while /readyz answers ready: the node looked at and, under
+    /// pressure, relieved, once after the start.
+    pub ready: IntGauge,
+    /// 1 for a resource event mode polls because its kernel hook is
+    /// unavailable, by resource.
+    pub trigger_fallback: IntGaugeVec,
     /// Pods bound to this node that the Kubernetes API has shown evictd.
     pub kube_pods: IntGauge,
     /// Failed Kubernetes API requests by verb, resource and reason
@@ -112,8 +118,8 @@ pub struct Metrics {
     /// (every slot was busy answering), `header-timeout`, `deadline`.
     pub http_connections_closed: IntCounterVec,
     /// 1 while the container runtime (--container-runtime-endpoint)
-    /// answers.
-    pub container_runtime_connected: IntGauge,
+    /// answers, by endpoint; no series without one.
+    pub container_runtime_connected: IntGaugeVec,
     /// Failed calls to the container runtime, by CRI method (`Connect` for
     /// the connection itself).
     pub container_runtime_errors: IntCounterVec,
@@ -398,6 +404,19 @@ impl Metrics {
                 registry.register(Box::new(metric.clone()))?;
                 metric
             },
+            ready: {
+                let metric = IntGauge::new(
+                    "ready",
+                    "1 while /readyz answers ready: the node looked at and, under pressure, relieved",
+                )?;
+                registry.register(Box::new(metric.clone()))?;
+                metric
+            },
+            trigger_fallback: gauge_vec(
+                "trigger_fallback",
+                "1 for a resource event mode polls because its kernel hook is unavailable",
+                &["resource"],
+            )?,
             signal_available: gauge_vec(
                 "signal_available",
                 "Latest observation of an eviction signal: bytes, inodes or PIDs available",
@@ -501,14 +520,11 @@ impl Metrics {
                 "Versions of the --pod-metadata file that could not be used (the last good copy answered), by reason",
                 &["reason"],
             )?,
-            container_runtime_connected: {
-                let metric = IntGauge::new(
-                    "container_runtime_connected",
-                    "1 while the container runtime (--container-runtime-endpoint) answers",
-                )?;
-                registry.register(Box::new(metric.clone()))?;
-                metric
-            },
+            container_runtime_connected: gauge_vec(
+                "container_runtime_connected",
+                "1 while the container runtime (--container-runtime-endpoint) answers, by endpoint",
+                &["endpoint"],
+            )?,
             container_runtime_errors: counter_vec(
                 "container_runtime_errors_total",
                 "Failed calls to the container runtime, by CRI method (Connect for the connection)",
@@ -667,7 +683,7 @@ mod tests {
     /// Every metric name evictd exports, from the collectors themselves.
     fn exported_names(metrics: &Metrics) -> std::collections::BTreeSet<String> {
         use prometheus::core::Collector;
-        let collectors: [&dyn Collector; 42] = [
+        let collectors: [&dyn Collector; 44] = [
             &metrics.events,
             &metrics.decode_errors,
             &metrics.ringbuf_drops,
@@ -694,6 +710,8 @@ mod tests {
             &metrics.signal_available,
             &metrics.engine_runs,
             &metrics.startup,
+            &metrics.ready,
+            &metrics.trigger_fallback,
             &metrics.kube_pods,
             &metrics.kube_api_errors,
             &metrics.eviction_reports,

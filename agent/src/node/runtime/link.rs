@@ -391,6 +391,16 @@ impl Drop for LinkThread {
 }
 
 impl Shared {
+    /// Whether the runtime answers, kept and exported by endpoint: a node
+    /// without --container-runtime-endpoint has no series to alert on.
+    fn set_connected(&self, connected: bool) {
+        self.state().connected = connected;
+        self.metrics
+            .container_runtime_connected
+            .with_label_values(&[&self.endpoint])
+            .set(i64::from(connected));
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere while holding the lock leaves plain data behind.
         self.state
@@ -662,8 +672,7 @@ async fn read(
             remember(shared, &reading.filesystems);
             incomplete.tell(&reading.pods, metrics);
             shared.land_reading(started, finished, reading.pods);
-            shared.state().connected = true;
-            metrics.container_runtime_connected.set(1);
+            shared.set_connected(true);
             true
         }
         Err(e) => {
@@ -728,8 +737,7 @@ async fn connect(shared: &Shared, metrics: &Metrics) -> Option<RuntimeClient> {
         }
         match RuntimeClient::connect(&shared.endpoint).await {
             Ok(client) => {
-                shared.state().connected = true;
-                metrics.container_runtime_connected.set(1);
+                shared.set_connected(true);
                 return Some(client);
             }
             Err(e) => {
@@ -757,8 +765,7 @@ fn failed(shared: &Shared, metrics: &Metrics, error: &RuntimeError) {
         RuntimeError::Connect { .. } | RuntimeError::ConnectTimeout { .. }
     ) || matches!(error, RuntimeError::Call { source, .. } if source.code() == tonic::Code::Unavailable)
     {
-        shared.state().connected = false;
-        metrics.container_runtime_connected.set(0);
+        shared.set_connected(false);
     }
 }
 
@@ -807,7 +814,13 @@ mod tests {
         );
         assert_eq!(errors(), 2, "one attempt per back-off, not per request");
         assert!(!link.connected());
-        assert_eq!(metrics.container_runtime_connected.get(), 0);
+        assert_eq!(
+            metrics
+                .container_runtime_connected
+                .with_label_values(&["/detached.sock"])
+                .get(),
+            0
+        );
         // A disk decision cannot rank pods on it.
         assert!(matches!(
             link.pod_usage(Instant::now()),
