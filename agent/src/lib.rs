@@ -31,12 +31,14 @@
 //!   that turns each wake-up into one evictor pass) and `simulate`.
 //!
 //! [`config`] parses the command line and kubelet's configuration;
-//! [`quantity`] and [`duration`] are Kubernetes' units.
+//! [`quantity`] and [`duration`] are Kubernetes' units; [`logs`] writes
+//! amounts in the text logs as quantities.
 pub mod act;
 pub mod config;
 pub mod decide;
 pub mod duration;
 pub mod kernel;
+pub mod logs;
 pub mod node;
 pub mod quantity;
 pub mod report;

@@ -58,7 +58,10 @@ fn main() -> ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
     match args.log_format {
-        LogFormat::Text => builder.init(),
+        LogFormat::Text => {
+            evictd::logs::write_quantities(true);
+            builder.init();
+        }
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
     for warning in warnings {

@@ -121,6 +121,12 @@ impl Resource {
             Resource::Inodes => "inodes",
         }
     }
+
+    /// Whether it is counted in bytes (Kubernetes writes those with binary
+    /// suffixes, "100Mi") rather than in tasks or inodes ("20k").
+    pub fn in_bytes(self) -> bool {
+        matches!(self, Resource::Memory | Resource::EphemeralStorage)
+    }
 }
 
 impl fmt::Display for Resource {

@@ -27,7 +27,10 @@ use std::{
 
 use tracing::info;
 
-use crate::node::{cgroupfs::FileCache, stats::page_size};
+use crate::{
+    logs,
+    node::{cgroupfs::FileCache, stats::page_size},
+};
 
 /// How far back the refaults are counted.
 pub const COLD_WINDOW: Duration = Duration::from_secs(10);
@@ -71,7 +74,7 @@ impl ColdCache {
         if cold != history.cold && cold.is_some() {
             info!(
                 cold,
-                active_file = cache.active_file_bytes,
+                active_file = logs::bytes(cache.active_file_bytes).logged(),
                 refaulted_pages = refaulted,
                 window = ?COLD_WINDOW,
                 "memory.available: the node's active file pages {}",

@@ -8,6 +8,7 @@ use tracing::warn;
 
 use crate::{
     kernel::bpf::{DecodeError, KernelCounters, Probes},
+    logs,
     report::metrics::Metrics,
 };
 
@@ -27,7 +28,7 @@ pub fn oom_victim(
         comm,
         memory_cgroup_id = victim.memory_cgroup_id,
         scope,
-        rss_bytes = victim.rss_bytes,
+        rss_bytes = logs::bytes(victim.rss_bytes).logged(),
         latency_us = latency.as_micros() as u64,
         "kernel OOM killer chose a victim"
     );

@@ -40,6 +40,7 @@ use crate::{
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
         triggers::{self, MemoryFalls},
     },
+    logs,
     node::{
         cgroupfs::{CgroupFs, CgroupVersion},
         inventory::Inventory,
@@ -182,8 +183,10 @@ pub async fn run(
     info!(version = ?cgroupfs.version, memory = %cgroupfs.memory_root.display(),
         pids = ?cgroupfs.pids_root, node = inventory.node_cgroup(), "cgroup hierarchies");
     for threshold in &config.thresholds {
-        info!(signal = %threshold.signal, value = ?threshold.value, hard = threshold.hard,
-            grace = ?threshold.grace_period, min_reclaim = ?threshold.min_reclaim, "eviction threshold");
+        let bytes = threshold.signal.resource().in_bytes();
+        info!(signal = %threshold.signal, value = logs::threshold(threshold.value, bytes).logged(),
+            hard = threshold.hard, grace = ?threshold.grace_period,
+            min_reclaim = logs::threshold(threshold.min_reclaim, bytes).logged(), "eviction threshold");
     }
     if config.thresholds.is_empty() {
         warn!("no eviction thresholds: evictd reports but never evicts");
@@ -916,7 +919,7 @@ impl PidHooks {
                     let state = if wanted { "attached" } else { "detached" };
                     match plan {
                         Some(plan) => info!(state, reason, distance = ?plan.distance,
-                            zone = plan.zone_width, "PID hooks"),
+                            zone = logs::amount(plan.zone_width, false).logged(), "PID hooks"),
                         None => info!(state, reason, "PID hooks"),
                     }
                 }

@@ -20,6 +20,7 @@ use crate::{
         bpf::{Purpose, ScopeKind, monotonic_now_ns},
         notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
+    logs,
     node::{
         cgroupfs::{self, CgroupFs, KeptOpen},
         stats::machine_working_set,
@@ -329,7 +330,7 @@ impl PreciseHooks {
             match zone::edge_check_after(value, level, self.approach_rate) {
                 Some(after) => soonest = soonest.min(after),
                 None => {
-                    info!(scope = %path, value, level, "zone's edge passed, seen by the backstop read before the kernel's notification");
+                    info!(scope = %path, value = logs::bytes(value).logged(), level, "zone's edge passed, seen by the backstop read before the kernel's notification");
                     return Ok(None);
                 }
             }

@@ -15,6 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     kernel::bpf::{BpfError, CgroupChange, Crossing, ScopeKind, ScopeMaps},
+    logs,
     node::cgroupfs::{self, CgroupError, CgroupFs, HierarchyIds},
     report::metrics::Metrics,
     scopes::{
@@ -198,7 +199,7 @@ impl<B: BandTable> Monitor<B> {
                 if !self.settle(key, reading, origin) {
                     debug!(
                         scope = path.as_deref().unwrap_or("node"),
-                        value = reading.value,
+                        value = logs::amount(reading.value, key.kind.in_bytes()).logged(),
                         "band left but the level holds (value moved back, or a repeat); re-armed"
                     );
                 }
@@ -482,8 +483,8 @@ impl<B: BandTable> Monitor<B> {
             scope = label,
             resource = kind.as_str(),
             cgroup_id = id,
-            ?thresholds,
-            value = reading.value,
+            thresholds = logs::amounts(&thresholds, kind.in_bytes()).logged(),
+            value = logs::amount(reading.value, kind.in_bytes()).logged(),
             level,
             trigger = if kernel { "bpf" } else { "poll" },
             "watching scope"
@@ -597,16 +598,17 @@ impl<B: BandTable> Monitor<B> {
             .crossings
             .with_label_values(&[key.kind.as_str(), direction, origin.source])
             .inc();
+        let bytes = key.kind.in_bytes();
         info!(
             scope = scope.label(),
             resource = key.kind.as_str(),
             direction,
-            threshold = change.threshold,
+            threshold = logs::amount(change.threshold, bytes).logged(),
             level = change.to,
             previous_level = change.from,
-            kernel_value = origin.kernel_value,
-            value = reading.value,
-            working_set = reading.working_set,
+            kernel_value = logs::maybe_amount(origin.kernel_value, bytes).logged(),
+            value = logs::amount(reading.value, bytes).logged(),
+            working_set = logs::maybe_amount(reading.working_set, bytes).logged(),
             latency_us = origin.latency.map(|l| l.as_micros() as u64),
             source = origin.source,
             "threshold crossed"

@@ -34,6 +34,7 @@ use crate::{
         reason::KillReason,
         thresholds::{Resource, Signal},
     },
+    logs,
     node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
     report::{
         kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
@@ -430,17 +431,18 @@ impl<I: Io> Evictor<I> {
             .zip(ThreadUsage::now())
             .map(|(start, end)| end.since(&start));
         let qos = pod.qos_class();
+        let bytes = starvation.resource.in_bytes();
         info!(
             %signal,
-            observed = starvation.observation.available,
-            threshold = starvation.threshold_quantity,
-            min_reclaim = starvation.min_reclaim_quantity,
-            deficit = starvation.deficit(),
+            observed = logs::amount(starvation.observation.available, bytes).logged(),
+            threshold = logs::amount(starvation.threshold_quantity, bytes).logged(),
+            min_reclaim = logs::amount(starvation.min_reclaim_quantity, bytes).logged(),
+            deficit = logs::amount(starvation.deficit(), bytes).logged(),
             hard = starvation.threshold.hard,
             resource = %starvation.resource,
             victim = %victim.pod,
             reason = victim.reason.as_str(),
-            victim_usage = victim.usage,
+            victim_usage = logs::amount(victim.usage, bytes).logged(),
             ?qos,
             grace_seconds = victim.grace_period.as_secs(),
             %candidates,
@@ -684,7 +686,10 @@ impl<I: Io> Evictor<I> {
                         Ok(remaining) if remaining <= target => {
                             info!(
                                 victim = reclaim.pod,
-                                freed_bytes = reclaim.working_set_before.saturating_sub(remaining),
+                                freed_bytes = logs::bytes(
+                                    reclaim.working_set_before.saturating_sub(remaining)
+                                )
+                                .logged(),
                                 after_us = elapsed.as_micros() as u64,
                                 at_ns = self.clock.now_ns(),
                                 "memory back"
@@ -717,7 +722,8 @@ impl<I: Io> Evictor<I> {
                                 >= reclaim.victim_usage / 2
                     });
                     if back {
-                        info!(victim = reclaim.pod, signal = %reclaim.signal, available,
+                        info!(victim = reclaim.pod, signal = %reclaim.signal,
+                            available = logs::maybe_amount(available, reclaim.resource.in_bytes()).logged(),
                             after_us = elapsed.as_micros() as u64, "resource back");
                     }
                     back
@@ -761,11 +767,12 @@ impl<I: Io> Evictor<I> {
         let until =
             self.safeguards
                 .hold_outside(reclaim.signal, self.clock.now_ns(), &self.metrics);
+        let bytes = reclaim.resource.in_bytes();
         error!(
             signal = %reclaim.signal,
             victim = reclaim.pod,
-            victim_usage = reclaim.victim_usage,
-            gained,
+            victim_usage = logs::amount(reclaim.victim_usage, bytes).logged(),
+            gained = logs::amount(gained, bytes).logged(),
             hold_s = until.as_secs(),
             "the node did not get back what the evicted pod held: the pressure is outside the pods \
              (a host process, kernel memory, host tmpfs?); no more evictions for this signal \

@@ -16,6 +16,7 @@ use crate::{
         wake::Wake,
     },
     decide::{engine::Victim, reason::KillReason},
+    logs,
     node::{
         inventory::InventoryError,
         runtime::local_storage::{LocalStorageEviction, LocalStorageViolation},
@@ -148,7 +149,7 @@ impl<I: Io> Evictor<I> {
             resource = "ephemeral-storage",
             victim = %pod.key(),
             limit = %limit,
-            used_bytes,
+            used_bytes = logs::bytes(used_bytes).logged(),
             eviction_message = violation.message(),
             ?qos,
             grace_seconds = IMMEDIATE_EVICTION_GRACE_PERIOD.as_secs(),

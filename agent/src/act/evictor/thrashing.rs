@@ -18,6 +18,7 @@ use crate::{
         wake::Wake,
     },
     decide::{engine::Victim, reason::KillReason, thresholds::Resource},
+    logs,
     node::{inventory::ThrashingPod, snapshot::PodSnapshot},
 };
 
@@ -61,8 +62,8 @@ impl<I: Io> Evictor<I> {
         let message = thrashing.describe(self.options.thrashing_limits);
         warn!(
             pod = %pod.key(),
-            usage_bytes = thrashing.usage_bytes,
-            limit_bytes = thrashing.limit_bytes,
+            usage_bytes = logs::bytes(thrashing.usage_bytes).logged(),
+            limit_bytes = logs::bytes(thrashing.limit_bytes).logged(),
             refaulted_percent = thrashing.refaulted_percent,
             stalled_percent = thrashing.stalled_percent,
             window_ms = thrashing.window.as_millis() as u64,
@@ -112,7 +113,7 @@ impl<I: Io> Evictor<I> {
             reason = reason.as_str(),
             resource = Resource::Memory.as_str(),
             victim = %pod.key(),
-            usage_bytes,
+            usage_bytes = logs::bytes(usage_bytes).logged(),
             eviction_message = message,
             ?qos,
             grace_seconds = grace.as_secs(),

@@ -35,6 +35,12 @@ impl ScopeKind {
             Self::Pids => "pids",
         }
     }
+
+    /// Whether it counts bytes (written "100Mi" in the text logs) rather
+    /// than tasks.
+    pub fn in_bytes(self) -> bool {
+        self == Self::Memory
+    }
 }
 
 /// The bands of the watched scopes, by cgroup id: what the programs compare

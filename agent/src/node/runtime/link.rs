@@ -48,7 +48,7 @@ use super::{
     reading::{DiskReading, FsPaths},
     reclaim::{self, ImageTracker, ReclaimRequest, ReclaimRounds, ReclaimStep, Removal},
 };
-use crate::{decide::thresholds::Signal, report::metrics::Metrics};
+use crate::{decide::thresholds::Signal, logs, report::metrics::Metrics};
 
 /// How old the pods' disk usage may be for a decision: containerd's
 /// `stats_collect_period` (10 s by default), how often it measures the
@@ -712,7 +712,7 @@ impl IncompletePods {
                 warn!(pod = %format!("{}/{}", pod.namespace, pod.name),
                     reason = shortfall.reason.as_str(), path = %shortfall.path.display(),
                     error = shortfall.error.as_deref().unwrap_or_default(),
-                    ephemeral_storage_bytes_seen = pod.ephemeral_storage_bytes(),
+                    ephemeral_storage_bytes_seen = logs::bytes(pod.ephemeral_storage_bytes()).logged(),
                     "pod's logs and volumes not measured whole: its disk usage is at least what was seen; it ranks first for disk, and is held to any local-storage limit it sets as over it (unless only time cut the walk short)");
             }
             now.insert(uid.clone(), shortfall.reason);

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tracing::{info, warn};
 
 use super::{RuntimeClient, RuntimeError, filesystems::DiskLayout};
-use crate::decide::thresholds::Signal;
+use crate::{decide::thresholds::Signal, logs};
 
 pub mod images;
 pub mod rounds;
@@ -250,7 +250,7 @@ pub async fn remove_unused_images(
     for image in list_unused_images(client, tracker, now).await? {
         match client.remove_image(&image.id).await {
             Ok(()) => {
-                info!(image = image.id, tags = ?image.repo_tags, size_bytes = image.size,
+                info!(image = image.id, tags = ?image.repo_tags, size_bytes = logs::bytes(image.size).logged(),
                     "node reclaim: removed an unused image");
                 removed.push(Removal::image(&image));
             }

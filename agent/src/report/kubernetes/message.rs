@@ -52,10 +52,7 @@ pub fn eviction_message(signal: StarvedSignal, containers: &[ContainerUsage]) ->
     let resource = signal.resource.as_str();
     // Bytes print in binary units (BinarySI), counts in decimal ones, as
     // kubelet's signal observations are built.
-    let bytes = matches!(
-        signal.resource,
-        Resource::Memory | Resource::EphemeralStorage
-    );
+    let bytes = signal.resource.in_bytes();
     let mut text = format!("The node was low on resource: {resource}. ");
     text.push_str(&format!(
         "Threshold quantity: {}, available: {}. ",
