@@ -41,10 +41,7 @@ fn demo() -> Result<()> {
         node.node_cgroup(),
         NODE_MEMORY / MIB
     );
-    println!(
-        "  {:<14} {:<11} {:>11} {:>16} {:>9}",
-        "pod", "QoS", "priority", "memory request", "holds"
-    );
+    let mut rows = Vec::new();
     for pod in node.pods.clone() {
         let held = STEADY_POD_MEMORY
             .iter()
@@ -62,15 +59,15 @@ fn demo() -> Result<()> {
             "BestEffort"
         };
         let request = container["requests"]["memory"].as_str().unwrap_or("-");
-        println!(
-            "  {:<14} {:<11} {:>11} {:>16} {:>6} MiB",
-            pod.name,
-            qos,
-            pod.metadata["priority"],
-            request,
-            held / MIB
-        );
+        rows.push(vec![
+            pod.name.clone(),
+            qos.to_owned(),
+            pod.metadata["priority"].to_string(),
+            request.to_owned(),
+            format!("{} MiB", held / MIB),
+        ]);
     }
+    print!("{}", table(&POD_COLUMNS, &rows));
 
     let mut agent_args = node.agent_args();
     agent_args.push("--eviction-hard=memory.available<100Mi".into());
@@ -156,4 +153,106 @@ fn demo() -> Result<()> {
         bail!("the demo did not go as expected");
     }
     Ok(())
+}
+
+/// Which side of its column a cell keeps to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Align {
+    Left,
+    Right,
+}
+
+const POD_COLUMNS: [(&str, Align); 5] = [
+    ("pod", Align::Left),
+    ("QoS", Align::Left),
+    ("priority", Align::Right),
+    ("memory request", Align::Right),
+    ("holds", Align::Right),
+];
+
+/// A table indented by two spaces, each column as wide as its widest cell
+/// or header: fixed widths let a long name or priority push the rest of
+/// its row out of line (and serde_json's `Value` ignores a width).
+fn table(columns: &[(&str, Align)], rows: &[Vec<String>]) -> String {
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(i, (header, _))| {
+            rows.iter()
+                .filter_map(|row| row.get(i))
+                .map(|cell| cell.chars().count())
+                .chain([header.chars().count()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let headers: Vec<String> = columns
+        .iter()
+        .map(|(header, _)| (*header).to_owned())
+        .collect();
+    let mut out = String::new();
+    for cells in std::iter::once(&headers).chain(rows) {
+        let mut line = String::from(" ");
+        for ((cell, &(_, align)), &width) in cells.iter().zip(columns).zip(&widths) {
+            line.push(' ');
+            match align {
+                Align::Left => line.push_str(&format!("{cell:<width$}")),
+                Align::Right => line.push_str(&format!("{cell:>width$}")),
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Where each column lines up in `line`: a left-aligned cell's first
+    /// character, a right-aligned cell's end.
+    fn edges(line: &str, cells: &[&str]) -> Vec<usize> {
+        let mut from = 0;
+        cells
+            .iter()
+            .zip(POD_COLUMNS)
+            .map(|(cell, (_, align))| {
+                let start = from + line[from..].find(cell).expect("cell in its line");
+                from = start + cell.len();
+                match align {
+                    Align::Left => start,
+                    Align::Right => from,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn header_and_rows_line_up_whatever_the_widths() {
+        let rows: Vec<Vec<String>> = [
+            [
+                "guaranteed-long-name",
+                "Guaranteed",
+                "2000001000",
+                "256Mi",
+                "64 MiB",
+            ],
+            ["be", "BestEffort", "0", "-", "0 MiB"],
+            ["burstable", "Burstable", "-10", "1536Mi", "128 MiB"],
+        ]
+        .iter()
+        .map(|row| row.iter().map(|cell| (*cell).to_owned()).collect())
+        .collect();
+        let rendered = table(&POD_COLUMNS, &rows);
+        let lines: Vec<&str> = rendered.lines().collect();
+        assert_eq!(lines.len(), 1 + rows.len());
+        let headers: Vec<&str> = POD_COLUMNS.iter().map(|(header, _)| *header).collect();
+        let expected = edges(lines[0], &headers);
+        for (line, row) in lines[1..].iter().zip(&rows) {
+            let cells: Vec<&str> = row.iter().map(String::as_str).collect();
+            assert_eq!(edges(line, &cells), expected, "{rendered}");
+        }
+        assert!(lines[0].starts_with("  pod "), "{rendered}");
+    }
 }
