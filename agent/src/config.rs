@@ -21,7 +21,7 @@ mod eviction;
 pub use eviction::{ConfigError, ConfigWarning, EvictionArgs};
 
 /// What `--mode event` uses on the kernels evictd is tested on
-/// (`triggers::choose`; README has the measurements behind it).
+/// (`triggers::choose`; docs/kernels.md has the measurements behind it).
 const TRIGGERS_BY_KERNEL: &str = "\
 Triggers in --mode event, chosen at startup from what the kernel offers (logged,
 and exported as evictd_trigger_info and evictd_trigger_hook_info):

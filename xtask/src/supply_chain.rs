@@ -41,7 +41,7 @@ pub fn deny(toolchain: &Toolchain, root: &Path) -> Result<()> {
                 // codegen unit: minutes of CI on two cores for a tool that
                 // reads a few hundred manifests. Built unoptimized it
                 // compiles in 40% of the CPU time and checks evictd's graph
-                // in under 3 s (README, Supply chain, has the numbers).
+                // in under 3 s (docs/operations.md, Supply chain, has the numbers).
                 .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
                 .env("CARGO_PROFILE_RELEASE_LTO", "false")
                 .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "256")
@@ -74,7 +74,7 @@ pub fn deny(toolchain: &Toolchain, root: &Path) -> Result<()> {
 /// `excluded`, CycloneDX's scope for what does not ship.
 ///
 /// Generated here rather than by `cargo cyclonedx`: installing that from
-/// crates.io compiles for about 290 CPU-seconds (README, Supply chain),
+/// crates.io compiles for about 290 CPU-seconds (docs/operations.md, Supply chain),
 /// which CI would pay on every run, for what `cargo metadata` and the lock
 /// file already say.
 pub fn sbom(toolchain: &Toolchain, root: &Path, target: &str, out: &Path) -> Result<usize> {
