@@ -62,9 +62,22 @@ pub enum Command {
     Simulate(SimulateArgs),
     /// Print the live node (signals and pods) as a snapshot `simulate` reads.
     Snapshot(InventoryArgs),
+    /// Print the agent's last decisions for a person, from its decision
+    /// record in --state-dir.
+    Explain(ExplainArgs),
     /// Print the seccomp profile the agent runs under, or install it where
     /// kubelet finds Localhost profiles (the DaemonSet's init container).
     SeccompProfile(SeccompProfileArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ExplainArgs {
+    /// The agent's --state-dir.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/evictd")]
+    pub state_dir: PathBuf,
+    /// How many of the last decisions, newest last.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub last: usize,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -430,6 +443,14 @@ pub struct RunArgs {
     /// DaemonSet.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/evictd")]
     pub state_dir: PathBuf,
+
+    /// How many threshold decisions to keep in --state-dir (decision-N.json,
+    /// each at most 1 MiB, the oldest overwritten): the node and pods as the
+    /// engine saw them, the thresholds, the ranking, the victims and what
+    /// was done. `evictd simulate --snapshot` replays one, `evictd explain`
+    /// prints them. 0: none kept.
+    #[arg(long, value_name = "N", default_value_t = crate::report::decisions::DEFAULT_RECORDS)]
+    pub decision_records: usize,
 
     /// After a kill, how long to wait for the starved resource to come back
     /// before choosing the next victim anyway.

@@ -3,13 +3,16 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use evictd::{
     config::{
-        Cli, Command, EvictionArgs, InventoryArgs, LogFormat, SeccompProfileArgs, SimulateArgs,
+        Cli, Command, EvictionArgs, ExplainArgs, InventoryArgs, LogFormat, SeccompProfileArgs,
+        SimulateArgs,
     },
     decide::thresholds::EvictionConfig,
     node::cgroupfs::CgroupFs,
     node::inventory::{Inventory, InventoryError},
     node::runtime::{RuntimeClient, reading::DiskReading},
+    report::decisions::{self, DecisionsError},
     run::{seccomp, simulate},
+    state::StateDir,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -35,6 +38,7 @@ fn main() -> ExitCode {
         None => cli.run,
         Some(Command::Simulate(args)) => return simulate(&args),
         Some(Command::Snapshot(args)) => return snapshot(&args),
+        Some(Command::Explain(args)) => return explain(&args),
         Some(Command::Thresholds(args)) => return thresholds(&args),
         Some(Command::SeccompProfile(args)) => return seccomp_profile(&args),
     };
@@ -133,6 +137,39 @@ fn seccomp_profile(args: &SeccompProfileArgs) -> ExitCode {
     }
 }
 
+/// `evictd explain`: the last decisions of the agent's record, for a person.
+fn explain(args: &ExplainArgs) -> ExitCode {
+    if !args.state_dir.is_dir() {
+        eprintln!(
+            "evictd: no decision record: {} is not a directory (the agent's --state-dir)",
+            args.state_dir.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    let records = StateDir::open(&args.state_dir)
+        .map_err(DecisionsError::from)
+        .and_then(|dir| decisions::read_records(&dir));
+    match records {
+        Ok(records) if records.is_empty() => {
+            println!(
+                "no decisions recorded in {} (none made yet, or --decision-records 0)",
+                args.state_dir.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(records) => {
+            let shown = &records[records.len().saturating_sub(args.last)..];
+            let text: Vec<String> = shown.iter().map(decisions::explain).collect();
+            print!("{}", text.join("\n"));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("evictd: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `evictd snapshot`: the live node as one JSON object on stdout.
 fn snapshot(args: &InventoryArgs) -> ExitCode {
     let result = open_inventory(args).and_then(|mut inventory| inventory.snapshot(0.0));
@@ -191,7 +228,12 @@ fn simulate(args: &SimulateArgs) -> ExitCode {
         Err(code) => return code,
     };
     let mut stdout = std::io::stdout().lock();
-    match simulate::run_file(&config, args.policy, &args.snapshot, &mut stdout) {
+    let replay = if args.eviction.sets_thresholds() {
+        simulate::Replay::CommandLineThresholds
+    } else {
+        simulate::Replay::RecordedThresholds
+    };
+    match simulate::run_file(&config, args.policy, replay, &args.snapshot, &mut stdout) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_input_error() => usage_error(e),
         Err(e) => {

@@ -186,6 +186,21 @@ impl StateDir {
         Ok(Some(contents))
     }
 
+    /// When the regular file `name` was last written; `None` when there is
+    /// no such file. The name is not followed.
+    pub fn modified(&self, name: &str) -> Result<Option<std::time::SystemTime>, StateError> {
+        let path = self.file(name);
+        match fs::symlink_metadata(&path) {
+            Ok(metadata) if metadata.is_file() => metadata
+                .modified()
+                .map(Some)
+                .map_err(|source| StateError::Io { path, source }),
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(StateError::Io { path, source }),
+        }
+    }
+
     /// Replaces `name` with `contents`, atomically. The temporary file is
     /// made afresh (whatever was left at its name is removed first, and
     /// nothing there is followed or reused) and removed if anything fails.

@@ -44,7 +44,14 @@ fn run(config: &EvictionConfig, file: &str, evict_set: bool) -> Vec<String> {
         evict_set,
         ..PolicyArgs::default()
     };
-    simulate::run_file(config, policy, path.as_ref(), &mut out).unwrap();
+    simulate::run_file(
+        config,
+        policy,
+        simulate::Replay::CommandLineThresholds,
+        path.as_ref(),
+        &mut out,
+    )
+    .unwrap();
     String::from_utf8(out)
         .unwrap()
         .lines()

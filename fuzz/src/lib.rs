@@ -185,7 +185,13 @@ pub fn simulate(text: &str) {
     for config in configs() {
         for policy in policies.clone() {
             let mut out = Vec::new();
-            match simulate::run(config, policy, text, &mut out) {
+            match simulate::run(
+                config,
+                policy,
+                simulate::Replay::CommandLineThresholds,
+                text,
+                &mut out,
+            ) {
                 Ok(()) => check_decisions(text, &out),
                 Err(e) => {
                     assert!(e.is_input_error(), "{e}");

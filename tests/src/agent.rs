@@ -126,6 +126,44 @@ impl Agent {
 
     /// SIGTERM, then waits (bounded) for the exit and the end of its log,
     /// which it gives back.
+    /// The --state-dir the test gave it none of, while it lives.
+    pub fn own_state_dir(&self) -> Option<&std::path::Path> {
+        self.state_dir.as_deref()
+    }
+
+    /// Asserts that the agent's first decision record (its own --state-dir)
+    /// says `outcome` for `victim`, that `evictd simulate` replays it to
+    /// `victim` alone, and that `evictd explain` tells it.
+    pub fn expect_recorded_decision(&self, victim: &str, outcome: &str) {
+        let Some(state_dir) = self.own_state_dir() else {
+            panic!("the test named the agent's --state-dir: read its record there");
+        };
+        let record = state_dir.join("decision-0.json");
+        if let Err(e) = wait_until(AGENT_DEADLINE, "the decision record", || record.is_file()) {
+            panic!("{e}");
+        }
+        let text = std::fs::read_to_string(&record).unwrap_or_default();
+        let recorded: Value = serde_json::from_str(&text).unwrap_or_default();
+        assert_eq!(recorded["decision"]["outcome"], outcome, "{text}");
+        let replay = run_evictd(&["simulate", "--snapshot", &record.display().to_string()]);
+        let (status, replayed) = replay.unwrap_or_else(|e| panic!("simulate: {e}"));
+        assert!(status.success(), "simulate: {replayed}");
+        let replayed: Value = serde_json::from_str(&replayed).unwrap_or_default();
+        assert_eq!(
+            replayed["victims"],
+            serde_json::json!([victim]),
+            "{replayed}"
+        );
+        let dir = state_dir.display().to_string();
+        let explain = run_evictd(&["explain", "--state-dir", &dir, "--last", "1"]);
+        let (status, explained) = explain.unwrap_or_else(|e| panic!("explain: {e}"));
+        assert!(status.success(), "explain: {explained}");
+        assert!(
+            explained.contains(&format!("{victim} (")) && explained.contains("<- victim"),
+            "{explained}"
+        );
+    }
+
     pub fn stop(self) -> io::Result<(ExitStatus, AgentLog)> {
         self.signal(nix::sys::signal::Signal::SIGTERM)?;
         self.wait_exit()

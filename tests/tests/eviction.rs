@@ -68,6 +68,9 @@ fn a_memory_hog_is_evicted_before_the_oom_killer_and_every_other_pod_lives() {
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
     assert_eq!(agent.log.all("eviction decided").len(), 1);
     assert!(agent.log.all("kernel OOM killer chose a victim").is_empty());
+
+    // The decision's record replays to the same victim, and reads as it.
+    agent.expect_recorded_decision("default/hog", "evicted");
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }
@@ -95,6 +98,7 @@ fn in_poll_mode_the_same_hog_is_found_on_the_timer() {
     assert_eq!(decided["trigger"], "poll", "{decided}");
     assert!(!node.alive("hog"));
     assert!(node.alive("batch"));
+    agent.expect_recorded_decision("default/hog", "evicted");
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }
@@ -247,6 +251,7 @@ fn a_fork_bomb_is_evicted_before_the_node_runs_out_of_pids() {
     let events = node.tree.dir(Controller::Pids, "node").join("pids.events");
     let events = fs::read_to_string(events).unwrap();
     assert!(events.contains("max 0"), "a fork hit pids.max: {events}");
+    agent.expect_recorded_decision("default/bomb", "evicted");
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }
@@ -283,6 +288,10 @@ fn in_dry_run_the_decision_is_reported_once_and_nothing_is_killed() {
     assert_eq!(agent.log.all("eviction decided").len(), 1);
     assert!(node.alive("hog"));
     assert!(agent.log.all("pod killed").is_empty());
+    // Recorded once, too.
+    agent.expect_recorded_decision("default/hog", "dry-run");
+    let state_dir = agent.own_state_dir().unwrap();
+    assert!(!state_dir.join("decision-1.json").exists());
     let (status, _) = agent.stop().unwrap();
     assert!(status.success());
 }

@@ -14,6 +14,7 @@ mod eviction;
 mod local_storage;
 mod memory_high;
 mod precise;
+mod record;
 mod safeguards;
 mod spent;
 mod thrashing;
@@ -197,6 +198,8 @@ pub struct Evictor<I: Io> {
     reclaim_asked: BTreeMap<Signal, Starvation>,
     /// The current engine run's first phases (see [`DecisionTimes`]).
     run_times: DecisionTimes,
+    /// `--decision-records`: where each threshold decision is kept.
+    recorder: Option<record::Recorder>,
 }
 
 /// The parts of an [`Evictor`], for its constructor.
@@ -252,6 +255,7 @@ impl<I: Io> Evictor<I> {
             container_pressure: memory_high::ExemptPods::default(),
             reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
+            recorder: None,
         }
     }
 
@@ -322,6 +326,7 @@ impl<I: Io> Evictor<I> {
             ..DecisionTimes::default()
         };
         let assessment = self.engine.observe(self.clock.now(), &observation.stats);
+        self.observed_for_record(&observation.stats);
         self.report_state(&assessment);
         let wires = tripwires(&self.config, &observation);
         let engine_raised = self.monitor.apply_engine(&wires.scopes);

@@ -271,6 +271,16 @@ pub struct EvictionArgs {
 }
 
 impl EvictionArgs {
+    /// Whether any threshold comes from the command line (a threshold flag
+    /// or --config), rather than kubelet's defaults.
+    pub fn sets_thresholds(&self) -> bool {
+        !(self.eviction_hard.is_empty()
+            && self.eviction_soft.is_empty()
+            && self.eviction_soft_grace_period.is_empty()
+            && self.eviction_minimum_reclaim.is_empty()
+            && self.config.is_none())
+    }
+
     /// Validates the flags and --config together into the engine's
     /// configuration. What deserves a warning is dropped: for callers that
     /// report nothing (tests, fuzzing); the commands use

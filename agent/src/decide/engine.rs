@@ -152,6 +152,17 @@ impl Starvation {
     }
 }
 
+/// A threshold met at the end of a round: the engine state a decision
+/// depends on besides the node it observed (a soft threshold's grace, a
+/// threshold held until its minimum reclaim is back).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MetThreshold {
+    pub signal: Signal,
+    pub hard: bool,
+    pub met_for_seconds: f64,
+    pub past_grace: bool,
+}
+
 /// kubelet's eviction manager state between two observations.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -189,6 +200,56 @@ impl Engine {
             pid_ranking,
             ..self
         }
+    }
+
+    /// The thresholds met at `now` (this round's observation made), each
+    /// with how long it has been met and whether it is past its grace
+    /// period: what the next round starts from, and what a replay must
+    /// start from to decide as this round did ([`Engine::resume`]).
+    pub fn thresholds_met_state(&self, now: Duration) -> Vec<MetThreshold> {
+        self.first_observed
+            .iter()
+            .map(|(&index, &first)| {
+                let threshold = &self.thresholds[index];
+                MetThreshold {
+                    signal: threshold.signal,
+                    hard: threshold.hard,
+                    met_for_seconds: now.saturating_sub(first).as_secs_f64(),
+                    past_grace: self.met_past_grace.contains(&index),
+                }
+            })
+            .collect()
+    }
+
+    /// An engine that has seen `met` at `now` on a node of `layout`, as
+    /// [`Engine::thresholds_met_state`] gave it: its next observation at
+    /// `now` decides as the recorded one did. Entries naming no threshold
+    /// of the configuration are left out.
+    pub fn resume(mut self, now: Duration, layout: DiskLayout, met: &[MetThreshold]) -> Self {
+        self.thresholds = with_containerfs_thresholds(&self.config.thresholds, layout);
+        self.layout = Some(layout);
+        for entry in met {
+            let Some(index) = self
+                .thresholds
+                .iter()
+                .position(|t| t.signal == entry.signal && t.hard == entry.hard)
+            else {
+                continue;
+            };
+            let mut met_for =
+                Duration::try_from_secs_f64(entry.met_for_seconds).unwrap_or_default();
+            // Seconds as a float may come back a nanosecond short of a
+            // grace period the record says was over.
+            if entry.past_grace {
+                met_for = met_for.max(self.thresholds[index].grace_period);
+            }
+            self.first_observed
+                .insert(index, now.saturating_sub(met_for));
+            if entry.past_grace {
+                self.met_past_grace.insert(index);
+            }
+        }
+        self
     }
 
     /// One round of kubelet's `synchronize`, up to the starved resource.

@@ -10,6 +10,7 @@ use crate::{
         thresholds::{Resource, Signal},
     },
     node::snapshot::{ForkRate, PodSnapshot, PodUsage},
+    quantity::Quantity,
 };
 
 /// How PID pressure ranks pods of equal priority.
@@ -203,12 +204,14 @@ impl Ranked {
     /// node must not format a sentence per pod.
     pub fn reason(&self) -> String {
         let resource = self.resource;
-        let usage = self.usage;
-        let mut text = match self.request {
-            Some(request) if usage > request => {
-                format!("{resource} {usage} exceeds request {request}")
+        // As Kubernetes writes quantities: a person reads this.
+        let amount = |value: i64| Quantity::from_units(value, resource.in_bytes());
+        let usage = amount(self.usage);
+        let mut text = match self.request.map(|request| (request, amount(request))) {
+            Some((request, shown)) if self.usage > request => {
+                format!("{resource} {usage} exceeds request {shown}")
             }
-            Some(request) => format!("{resource} {usage} within request {request}"),
+            Some((_, shown)) => format!("{resource} {usage} within request {shown}"),
             None => format!("{resource} {usage}"),
         };
         if let Some(rate) = self.fork_rate {

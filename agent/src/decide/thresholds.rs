@@ -3,7 +3,7 @@
 //! KubeletConfiguration fields.
 use std::{fmt, str::FromStr, time::Duration};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::decide::layout::DiskLayout;
 
@@ -103,6 +103,13 @@ impl Serialize for Signal {
     }
 }
 
+impl<'de> Deserialize<'de> for Signal {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// What a pod is ranked by and what an eviction reclaims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Resource {
@@ -179,7 +186,7 @@ impl Serialize for NodeCondition {
 /// A threshold's value: an absolute quantity or a share of the signal's
 /// capacity. The percentage is an `f32` fraction, as in kubelet, so
 /// thresholds resolve to the same byte as kubelet's.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ThresholdValue {
     /// Exact integer value: bytes for memory and disk, a count for inodes
@@ -201,13 +208,15 @@ impl ThresholdValue {
 }
 
 /// kubelet supports one operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Operator {
     LessThan,
 }
 
-/// One eviction threshold. A hard threshold has a zero grace period.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One eviction threshold. A hard threshold has a zero grace period. Read
+/// back (a decision record's) from what `evictd thresholds` prints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "PrintedThreshold")]
 pub struct Threshold {
     pub signal: Signal,
     pub operator: Operator,
@@ -220,6 +229,29 @@ pub struct Threshold {
     /// threshold given 0s is hard too: it evicts with no pod grace period.
     #[serde(skip)]
     pub hard: bool,
+}
+
+/// A threshold as printed: `hard` is its zero grace period.
+#[derive(Deserialize)]
+struct PrintedThreshold {
+    signal: Signal,
+    operator: Operator,
+    value: ThresholdValue,
+    grace_period_seconds: u64,
+    min_reclaim: ThresholdValue,
+}
+
+impl From<PrintedThreshold> for Threshold {
+    fn from(printed: PrintedThreshold) -> Self {
+        Self {
+            signal: printed.signal,
+            operator: printed.operator,
+            value: printed.value,
+            grace_period: Duration::from_secs(printed.grace_period_seconds),
+            min_reclaim: printed.min_reclaim,
+            hard: printed.grace_period_seconds == 0,
+        }
+    }
 }
 
 fn whole_seconds<S: serde::Serializer>(

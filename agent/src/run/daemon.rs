@@ -51,6 +51,7 @@ use crate::{
     },
     report::{
         self,
+        decisions::{DecisionRecords, DecisionsError},
         endpoint::{Endpoint, EndpointError, EndpointLimits, Routes},
         kernel::CounterExport,
         kubernetes::{KubeError, Kubernetes},
@@ -342,6 +343,16 @@ pub async fn run(
             memory_high_thresholds: args.memory_high_thresholds(),
         },
     );
+    if args.decision_records > 0 {
+        // A node is protected without its record: only the record is lost.
+        match StateDir::open(&args.state_dir)
+            .map_err(DecisionsError::from)
+            .and_then(|dir| DecisionRecords::start(dir, args.decision_records))
+        {
+            Ok(records) => evictor.set_decision_records(records),
+            Err(e) => warn!(error = %e, "decisions are not recorded"),
+        }
+    }
     if args.dry_run {
         warn!("--dry-run: evictions are decided and reported, nothing is killed");
     }

@@ -2,19 +2,24 @@
 //! prints each decision as one JSON line (shared/contracts/simulate.md).
 //! Touches nothing on the machine.
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
     io::{self, Write},
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::{
     config::PolicyArgs,
-    decide::engine::Engine,
-    decide::thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
+    decide::{
+        engine::{Engine, MetThreshold},
+        rank::PidRanking,
+        thresholds::{EvictionConfig, NodeCondition, Resource, Signal, Threshold},
+    },
     node::snapshot::Snapshot,
+    report::decisions::RecordedPolicy,
 };
 
 /// Why a simulation stopped. Input errors come before anything is printed.
@@ -59,6 +64,7 @@ pub enum InputError {
 pub fn run_file(
     config: &EvictionConfig,
     policy: PolicyArgs,
+    replay: Replay,
     path: &Path,
     out: &mut impl Write,
 ) -> Result<(), SimulateError> {
@@ -66,7 +72,7 @@ pub fn run_file(
         path: path.to_owned(),
         source,
     })?;
-    run(config, policy, &text, out).map_err(|error| match error {
+    run(config, policy, replay, &text, out).map_err(|error| match error {
         SimulateError::Input(source) => SimulateError::InFile {
             path: path.to_owned(),
             source,
@@ -75,18 +81,60 @@ pub fn run_file(
     })
 }
 
+/// Whether a decision record's own thresholds decide its replay: where the
+/// command line gives none (no threshold flag, no --config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    RecordedThresholds,
+    CommandLineThresholds,
+}
+
+/// What a decision record (report/decisions.rs) carries beside its
+/// snapshot: the agent's thresholds and policy, and the thresholds met
+/// before it decided.
+#[derive(Deserialize)]
+struct Recorded {
+    thresholds: Vec<Threshold>,
+    policy: RecordedPolicy,
+    #[serde(default)]
+    thresholds_met: Vec<MetThreshold>,
+}
+
 /// Decides on every snapshot of `snapshot_json` (one object, or an array
 /// replayed in order) and writes one JSON line per snapshot. The whole
-/// input is validated before the first line is written.
+/// input is validated before the first line is written. A decision record
+/// is replayed with its engine state, and with its own thresholds and
+/// policy as `replay` says.
 pub fn run(
     config: &EvictionConfig,
-    policy: PolicyArgs,
+    mut policy: PolicyArgs,
+    replay: Replay,
     snapshot_json: &str,
     out: &mut impl Write,
 ) -> Result<(), SimulateError> {
     let snapshots = parse(snapshot_json)?;
     let clock = clock(&snapshots)?;
-    let mut engine = Engine::new(config.clone()).with_pid_ranking(policy.pid_ranking);
+    let recorded = match snapshots.as_slice() {
+        [_] => serde_json::from_str::<Recorded>(snapshot_json).ok(),
+        _ => None,
+    };
+    // The record's state means something only with its own thresholds.
+    let recorded = recorded.filter(|_| replay == Replay::RecordedThresholds);
+    let mut config = Cow::Borrowed(config);
+    if let Some(recorded) = &recorded {
+        config.to_mut().thresholds = recorded.thresholds.clone();
+        policy.evict_set |= recorded.policy.evict_set;
+        if policy.pid_ranking == PidRanking::default()
+            && let Ok(ranking) = recorded.policy.pid_ranking.parse()
+        {
+            policy.pid_ranking = ranking;
+        }
+    }
+    let mut engine = Engine::new(config.into_owned()).with_pid_ranking(policy.pid_ranking);
+    if let (Some(recorded), [snapshot], [now]) = (&recorded, snapshots.as_slice(), clock.as_slice())
+    {
+        engine = engine.resume(*now, snapshot.node.disk_layout(), &recorded.thresholds_met);
+    }
     for (snapshot, now) in snapshots.iter().zip(clock) {
         let assessment = engine.observe(now, &snapshot.node);
         let choice = engine.choose(&assessment, &snapshot.pods, policy.into());

@@ -37,6 +37,7 @@ use crate::{
     logs,
     node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
     report::{
+        decisions::Outcome,
         kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
         metrics::Metrics,
     },
@@ -370,6 +371,7 @@ impl<I: Io> Evictor<I> {
         if choice.victims.is_empty() {
             warn!(%candidates, "threshold met but no pod may be evicted (all critical, running evictd, backing off, or none running)");
             self.unacted = Some(victims);
+            self.record_decision(wake, starvation, ranking, Outcome::NotActed);
             return Some(self.soon());
         }
         // A hard eviction taking over a pod's soft one is no new eviction:
@@ -383,7 +385,10 @@ impl<I: Io> Evictor<I> {
         } else {
             match self.safeguards.room(now_ns, &self.metrics) {
                 Ok(room) => room,
-                Err(wait) if taking_over.is_empty() => return Some(Action::Requeue(wait)),
+                Err(wait) if taking_over.is_empty() => {
+                    self.record_decision(wake, starvation, ranking, Outcome::HeldBudget);
+                    return Some(Action::Requeue(wait));
+                }
                 Err(_) => 0,
             }
         };
@@ -404,6 +409,12 @@ impl<I: Io> Evictor<I> {
             let cause = Cause::Threshold(starvation.clone());
             self.start(wake, cause, victim, pod, cgroup, &victims);
             started = true;
+        }
+        // After the kills started: the record waits for them, not they for it.
+        if self.options.dry_run {
+            self.record_decision(wake, starvation, ranking, Outcome::DryRun);
+        } else if started {
+            self.record_decision(wake, starvation, ranking, Outcome::Evicted);
         }
         Some(if started {
             // The end of an eviction wakes the engine.

@@ -516,12 +516,12 @@ fn explanations_say_why() {
     let ranking = kubelet_rank(&pods, Signal::MemoryAvailable, DiskLayout::Shared);
     assert_eq!(
         ranking[0].reason(),
-        "memory 209715200 exceeds request 104857600, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
+        "memory 200Mi exceeds request 100Mi, priority 2000000000; system-critical priority, never evicted; runs evictd, never evicted"
     );
     assert!(!ranking[0].evictable);
     assert_eq!(
         ranking[1].reason(),
-        "memory 52428800 within request 104857600, priority 0"
+        "memory 50Mi within request 100Mi, priority 0"
     );
     assert_eq!(pods[ranking[1].index].qos_class(), QosClass::Burstable);
 }
