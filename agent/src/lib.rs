@@ -39,6 +39,7 @@ pub mod decide;
 pub mod duration;
 pub mod kernel;
 pub mod logs;
+pub mod metrics;
 pub mod node;
 pub mod quantity;
 pub mod report;

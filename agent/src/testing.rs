@@ -113,6 +113,7 @@ pub(crate) mod fakes {
             thresholds::{Resource, Signal},
         },
         kernel::bpf::{BpfError, DecodeError, Purpose, Received},
+        metrics::Metrics,
         node::{
             cgroupfs::{CgroupError, CgroupFs, CgroupVersion, MemoryReading},
             container_pressure::PodFinding,
@@ -127,10 +128,7 @@ pub(crate) mod fakes {
             },
             stats::NodeObservation,
         },
-        report::{
-            kubernetes::{EvictOutcome, EvictionNotice, KnownPod, PodWarning},
-            metrics::Metrics,
-        },
+        report::kubernetes::{EvictOutcome, EvictionNotice, KnownPod, PodWarning},
         scopes::{
             monitor::{BandTable, KernelCoverage, Monitor, MonitorOptions},
             registry::ScopeKey,

@@ -8,7 +8,8 @@ use std::{sync::OnceLock, time::Duration};
 
 use evictd::{
     kernel::bpf::{DecodeError, KernelEvent, decode},
-    report::{self, metrics::Metrics},
+    metrics::Metrics,
+    report,
     scopes::spec::{Target, WatchSpec},
 };
 use evictd_common::{

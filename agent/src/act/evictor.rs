@@ -47,8 +47,8 @@ use crate::{
         thresholds::{EvictionConfig, NodeCondition, Resource, Signal},
     },
     kernel::bpf::CgroupChange,
+    metrics::Metrics,
     node::{inventory::InventoryError, runtime::link::NodeReclaim, snapshot::PodSnapshot},
-    report::metrics::Metrics,
     scopes::{
         monitor::Monitor,
         tripwires::{MemcgLevels, tripwires},

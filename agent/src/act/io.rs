@@ -9,6 +9,7 @@ use crate::{
     config::EvictionAction,
     decide::thresholds::{Resource, Signal},
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
+    metrics::Metrics,
     node::{
         cgroupfs::CgroupError,
         inventory::{Inventory, InventoryError, MemoryFindings},
@@ -19,7 +20,6 @@ use crate::{
     report::{
         kernel::CounterExport,
         kubernetes::{EvictOutcome, EvictionNotice, KnownPod, Kubernetes, PodWarning},
-        metrics::Metrics,
     },
     scopes::monitor::BandTable,
 };

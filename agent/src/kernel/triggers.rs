@@ -30,7 +30,7 @@ use crate::{
     kernel::bpf::{Hook, ProbeOptions, Probes, Purpose},
     kernel::btf::KernelBtf,
     kernel::capabilities::{Capabilities, Support},
-    report::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// When the agent must hear that memory usage fell below a band.

@@ -28,6 +28,7 @@ use crate::{
     decide::memory_high::MemoryHighThresholds,
     decide::thrashing::{Thrashing, ThrashingLimits},
     decide::thresholds::{Resource, Signal},
+    metrics::Metrics,
     node::cgroupfs::{CgroupError, CgroupFs, KeptOpen, OpenMemory, hierarchy_ids, is_gone},
     node::cold_cache::ColdCache,
     node::container_pressure::{ContainerPressures, PodFinding},
@@ -41,7 +42,6 @@ use crate::{
     node::stalls::{self, PodStalls, StallsError},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
     quantity::Quantity,
-    report::metrics::Metrics,
 };
 
 #[derive(Debug, thiserror::Error)]

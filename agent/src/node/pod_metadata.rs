@@ -16,11 +16,11 @@ use std::{
 use tracing::{info, warn};
 
 use crate::{
+    metrics::Metrics,
     node::{
         inventory::{InventoryError, PodMetadataSource},
         snapshot::PodSnapshot,
     },
-    report::metrics::Metrics,
 };
 
 /// What identifies one version of the file: its modification time and

@@ -21,12 +21,12 @@ use tracing::warn;
 
 use crate::{
     decide::thrashing::{self, Thrashing, ThrashingLimits},
+    metrics::{Metrics, PodMemoryRow, PodMemoryTotals},
     node::{
         cgroupfs::{CgroupError, CgroupVersion, StallTexts},
         snapshot::MemoryStalls,
         stats::page_size,
     },
-    report::metrics::{Metrics, PodMemoryRow, PodMemoryTotals},
 };
 
 /// How often the pods' counters are read at most: cAdvisor's housekeeping

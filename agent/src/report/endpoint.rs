@@ -39,7 +39,7 @@ use tokio::{net::TcpStream, sync::oneshot, task::AbortHandle};
 use tower_service::Service as _;
 use tracing::{debug, warn};
 
-use crate::report::metrics::Metrics;
+use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {

@@ -9,7 +9,7 @@ use tracing::warn;
 use crate::{
     kernel::bpf::{DecodeError, KernelCounters, Probes},
     logs,
-    report::metrics::Metrics,
+    metrics::Metrics,
 };
 
 /// Logs and counts a victim of the kernel OOM killer; `scope` is the

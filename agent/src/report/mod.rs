@@ -1,9 +1,9 @@
-//! What the agent tells the world: Prometheus metrics and the bounded
-//! `endpoint` that serves them, what the kernel side saw (OOM victims, the
-//! programs' counters), and the Kubernetes API (pod metadata in, eviction
-//! reports out).
+//! What the agent tells the world: the bounded `endpoint` that serves the
+//! Prometheus metrics ([`crate::metrics`]), the `decisions` kept in
+//! --state-dir, what the kernel side saw (OOM victims, the programs'
+//! counters), and the Kubernetes API (pod metadata in, eviction reports
+//! out).
 pub mod decisions;
 pub mod endpoint;
 pub mod kernel;
 pub mod kubernetes;
-pub mod metrics;

@@ -41,6 +41,7 @@ use crate::{
         triggers::{self, MemoryFalls},
     },
     logs,
+    metrics::{Metrics, MetricsError},
     node::{
         cgroupfs::{CgroupFs, CgroupVersion},
         inventory::Inventory,
@@ -55,7 +56,6 @@ use crate::{
         endpoint::{Endpoint, EndpointError, EndpointLimits, Routes},
         kernel::CounterExport,
         kubernetes::{KubeError, Kubernetes},
-        metrics::{Metrics, MetricsError},
     },
     run::precise::PreciseHooks,
     scopes::{

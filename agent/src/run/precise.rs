@@ -21,11 +21,11 @@ use crate::{
         notify::{MemcgThresholds, NotifyError, Registered, Registration},
     },
     logs,
+    metrics::Metrics,
     node::{
         cgroupfs::{self, CgroupFs, KeptOpen},
         stats::machine_working_set,
     },
-    report::metrics::Metrics,
     scopes::zone::{self, ArmReason, ZoneEdge, ZonePlan},
 };
 

@@ -16,8 +16,8 @@ use tracing::{debug, info, warn};
 use crate::{
     kernel::bpf::{BpfError, CgroupChange, Crossing, ScopeKind, ScopeMaps},
     logs,
+    metrics::Metrics,
     node::cgroupfs::{self, CgroupError, CgroupFs, HierarchyIds},
-    report::metrics::Metrics,
     scopes::{
         levels::Levels,
         registry::{Owner, Reading, Registry, Scope, ScopeKey, Settled},

@@ -35,11 +35,11 @@ use crate::{
         thresholds::{Resource, Signal},
     },
     logs,
+    metrics::Metrics,
     node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
     report::{
         decisions::Outcome,
         kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
-        metrics::Metrics,
     },
 };
 

@@ -16,8 +16,8 @@ use tracing::{debug, info, warn};
 use crate::{
     decide::{engine::Assessment, thresholds::Signal},
     duration,
+    metrics::Metrics,
     node::snapshot::PodSnapshot,
-    report::metrics::Metrics,
 };
 
 /// The first back-off of a pod whose kill failed: kubelet's housekeeping

@@ -48,7 +48,7 @@ use super::{
     reading::{DiskReading, FsPaths},
     reclaim::{self, ImageTracker, ReclaimRequest, ReclaimRounds, ReclaimStep, Removal},
 };
-use crate::{decide::thresholds::Signal, logs, report::metrics::Metrics};
+use crate::{decide::thresholds::Signal, logs, metrics::Metrics};
 
 /// How old the pods' disk usage may be for a decision: containerd's
 /// `stats_collect_period` (10 s by default), how often it measures the

@@ -33,7 +33,7 @@ pub use report::{EvictOutcome, EvictionNotice, PodWarning};
 use crate::{
     config::{EvictionAction, KubernetesArgs},
     decide::{reason::KillReason, thresholds::Resource},
-    report::metrics::Metrics,
+    metrics::Metrics,
     state::StateDir,
 };
 

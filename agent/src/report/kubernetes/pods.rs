@@ -23,11 +23,11 @@ use super::{
     pod_cache::{PodCache, SAVE_PERIOD},
 };
 use crate::{
+    metrics::Metrics,
     node::inventory::{InventoryError, PodMetadataSource},
     node::runtime::local_storage::EmptyDirVolume,
     node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
     quantity::Quantity,
-    report::metrics::Metrics,
 };
 
 /// On a mirror pod, the API server's copy of a static pod: the uid of the

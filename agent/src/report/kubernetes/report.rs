@@ -36,7 +36,7 @@ use super::{
     ApiErrors, EvictionMessage, Failure, StarvedSignal,
     journal::{Journal, Pending, Stage},
 };
-use crate::{config::EvictionAction, report::metrics::Metrics};
+use crate::{config::EvictionAction, metrics::Metrics};
 
 /// While the API does not answer, or answers 5xx/429, the reporter waits
 /// after each failed step, doubling from [`FIRST_RETRY`] to

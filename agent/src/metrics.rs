@@ -1,4 +1,5 @@
-//! Prometheus metrics; [`crate::endpoint`] serves them.
+//! Prometheus metrics; [`crate::report::endpoint`] serves them. The ground
+//! floor: every stage may count here, and this module imports no other.
 use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
@@ -740,7 +741,7 @@ mod tests {
     #[test]
     fn the_dashboard_queries_only_metrics_evictd_exports() {
         let dashboard: serde_json::Value = serde_json::from_str(include_str!(
-            "../../../deploy/monitoring/grafana-dashboard.json"
+            "../../deploy/monitoring/grafana-dashboard.json"
         ))
         .unwrap();
         let exported = exported_names(&Metrics::new().unwrap());
