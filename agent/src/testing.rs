@@ -105,6 +105,9 @@ pub(crate) mod fakes {
             wake::{Clock, Wake, WakeCause},
         },
         config::{EvictionAction, EvictionArgs},
+        decide::snapshot::{
+            FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
+        },
         decide::{
             engine::VictimPolicy,
             memory_high::MemoryHighThresholds,
@@ -122,9 +125,6 @@ pub(crate) mod fakes {
                 disk_usage::PodDiskUsage,
                 link::NodeReclaim,
                 local_storage::{self, LocalStorageEviction},
-            },
-            snapshot::{
-                FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
             },
             stats::NodeObservation,
         },

@@ -3,7 +3,8 @@
 //! ([`known_pod`]), Kubernetes' arithmetic on its resources, and the pod
 //! store's lookups by cgroup uid.
 use evictd::{
-    node::{resources, runtime::local_storage, snapshot::QosClass},
+    decide::{resources, snapshot::QosClass},
+    node::runtime::local_storage,
     report::kubernetes::{KnownPod, PodStore, known_pod},
 };
 use k8s_openapi::api::core::v1::Pod;

@@ -27,7 +27,7 @@ use std::{
     time::Duration,
 };
 
-use evictd::node::snapshot::{PodSnapshot, QosClass};
+use evictd::decide::snapshot::{PodSnapshot, QosClass};
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatus, ImageSpec,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,

@@ -9,7 +9,7 @@ use std::{
 
 use serde_json::{Value, json};
 
-use evictd::node::snapshot::{PodSnapshot, QosClass};
+use evictd::decide::snapshot::{PodSnapshot, QosClass};
 
 use crate::{Agent, KUBEPODS, PrivateCgroupTree, Workload};
 

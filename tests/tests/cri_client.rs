@@ -15,13 +15,13 @@ use std::{
 };
 
 use evictd::{
+    decide::snapshot::{PodSnapshot, PodUsage},
     node::runtime::{
         disk_usage::{self, PodDiskUsage},
         filesystems::{DiskLayout, RuntimeFilesystems},
         local_storage,
         reclaim::{self, ImageTracker, Removal, SandboxImages},
     },
-    node::snapshot::{PodSnapshot, PodUsage},
 };
 use evictd_integration::{
     CONTAINER, CriNode, IMAGE, OciImage, PodSpec, SCRATCH_PATH, SCRATCH_VOLUME, cgroupfs_path,

@@ -39,6 +39,7 @@ use crate::{
         pre_kill::PreKillHook,
         wake::{Clock, ThreadUsage, Wake},
     },
+    decide::snapshot::PodSnapshot,
     decide::{
         engine::{Assessment, Choice, Engine, Starvation, VictimPolicy},
         memory_high::MemoryHighThresholds,
@@ -48,7 +49,7 @@ use crate::{
     },
     kernel::bpf::CgroupChange,
     metrics::Metrics,
-    node::{inventory::InventoryError, runtime::link::NodeReclaim, snapshot::PodSnapshot},
+    node::{inventory::InventoryError, runtime::link::NodeReclaim},
     scopes::{
         monitor::Monitor,
         tripwires::{MemcgLevels, tripwires},

@@ -7,6 +7,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 use crate::{
     act::kill::{KillError, KillReport, Killer, Sandbox},
     config::EvictionAction,
+    decide::snapshot::PodSnapshot,
     decide::thresholds::{Resource, Signal},
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
     metrics::Metrics,
@@ -14,7 +15,6 @@ use crate::{
         cgroupfs::CgroupError,
         inventory::{Inventory, InventoryError, MemoryFindings},
         runtime::{link::NodeReclaim, local_storage::LocalStorageEviction},
-        snapshot::PodSnapshot,
         stats::NodeObservation,
     },
     report::{

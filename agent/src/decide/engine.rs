@@ -18,10 +18,10 @@ use crate::{
     decide::layout::DiskLayout,
     decide::rank::{self, PidRanking, Ranked},
     decide::reason::KillReason,
+    decide::snapshot::{NodeStats, PodSnapshot},
     decide::thresholds::{
         EvictionConfig, NodeCondition, Resource, Signal, Threshold, with_containerfs_thresholds,
     },
-    node::snapshot::{NodeStats, PodSnapshot},
 };
 
 mod victims;
@@ -46,7 +46,7 @@ pub fn observe_signals(node: &NodeStats) -> BTreeMap<Signal, Observation> {
     // kubelet computes capacity - working set in unsigned arithmetic and
     // reads it back as signed, so a working set above capacity is a
     // negative availability, not a clamp to zero.
-    let memory = |stats: &crate::node::snapshot::MemoryStats| Observation {
+    let memory = |stats: &crate::decide::snapshot::MemoryStats| Observation {
         available: int(stats.capacity_bytes).wrapping_sub(int(stats.working_set_bytes)),
         capacity: int(stats.capacity_bytes),
     };

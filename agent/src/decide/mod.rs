@@ -1,12 +1,15 @@
 //! kubelet's eviction policy, pure: thresholds, the engine (thresholds
 //! met, grace periods, node conditions, the starved resource), the disk
 //! layout that decides what a disk signal measures, the ranking of pods and
-//! the choice of victims, why each is killed, and a pod thrashing at its
-//! own limit.
+//! the choice of victims, why each is killed, a pod thrashing at its own
+//! limit, the `snapshot` types it decides on and Kubernetes' arithmetic on
+//! a pod's `resources` (its requests and QoS class).
 pub mod engine;
 pub mod layout;
 pub mod memory_high;
 pub mod rank;
 pub mod reason;
+pub mod resources;
+pub mod snapshot;
 pub mod thrashing;
 pub mod thresholds;

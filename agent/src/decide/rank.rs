@@ -5,11 +5,11 @@
 use std::{borrow::Borrow, cmp::Reverse, fmt, str::FromStr};
 
 use crate::{
+    decide::snapshot::{ForkRate, PodSnapshot, PodUsage},
     decide::{
         layout::DiskLayout,
         thresholds::{Resource, Signal},
     },
-    node::snapshot::{ForkRate, PodSnapshot, PodUsage},
     quantity::Quantity,
 };
 
@@ -187,7 +187,7 @@ pub struct Ranked {
     /// Whether evictd knows the pod's metadata (see [`rank`]).
     pub known: bool,
     /// Whether `usage` is only a lower bound: the walk of the pod's logs
-    /// and volumes fell short ([`PodUsage::disk_incomplete`](crate::node::snapshot::PodUsage::disk_incomplete)).
+    /// and volumes fell short ([`PodUsage::disk_incomplete`](crate::decide::snapshot::PodUsage::disk_incomplete)).
     pub usage_incomplete: bool,
     /// The fork rate the pod was ranked by ([`PidRanking::ForkRate`]);
     /// `None` when the ranking does not look at it.

@@ -18,7 +18,7 @@
 //! reads: refaults count pages reclaimed and needed again.
 use std::time::Duration;
 
-use crate::node::snapshot::MemoryStalls;
+use crate::decide::snapshot::MemoryStalls;
 
 /// What makes a pod at its limit thrashing; the defaults are lmkd's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

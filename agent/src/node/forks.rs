@@ -25,9 +25,9 @@ use std::{
 
 use nix::time::{ClockId, clock_gettime};
 
-use crate::node::{
-    cgroupfs::{CgroupError, CgroupFs, CgroupVersion},
-    snapshot::ForkRate,
+use crate::{
+    decide::snapshot::ForkRate,
+    node::cgroupfs::{CgroupError, CgroupFs, CgroupVersion},
 };
 
 /// Tasks born this long before the decision count as the pod's forks:

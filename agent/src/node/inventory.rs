@@ -26,6 +26,7 @@ pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
     config::{InventoryArgs, MemorySignal},
     decide::memory_high::MemoryHighThresholds,
+    decide::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
     decide::thrashing::{Thrashing, ThrashingLimits},
     decide::thresholds::{Resource, Signal},
     metrics::Metrics,
@@ -38,7 +39,6 @@ use crate::{
         local_storage::{self, LocalStorageEviction},
         reading::fill_pods,
     },
-    node::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
     node::stalls::{self, PodStalls, StallsError},
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
     quantity::Quantity,
@@ -371,7 +371,7 @@ impl Inventory {
         &mut self,
         path: &str,
         now_ns: u64,
-    ) -> Result<crate::node::snapshot::MemoryStalls, StallsError> {
+    ) -> Result<crate::decide::snapshot::MemoryStalls, StallsError> {
         let texts = self
             .read_kept(path, OpenMemory::stall_texts)
             .unwrap_or_else(|| self.signals.cgroupfs.stall_texts(path))?;

@@ -16,11 +16,9 @@ use std::{
 use tracing::{info, warn};
 
 use crate::{
+    decide::snapshot::PodSnapshot,
     metrics::Metrics,
-    node::{
-        inventory::{InventoryError, PodMetadataSource},
-        snapshot::PodSnapshot,
-    },
+    node::inventory::{InventoryError, PodMetadataSource},
 };
 
 /// What identifies one version of the file: its modification time and

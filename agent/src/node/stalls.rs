@@ -20,11 +20,11 @@ use nix::time::{ClockId, clock_gettime};
 use tracing::warn;
 
 use crate::{
+    decide::snapshot::MemoryStalls,
     decide::thrashing::{self, Thrashing, ThrashingLimits},
     metrics::{Metrics, PodMemoryRow, PodMemoryTotals},
     node::{
         cgroupfs::{CgroupError, CgroupVersion, StallTexts},
-        snapshot::MemoryStalls,
         stats::page_size,
     },
 };

@@ -8,10 +8,12 @@ use std::{
     time::Instant,
 };
 
-use crate::node::{
-    cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, KeptOpen, MemoryReading},
-    cold_cache::ColdCache,
-    snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
+use crate::{
+    decide::snapshot::{FsStats, MemoryStats, NodeStats, PidStats},
+    node::{
+        cgroupfs::{self, CgroupError, CgroupFs, CgroupVersion, KeptOpen, MemoryReading},
+        cold_cache::ColdCache,
+    },
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -25,12 +25,12 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::{
+    decide::snapshot::{NodeStats, PodSnapshot},
     decide::{
         engine::{Choice, MetThreshold, Starvation},
         rank::PidRanking,
         thresholds::{Signal, Threshold},
     },
-    node::snapshot::{NodeStats, PodSnapshot},
     quantity::Quantity,
     state::{StateDir, StateError},
 };

@@ -13,12 +13,12 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use crate::{
     config::PolicyArgs,
+    decide::snapshot::Snapshot,
     decide::{
         engine::{Engine, MetThreshold},
         rank::PidRanking,
         thresholds::{EvictionConfig, NodeCondition, Resource, Signal, Threshold},
     },
-    node::snapshot::Snapshot,
     report::decisions::RecordedPolicy,
 };
 

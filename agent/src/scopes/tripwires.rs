@@ -242,10 +242,8 @@ mod tests {
     use super::*;
     use crate::{
         config::EvictionArgs,
-        node::{
-            cgroupfs::MemoryReading,
-            snapshot::{MemoryStats, NodeStats, PidStats},
-        },
+        decide::snapshot::{MemoryStats, NodeStats, PidStats},
+        node::cgroupfs::MemoryReading,
     };
 
     const MIB: u64 = 1 << 20;

@@ -9,12 +9,12 @@ use std::time::Instant;
 use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
 use evictd::{
+    decide::snapshot::PodSnapshot,
     decide::{
         layout::DiskLayout,
         rank::{PidRanking, rank},
         thresholds::Signal,
     },
-    node::snapshot::PodSnapshot,
 };
 use serde_json::json;
 

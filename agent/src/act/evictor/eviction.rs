@@ -29,6 +29,7 @@ use crate::{
         wake::{ThreadUsage, Wake},
     },
     config::EvictionAction,
+    decide::snapshot::PodSnapshot,
     decide::{
         engine::{Assessment, Choice, Starvation, Victim},
         reason::KillReason,
@@ -36,7 +37,7 @@ use crate::{
     },
     logs,
     metrics::Metrics,
-    node::{runtime::local_storage::LocalStorageViolation, snapshot::PodSnapshot},
+    node::runtime::local_storage::LocalStorageViolation,
     report::{
         decisions::Outcome,
         kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},

@@ -15,12 +15,12 @@ use crate::{
         io::{Io, NodeSource as _},
         wake::Wake,
     },
+    decide::snapshot::PodSnapshot,
     decide::{engine::Victim, reason::KillReason},
     logs,
     node::{
         inventory::InventoryError,
         runtime::local_storage::{LocalStorageEviction, LocalStorageViolation},
-        snapshot::PodSnapshot,
     },
 };
 

@@ -22,11 +22,9 @@ use crate::{
         io::{EvictionApi as _, Io, NodeSource as _},
         wake::Wake,
     },
+    decide::snapshot::{PodSnapshot, QosClass},
     decide::{memory_high::Step, reason::KillReason},
-    node::{
-        inventory::ContainerPressurePod,
-        snapshot::{PodSnapshot, QosClass},
-    },
+    node::inventory::ContainerPressurePod,
     report::kubernetes::PodWarning,
 };
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::{Evictor, Ranking};
 use crate::{
     act::{io::Io, wake::Wake},
+    decide::snapshot::NodeStats,
     decide::{engine::Starvation, engine::VictimPolicy, thresholds::Threshold},
-    node::snapshot::NodeStats,
     report::decisions::{DecisionFacts, DecisionRecords, Outcome, PendingRecord, StepTimes},
 };
 

@@ -14,10 +14,10 @@ use std::{
 use tracing::{debug, info, warn};
 
 use crate::{
+    decide::snapshot::PodSnapshot,
     decide::{engine::Assessment, thresholds::Signal},
     duration,
     metrics::Metrics,
-    node::snapshot::PodSnapshot,
 };
 
 /// The first back-off of a pod whose kill failed: kubelet's housekeeping

@@ -9,16 +9,11 @@ use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},
     config::{EvictionAction, EvictionArgs},
+    decide::snapshot::{EmptyDirVolume, ForkRate, QosClass},
     decide::{engine::DEFAULT_TERMINATION_GRACE_PERIOD, rank::PidRanking},
     kernel::bpf::ScopeKind,
-    node::runtime::{
-        disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
-        local_storage::EmptyDirVolume,
-    },
-    node::{
-        container_pressure::PodFinding,
-        snapshot::{ForkRate, QosClass},
-    },
+    node::container_pressure::PodFinding,
+    node::runtime::disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
     report::kubernetes::{EvictOutcome, KILL_REASON_KEY},
     testing::{
         LogCapture,
@@ -718,8 +713,8 @@ async fn the_precise_hooks_come_near_the_line_and_go_while_the_victims_memory_re
 }
 
 /// A nodefs of 1000 MiB with `free_mib` available.
-fn nodefs(free_mib: u64) -> crate::node::snapshot::FsStats {
-    crate::node::snapshot::FsStats {
+fn nodefs(free_mib: u64) -> crate::decide::snapshot::FsStats {
+    crate::decide::snapshot::FsStats {
         capacity_bytes: 1000 * MIB,
         available_bytes: free_mib * MIB,
         inodes: 1_000_000,

@@ -17,9 +17,10 @@ use crate::{
         io::{Io, NodeSource as _},
         wake::Wake,
     },
+    decide::snapshot::PodSnapshot,
     decide::{engine::Victim, reason::KillReason, thresholds::Resource},
     logs,
-    node::{inventory::ThrashingPod, snapshot::PodSnapshot},
+    node::inventory::ThrashingPod,
 };
 
 #[derive(Default)]

@@ -4,10 +4,10 @@ use serde_json::json;
 use super::*;
 use crate::{
     decide::layout::DiskLayout,
+    decide::snapshot::{FsStats, MemoryStats, PidStats, PodUsage},
     decide::thresholds::{
         Operator, ThresholdValue, containerfs_conflicts, with_containerfs_thresholds,
     },
-    node::snapshot::{FsStats, MemoryStats, PidStats, PodUsage},
 };
 
 const MI: i64 = 1 << 20;
@@ -621,7 +621,7 @@ fn arbitrary_pod() -> impl Strategy<Value = PodSnapshot> {
         prop_oneof![
             Just(0),
             Just(1000),
-            Just(crate::node::snapshot::SYSTEM_CRITICAL_PRIORITY)
+            Just(crate::decide::snapshot::SYSTEM_CRITICAL_PRIORITY)
         ],
         any::<bool>(),
         any::<bool>(),

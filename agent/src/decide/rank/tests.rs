@@ -5,7 +5,7 @@ use serde_json::json;
 use super::*;
 use crate::{
     decide::reason::KillReason,
-    node::snapshot::{ForkRate, QosClass},
+    decide::snapshot::{ForkRate, QosClass},
 };
 
 const MI: u64 = 1 << 20;
@@ -526,7 +526,7 @@ fn explanations_say_why() {
     assert_eq!(pods[ranking[1].index].qos_class(), QosClass::Burstable);
 }
 
-const SYSTEM_CRITICAL: i32 = crate::node::snapshot::SYSTEM_CRITICAL_PRIORITY;
+const SYSTEM_CRITICAL: i32 = crate::decide::snapshot::SYSTEM_CRITICAL_PRIORITY;
 
 proptest! {
     /// With equal priority, a pod above its memory request is ranked

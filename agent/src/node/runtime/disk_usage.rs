@@ -35,7 +35,7 @@ use serde::Serialize;
 pub use walk::{Incomplete, Shortfall, Walk, WalkBounds};
 
 use super::{RuntimeClient, RuntimeError};
-use crate::node::snapshot::PodUsage;
+use crate::decide::snapshot::PodUsage;
 
 mod walk;
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::{RuntimeClient, RuntimeError};
 pub use crate::decide::layout::DiskLayout;
 use crate::{
-    node::snapshot::FsStats,
+    decide::snapshot::FsStats,
     node::stats::{SignalsError, statvfs},
 };
 

@@ -24,24 +24,16 @@
 //! by time is the node's slowness, not the pod's doing: not judged then.
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::disk_usage::{Incomplete, PodDiskUsage};
 use crate::{
     decide::reason::PodLimit,
-    node::{resources, snapshot::PodSnapshot},
+    decide::{resources, snapshot::PodSnapshot},
     quantity::Quantity,
 };
 
 const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
-
-/// An emptyDir volume of the pod spec and its `sizeLimit`, if set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EmptyDirVolume {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub size_limit: Option<Quantity>,
-}
 
 /// A running pod over one of its local-storage limits.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,7 +12,7 @@ use super::{
     disk_usage::{self, DiskUsageError, PodDiskUsage, WalkBounds},
     filesystems::{FilesystemsError, RuntimeFilesystems},
 };
-use crate::node::snapshot::Snapshot;
+use crate::decide::snapshot::Snapshot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReadingError {
@@ -74,7 +74,7 @@ impl DiskReading {
 /// run keeps its own.
 pub fn fill_pods(
     usage: &BTreeMap<String, PodDiskUsage>,
-    pods: &mut [crate::node::snapshot::PodSnapshot],
+    pods: &mut [crate::decide::snapshot::PodSnapshot],
 ) {
     for pod in pods {
         if let Some(disk) = usage.get(&pod.uid) {

@@ -5,11 +5,11 @@ use serde_json::json;
 use super::*;
 use crate::{
     config::{EvictionArgs, PolicyArgs},
+    decide::snapshot::Snapshot,
     decide::{
         engine::{Engine, VictimPolicy},
         thresholds::EvictionConfig,
     },
-    node::snapshot::Snapshot,
     run::simulate::{self, Replay},
 };
 

@@ -23,10 +23,9 @@ use super::{
     pod_cache::{PodCache, SAVE_PERIOD},
 };
 use crate::{
+    decide::snapshot::{ContainerSpec, EmptyDirVolume, PodSnapshot, ResourceList, Resources},
     metrics::Metrics,
     node::inventory::{InventoryError, PodMetadataSource},
-    node::runtime::local_storage::EmptyDirVolume,
-    node::snapshot::{ContainerSpec, PodSnapshot, ResourceList, Resources},
     quantity::Quantity,
 };
 

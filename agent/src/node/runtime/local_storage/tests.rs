@@ -3,9 +3,11 @@ use std::collections::BTreeMap;
 use serde_json::json;
 
 use super::*;
-use crate::node::{
-    runtime::disk_usage::{ContainerDiskUsage, FsUsage, IncompleteUsage, Shortfall, VolumeUsage},
-    snapshot::ContainerSpec,
+use crate::{
+    decide::snapshot::{ContainerSpec, EmptyDirVolume},
+    node::runtime::disk_usage::{
+        ContainerDiskUsage, FsUsage, IncompleteUsage, Shortfall, VolumeUsage,
+    },
 };
 
 const MI: u64 = 1 << 20;

@@ -5,11 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    decide::layout::DiskLayout,
-    node::{resources, runtime::local_storage::EmptyDirVolume},
-    quantity::Quantity,
-};
+use crate::{decide::layout::DiskLayout, decide::resources, quantity::Quantity};
 
 /// Pods whose priority is at least this are critical (kubelet's
 /// `scheduling.SystemCriticalPriority`, 2 * 10^9).
@@ -192,6 +188,14 @@ pub struct ContainerSpec {
     /// which keeps running beside the containers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<String>,
+}
+
+/// An emptyDir volume of the pod spec and its `sizeLimit`, if set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmptyDirVolume {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<Quantity>,
 }
 
 /// Pod-level `spec.resources`.

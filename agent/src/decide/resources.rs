@@ -12,7 +12,7 @@
 //! been through it, so it is applied here first. It is idempotent, so a pod
 //! read from the API is unchanged by it.
 use crate::{
-    node::snapshot::{ContainerSpec, PodSnapshot, QosClass, ResourceList},
+    decide::snapshot::{ContainerSpec, PodSnapshot, QosClass, ResourceList},
     quantity::Quantity,
 };
 
