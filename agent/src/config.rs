@@ -16,9 +16,9 @@ use crate::{
     scopes::spec::WatchSpec,
 };
 
-mod eviction;
+mod kubelet;
 
-pub use eviction::{ConfigError, ConfigWarning, EvictionArgs};
+pub use kubelet::{ConfigError, ConfigWarning, EvictionArgs};
 
 /// What `--mode event` uses on the kernels evictd is tested on
 /// (`triggers::choose`; docs/kernels.md has the measurements behind it).
@@ -272,7 +272,7 @@ pub struct KubernetesArgs {
 
 /// When the precise memory hooks are attached (`--precise-hooks`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PreciseHooks {
+pub enum PreciseHooksArg {
     /// Near a memory threshold only (docs/design.md, "Pay per pressure").
     Zone,
     /// Always: every page charged or freed on the node runs them.
@@ -359,7 +359,7 @@ pub struct RunArgs {
     /// alike: `zone` only near a `pid.available` line, the engine reading
     /// the node's tasks farther away; `always` whenever a PID line is set.
     #[arg(long, value_name = "WHEN", default_value = "zone")]
-    pub precise_hooks: PreciseHooks,
+    pub precise_hooks: PreciseHooksArg,
 
     /// In event mode, how often every scope is re-read from cgroupfs to
     /// repair a lost record; also the polling period of a resource the kernel

@@ -11,12 +11,12 @@
 //! Everything it touches outside memory goes through the seams of [`Io`],
 //! so the loop runs in unit tests without root.
 mod eviction;
-mod local_storage;
+mod hook_placement;
 mod memory_high;
-mod precise;
 mod record;
 mod safeguards;
 mod spent;
+mod storage_limits;
 mod thrashing;
 
 use std::{
@@ -189,9 +189,9 @@ pub struct Evictor<I: Io> {
     spent_budget: Option<SpentBudget>,
     /// Shared with the evictions under way.
     pre_kill: Option<Rc<PreKillHook>>,
-    zone: Option<precise::Zone>,
-    pid_zone: Option<precise::Zone>,
-    local_storage: local_storage::LocalStorageChecks,
+    zone: Option<hook_placement::Zone>,
+    pid_zone: Option<hook_placement::Zone>,
+    local_storage: storage_limits::LocalStorageChecks,
     thrashing: thrashing::ThrashingChecks,
     container_pressure: memory_high::ExemptPods,
     /// Disk thresholds whose node-level reclaim is under way: each is
@@ -249,9 +249,9 @@ impl<I: Io> Evictor<I> {
             safeguards,
             spent_budget: parts.spent_budget,
             pre_kill: parts.pre_kill.map(Rc::new),
-            zone: options.zone.map(precise::Zone::new),
-            pid_zone: options.pid_zone.map(precise::Zone::new),
-            local_storage: local_storage::LocalStorageChecks::default(),
+            zone: options.zone.map(hook_placement::Zone::new),
+            pid_zone: options.pid_zone.map(hook_placement::Zone::new),
+            local_storage: storage_limits::LocalStorageChecks::default(),
             thrashing: thrashing::ThrashingChecks::default(),
             container_pressure: memory_high::ExemptPods::default(),
             reclaim_asked: BTreeMap::new(),

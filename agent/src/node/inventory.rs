@@ -35,7 +35,7 @@ use crate::{
     node::container_pressure::{ContainerPressures, PodFinding},
     node::forks::{ForkClock, ForkRateError},
     node::runtime::{
-        link::{NodeReclaim, PodUsage as LinkUsage, RuntimeLink},
+        link::{DiskUsageAnswer, NodeReclaim, RuntimeLink},
         local_storage::{self, LocalStorageEviction},
         reading::fill_pods,
     },
@@ -496,14 +496,16 @@ impl Inventory {
                     .as_ref()
                     .map(|link| link.pod_usage(Instant::now()));
                 match usage {
-                    Some(LinkUsage::Pending { wait }) => {
+                    Some(DiskUsageAnswer::Pending { wait }) => {
                         return Err(InventoryError::DiskUsagePending { wait });
                     }
-                    Some(LinkUsage::Unavailable) => return Err(InventoryError::DiskUsageUnknown),
-                    Some(LinkUsage::Fresh(_)) | None => {}
+                    Some(DiskUsageAnswer::Unavailable) => {
+                        return Err(InventoryError::DiskUsageUnknown);
+                    }
+                    Some(DiskUsageAnswer::Fresh(_)) | None => {}
                 }
                 let pods = self.read_pods(Reads::Exact)?;
-                let Some(LinkUsage::Fresh(usage)) = usage else {
+                let Some(DiskUsageAnswer::Fresh(usage)) = usage else {
                     return Ok(pods);
                 };
                 let mut pods: Vec<PodSnapshot> =
@@ -621,13 +623,15 @@ impl Inventory {
             .as_ref()
             .map(|link| link.pod_usage(Instant::now()))
         {
-            Some(LinkUsage::Fresh(usage)) => Ok(local_storage::violations(
+            Some(DiskUsageAnswer::Fresh(usage)) => Ok(local_storage::violations(
                 running,
                 &usage,
                 dedicated_imagefs,
             )),
-            Some(LinkUsage::Pending { wait }) => Err(InventoryError::DiskUsagePending { wait }),
-            Some(LinkUsage::Unavailable) | None => Err(InventoryError::DiskUsageUnknown),
+            Some(DiskUsageAnswer::Pending { wait }) => {
+                Err(InventoryError::DiskUsagePending { wait })
+            }
+            Some(DiskUsageAnswer::Unavailable) | None => Err(InventoryError::DiskUsageUnknown),
         }
     }
 

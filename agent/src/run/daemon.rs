@@ -28,7 +28,7 @@ use crate::{
         timer::Pacer,
         wake::{Clock, Wake, WakeCause},
     },
-    config::{PreciseHooks as PreciseHooksFlag, RunArgs},
+    config::{PreciseHooksArg, RunArgs},
     decide::{
         memory_high::MemoryHighThresholds,
         rank::PidRanking,
@@ -568,7 +568,7 @@ fn zone_options(
     check_interval: Duration,
 ) -> Option<ZoneOptions> {
     let hook = match armed.triggers.get(Purpose::Memory).trigger {
-        triggers::Trigger::Kernel(hook) if args.precise_hooks != PreciseHooksFlag::Always => hook,
+        triggers::Trigger::Kernel(hook) if args.precise_hooks != PreciseHooksArg::Always => hook,
         _ => return None,
     };
     if !args.watch_memory.is_empty() {
@@ -600,7 +600,7 @@ fn pid_zone_options(
     if !matches!(
         armed.triggers.get(Purpose::Pids).trigger,
         triggers::Trigger::Kernel(_)
-    ) || args.precise_hooks == PreciseHooksFlag::Always
+    ) || args.precise_hooks == PreciseHooksArg::Always
     {
         return None;
     }

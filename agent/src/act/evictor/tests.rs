@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use evictd_common::Band;
 
-use super::{local_storage::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
+use super::{storage_limits::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},

@@ -135,7 +135,7 @@ struct Reading {
 
 /// The pods' disk usage as a decision can have it now.
 #[derive(Debug, Clone)]
-pub enum PodUsage {
+pub enum DiskUsageAnswer {
     /// Finished within [`USAGE_MAX_AGE`], or within [`STALE_MAX_AGE`] while
     /// the next reading is late; by pod uid.
     Fresh(Arc<BTreeMap<String, PodDiskUsage>>),
@@ -279,13 +279,13 @@ impl RuntimeLink {
     /// ago. A reading under way past that window is late: said once, and
     /// the last one serves meanwhile while it is at most [`STALE_MAX_AGE`]
     /// old.
-    pub fn pod_usage(&self, now: Instant) -> PodUsage {
+    pub fn pod_usage(&self, now: Instant) -> DiskUsageAnswer {
         let mut state = self.shared.state();
         let age = |reading: &Reading| now.saturating_duration_since(reading.finished);
         if let Some(reading) = &state.usage
             && age(reading) <= USAGE_MAX_AGE
         {
-            return PodUsage::Fresh(reading.pods.clone());
+            return DiskUsageAnswer::Fresh(reading.pods.clone());
         }
         let Some(since) = state.reading_since else {
             if !state.usage_wanted {
@@ -293,9 +293,9 @@ impl RuntimeLink {
                 self.shared.wake.notify_one();
             }
             return if state.connected && !state.usage_failed {
-                PodUsage::Pending { wait: WAIT_FIRST }
+                DiskUsageAnswer::Pending { wait: WAIT_FIRST }
             } else {
-                PodUsage::Unavailable
+                DiskUsageAnswer::Unavailable
             };
         };
         let under_way = now.saturating_duration_since(since);
@@ -304,10 +304,10 @@ impl RuntimeLink {
             if let Some(reading) = &state.usage
                 && age(reading) <= STALE_MAX_AGE
             {
-                return PodUsage::Fresh(reading.pods.clone());
+                return DiskUsageAnswer::Fresh(reading.pods.clone());
             }
         }
-        PodUsage::Pending {
+        DiskUsageAnswer::Pending {
             wait: if under_way < WAIT_LONG {
                 WAIT_FIRST
             } else {
@@ -824,7 +824,7 @@ mod tests {
         // A disk decision cannot rank pods on it.
         assert!(matches!(
             link.pod_usage(Instant::now()),
-            PodUsage::Unavailable
+            DiskUsageAnswer::Unavailable
         ));
         assert!(link.filesystems().is_none());
         drop(thread);
@@ -836,7 +836,7 @@ mod tests {
         let start = Instant::now();
         assert!(matches!(
             link.pod_usage(start),
-            PodUsage::Pending { wait: WAIT_FIRST }
+            DiskUsageAnswer::Pending { wait: WAIT_FIRST }
         ));
         assert!(link.usage_wanted());
         let paths = FsPaths {
@@ -847,11 +847,14 @@ mod tests {
         assert_eq!(link.filesystems(), Some(paths));
         assert!(matches!(
             link.pod_usage(start + USAGE_MAX_AGE),
-            PodUsage::Fresh(_)
+            DiskUsageAnswer::Fresh(_)
         ));
         assert!(!link.usage_wanted(), "a fresh reading asks for nothing");
         let stale = start + USAGE_MAX_AGE + Duration::from_millis(1);
-        assert!(matches!(link.pod_usage(stale), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(stale),
+            DiskUsageAnswer::Pending { .. }
+        ));
         assert!(link.usage_wanted());
     }
 
@@ -859,9 +862,9 @@ mod tests {
         BTreeMap::from([(uid.to_owned(), PodDiskUsage::default())])
     }
 
-    fn served(usage: PodUsage) -> Option<Vec<String>> {
+    fn served(usage: DiskUsageAnswer) -> Option<Vec<String>> {
         match usage {
-            PodUsage::Fresh(pods) => Some(pods.keys().cloned().collect()),
+            DiskUsageAnswer::Fresh(pods) => Some(pods.keys().cloned().collect()),
             _ => None,
         }
     }
@@ -872,7 +875,10 @@ mod tests {
         let link = RuntimeLink::detached_with(true, metrics.clone());
         let start = Instant::now();
         let at = |secs: u64| start + Duration::from_secs(secs);
-        assert!(matches!(link.pod_usage(start), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(start),
+            DiskUsageAnswer::Pending { .. }
+        ));
         // The first reading takes 30 s, three times its window: it still
         // serves for the window from when it lands.
         assert!(link.begin_reading(start));
@@ -881,32 +887,47 @@ mod tests {
         // first, not every 100 ms.
         assert!(matches!(
             link.pod_usage(start + Duration::from_millis(500)),
-            PodUsage::Pending { wait: WAIT_FIRST }
+            DiskUsageAnswer::Pending { wait: WAIT_FIRST }
         ));
         assert!(matches!(
             link.pod_usage(at(5)),
-            PodUsage::Pending { wait: WAIT_LONG }
+            DiskUsageAnswer::Pending { wait: WAIT_LONG }
         ));
         assert!(
             !link.usage_wanted(),
             "no second reading asked for meanwhile"
         );
         // Late, with nothing older to serve: said once, still waited for.
-        assert!(matches!(link.pod_usage(at(11)), PodUsage::Pending { .. }));
-        assert!(matches!(link.pod_usage(at(12)), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(at(11)),
+            DiskUsageAnswer::Pending { .. }
+        ));
+        assert!(matches!(
+            link.pod_usage(at(12)),
+            DiskUsageAnswer::Pending { .. }
+        ));
         assert_eq!(metrics.disk_usage_readings_late.get(), 1);
         link.land_reading(start, at(30), reading_of("first"));
         assert_eq!(metrics.disk_usage_readings_late.get(), 1, "counted once");
         assert_eq!(served(link.pod_usage(at(40))), Some(vec!["first".into()]));
         // The next reading is late too: the last one serves meanwhile, up
         // to a minute after it landed, then the decision waits again.
-        assert!(matches!(link.pod_usage(at(41)), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(at(41)),
+            DiskUsageAnswer::Pending { .. }
+        ));
         assert!(link.begin_reading(at(41)));
-        assert!(matches!(link.pod_usage(at(45)), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(at(45)),
+            DiskUsageAnswer::Pending { .. }
+        ));
         assert_eq!(served(link.pod_usage(at(52))), Some(vec!["first".into()]));
         assert_eq!(metrics.disk_usage_readings_late.get(), 2);
         assert_eq!(served(link.pod_usage(at(90))), Some(vec!["first".into()]));
-        assert!(matches!(link.pod_usage(at(91)), PodUsage::Pending { .. }));
+        assert!(matches!(
+            link.pod_usage(at(91)),
+            DiskUsageAnswer::Pending { .. }
+        ));
         link.land_reading(at(41), at(95), reading_of("second"));
         assert_eq!(served(link.pod_usage(at(96))), Some(vec!["second".into()]));
         assert_eq!(metrics.disk_usage_readings_late.get(), 2);
