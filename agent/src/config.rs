@@ -1,6 +1,6 @@
 //! Command line. Every default is written once, here, with where it comes
 //! from.
-use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -11,8 +11,11 @@ use crate::{
     decide::rank::PidRanking,
     decide::{memory_high::MemoryHighThresholds, thrashing::ThrashingLimits},
     duration,
+    kernel::triggers::Mode,
+    node::inventory::InventoryOptions,
     node::runtime::reclaim::images::DEFAULT_MINIMUM_AGE,
     quantity::Quantity,
+    report::kubernetes::{EvictionAction, KubernetesOptions},
     scopes::spec::WatchSpec,
 };
 
@@ -151,6 +154,20 @@ pub struct InventoryArgs {
     pub memory_signal: MemorySignal,
 }
 
+impl InventoryArgs {
+    /// What the node's inventory takes from these flags.
+    pub fn options(&self) -> InventoryOptions {
+        InventoryOptions {
+            node_cgroup: self.node_cgroup.clone(),
+            pod_metadata: self.pod_metadata.clone(),
+            pod_uid: self.pod_uid.clone(),
+            nodefs_path: self.nodefs_path.clone(),
+            imagefs_path: self.imagefs_path.clone(),
+            cold_cache: self.memory_signal == MemorySignal::Reclaimable,
+        }
+    }
+}
+
 /// `--memory-signal`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
 pub enum MemorySignal {
@@ -203,8 +220,9 @@ impl From<PolicyArgs> for VictimPolicy {
     }
 }
 
+/// `--mode`: [`Mode`] as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Mode {
+pub enum ModeArg {
     /// Kernel programs push threshold crossings; cgroupfs is re-read every
     /// --resync-interval to repair anything lost.
     Event,
@@ -219,20 +237,14 @@ pub enum Mode {
     MemcgThreshold,
 }
 
-impl fmt::Display for Mode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.to_possible_value() {
-            Some(value) => f.write_str(value.get_name()),
-            None => Ok(()),
+impl From<ModeArg> for Mode {
+    fn from(arg: ModeArg) -> Self {
+        match arg {
+            ModeArg::Event => Self::Event,
+            ModeArg::Poll => Self::Poll,
+            ModeArg::Psi => Self::Psi,
+            ModeArg::MemcgThreshold => Self::MemcgThreshold,
         }
-    }
-}
-
-impl Mode {
-    /// Whether memory pressure is polled on --housekeeping-interval (every
-    /// mode but event), rather than repaired on --resync-interval.
-    pub fn housekeeping(self) -> bool {
-        self != Self::Event
     }
 }
 
@@ -261,13 +273,24 @@ pub struct KubernetesArgs {
     /// in place: `status` (kubelet's way), `delete`, or `evict` (policy/v1
     /// Eviction for soft evictions, honouring PodDisruptionBudgets; hard
     /// ones as `status`).
-    #[arg(long, value_enum, default_value_t = EvictionAction::Status)]
-    pub eviction_action: EvictionAction,
+    #[arg(long, value_enum, default_value_t = EvictionActionArg::Status)]
+    pub eviction_action: EvictionActionArg,
 
     /// Longest wait for one API request (a report is retried, with
     /// backoff, until the API takes it).
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_period)]
     pub api_timeout: Duration,
+}
+
+impl KubernetesArgs {
+    /// What the API side takes from these flags.
+    pub fn options(&self) -> KubernetesOptions {
+        KubernetesOptions {
+            kubeconfig: self.kubeconfig.clone(),
+            eviction_action: self.eviction_action.into(),
+            api_timeout: self.api_timeout,
+        }
+    }
 }
 
 /// When the precise memory hooks are attached (`--precise-hooks`).
@@ -279,8 +302,9 @@ pub enum PreciseHooksArg {
     Always,
 }
 
+/// `--eviction-action`: [`EvictionAction`] as the command line spells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum EvictionAction {
+pub enum EvictionActionArg {
     /// Pod status phase Failed, reason Evicted, a DisruptionTarget
     /// condition, kubelet's message (kubelet's own way).
     Status,
@@ -292,12 +316,12 @@ pub enum EvictionAction {
     Evict,
 }
 
-impl EvictionAction {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Status => "status",
-            Self::Delete => "delete",
-            Self::Evict => "evict",
+impl From<EvictionActionArg> for EvictionAction {
+    fn from(arg: EvictionActionArg) -> Self {
+        match arg {
+            EvictionActionArg::Status => Self::Status,
+            EvictionActionArg::Delete => Self::Delete,
+            EvictionActionArg::Evict => Self::Evict,
         }
     }
 }
@@ -312,8 +336,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// How pressure is detected.
-    #[arg(long, value_enum, default_value_t = Mode::Event)]
-    pub mode: Mode,
+    #[arg(long, value_enum, default_value_t = ModeArg::Event)]
+    pub mode: ModeArg,
 
     /// Watch memory usage (bytes charged) of cgroup PATH against up to four
     /// thresholds, Kubernetes quantities. PATH is relative to the hierarchy
@@ -645,10 +669,30 @@ mod tests {
     }
 
     #[test]
+    fn every_mode_is_spelled_as_the_flag_spells_it() {
+        for arg in ModeArg::value_variants() {
+            let flag = arg.to_possible_value().unwrap();
+            assert_eq!(Mode::from(*arg).as_str(), flag.get_name());
+        }
+    }
+
+    #[test]
+    fn every_eviction_action_is_spelled_as_the_flag_spells_it() {
+        for arg in EvictionActionArg::value_variants() {
+            let flag = arg.to_possible_value().unwrap();
+            assert_eq!(EvictionAction::from(*arg).as_str(), flag.get_name());
+        }
+        assert_eq!(
+            EvictionActionArg::value_variants().len(),
+            EvictionAction::ALL.len()
+        );
+    }
+
+    #[test]
     fn bare_evictd_runs_with_defaults() {
         let cli = parse(&[]).unwrap();
         assert!(cli.command.is_none());
-        assert_eq!(cli.run.mode, Mode::Event);
+        assert_eq!(cli.run.mode, ModeArg::Event);
         assert_eq!(cli.run.memory_check_step, 256 * 1024);
         assert_eq!(cli.run.realtime_priority, 1);
         assert_eq!(cli.run.housekeeping_interval, Duration::from_secs(10));

@@ -205,7 +205,7 @@ fn read_disk(endpoint: &str, kubelet_root: &std::path::Path) -> anyhow::Result<D
 }
 
 fn open_inventory(args: &InventoryArgs) -> Result<Inventory, InventoryError> {
-    Inventory::new(CgroupFs::discover()?, args)
+    Inventory::new(CgroupFs::discover()?, &args.options())
 }
 
 fn print_json(json: serde_json::Result<String>) -> ExitCode {

@@ -104,7 +104,7 @@ pub(crate) mod fakes {
             pre_kill::PreKillHook,
             wake::{Clock, Wake, WakeCause},
         },
-        config::{EvictionAction, EvictionArgs},
+        config::EvictionArgs,
         decide::snapshot::{
             FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
         },
@@ -128,7 +128,7 @@ pub(crate) mod fakes {
             },
             stats::NodeObservation,
         },
-        report::kubernetes::{EvictOutcome, EvictionNotice, KnownPod, PodWarning},
+        report::kubernetes::{EvictOutcome, EvictionAction, EvictionNotice, KnownPod, PodWarning},
         scopes::{
             monitor::{BandTable, KernelCoverage, Monitor, MonitorOptions},
             registry::ScopeKey,

@@ -14,12 +14,11 @@ use std::{
 
 use evictd::{
     act::evictor::{REMEMBERED_EVICTIONS, SpentBudget},
-    config::EvictionAction,
     decide::thresholds::Resource,
     node::runtime::reclaim::images::{DEFAULT_MINIMUM_AGE, ImageTracker},
     report::kubernetes::{
-        EvictionMessage, EvictionNotice, JOURNAL_CAPACITY, Journal, PodCache, PodStore,
-        StarvedSignal,
+        EvictionAction, EvictionMessage, EvictionNotice, JOURNAL_CAPACITY, Journal, PodCache,
+        PodStore, StarvedSignal,
     },
     state::StateDir,
 };

@@ -10,10 +10,7 @@ use std::{
     sync::Mutex,
 };
 
-use evictd::{
-    config::Mode,
-    kernel::triggers::{self, MemoryFalls},
-};
+use evictd::kernel::triggers::{self, MemoryFalls, Mode};
 use evictd_integration::{
     AGENT_DEADLINE, Agent, AgentLog, BpfObjects, agent_binary, load_probes, program_ids, wait_until,
 };

@@ -10,10 +10,9 @@
 use std::time::Duration;
 
 use evictd::{
-    config::Mode,
     kernel::bpf::{Hook, KernelEvent, Probes, Purpose, Received, ScopeKind, ScopeMaps},
     kernel::capabilities::Capabilities,
-    kernel::triggers::{self, MemoryFalls, Trigger},
+    kernel::triggers::{self, MemoryFalls, Mode, Trigger},
     node::cgroupfs::CgroupFs,
     scopes::levels::Levels,
 };

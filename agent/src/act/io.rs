@@ -6,7 +6,6 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use crate::{
     act::kill::{KillError, KillReport, Killer, Sandbox},
-    config::EvictionAction,
     decide::snapshot::PodSnapshot,
     decide::thresholds::{Resource, Signal},
     kernel::bpf::{BpfError, DecodeError, EventStream, Probes, Purpose, Received, ScopeMaps},
@@ -19,7 +18,9 @@ use crate::{
     },
     report::{
         kernel::CounterExport,
-        kubernetes::{EvictOutcome, EvictionNotice, KnownPod, Kubernetes, PodWarning},
+        kubernetes::{
+            EvictOutcome, EvictionAction, EvictionNotice, KnownPod, Kubernetes, PodWarning,
+        },
     },
     scopes::monitor::BandTable,
 };

@@ -26,12 +26,50 @@ use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 use tracing::{error, info, warn};
 
 use crate::{
-    config::Mode,
     kernel::bpf::{Hook, ProbeOptions, Probes, Purpose},
     kernel::btf::KernelBtf,
     kernel::capabilities::{Capabilities, Support},
     metrics::Metrics,
 };
+
+/// How pressure is detected (`--mode`, which `config::ModeArg` parses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Kernel programs push threshold crossings; cgroupfs is re-read every
+    /// --resync-interval to repair anything lost.
+    Event,
+    /// No eBPF: read cgroupfs every --housekeeping-interval, as kubelet does.
+    Poll,
+    /// No eBPF: a PSI trigger wakes the engine, plus polling.
+    Psi,
+    /// No eBPF: cgroup v1 usage thresholds on an eventfd wake the engine,
+    /// plus polling.
+    MemcgThreshold,
+}
+
+impl Mode {
+    /// The mode as `--mode` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Event => "event",
+            Self::Poll => "poll",
+            Self::Psi => "psi",
+            Self::MemcgThreshold => "memcg-threshold",
+        }
+    }
+
+    /// Whether memory pressure is polled on --housekeeping-interval (every
+    /// mode but event), rather than repaired on --resync-interval.
+    pub fn housekeeping(self) -> bool {
+        self != Self::Event
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// When the agent must hear that memory usage fell below a band.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

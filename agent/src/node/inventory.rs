@@ -24,7 +24,6 @@ use tracing::{debug, warn};
 
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
-    config::{InventoryArgs, MemorySignal},
     decide::memory_high::MemoryHighThresholds,
     decide::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
     decide::thrashing::{Thrashing, ThrashingLimits},
@@ -43,6 +42,25 @@ use crate::{
     node::stats::{NodeObservation, NodeSignals, SignalsError, child_path, memory_limit},
     quantity::Quantity,
 };
+
+/// Where the node and its pods are found (built from the command line's
+/// `config::InventoryArgs`).
+#[derive(Debug, Clone)]
+pub struct InventoryOptions {
+    /// The cgroup that stands for the node (`--node-cgroup`).
+    pub node_cgroup: String,
+    /// A JSON list of pods in the snapshot schema (`--pod-metadata`).
+    pub pod_metadata: Option<PathBuf>,
+    /// The uid of the pod evictd runs in, never a victim (`--pod-uid`).
+    pub pod_uid: Option<String>,
+    /// The filesystem the nodefs signals measure (`--nodefs-path`).
+    pub nodefs_path: PathBuf,
+    /// The filesystem the imagefs signals measure (`--imagefs-path`).
+    pub imagefs_path: PathBuf,
+    /// memory.available also leaves out the node's cold active file pages
+    /// (`--memory-signal reclaimable`).
+    pub cold_cache: bool,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum InventoryError {
@@ -202,7 +220,7 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    pub fn new(cgroupfs: CgroupFs, args: &InventoryArgs) -> Result<Self, InventoryError> {
+    pub fn new(cgroupfs: CgroupFs, args: &InventoryOptions) -> Result<Self, InventoryError> {
         let node = format!("/{}", args.node_cgroup.trim_matches('/'));
         let dir = cgroupfs.memory_dir(&node);
         if !dir.is_dir() {
@@ -231,8 +249,7 @@ impl Inventory {
                 containerfs: None,
                 files: KeptOpen::default(),
                 root_band: false,
-                cold_cache: (args.memory_signal == MemorySignal::Reclaimable)
-                    .then(ColdCache::default),
+                cold_cache: args.cold_cache.then(ColdCache::default),
             },
             runtime: None,
             runtime_filesystems: 0,

@@ -38,7 +38,7 @@ use crate::{
         bpf::{BpfError, ChargesError, KernelEvent, ProbeOptions, Probes, Purpose, ScopeKind},
         capabilities::Capabilities,
         notify::{MemcgThresholds, Notifier, NotifyError, PsiTrigger},
-        triggers::{self, MemoryFalls},
+        triggers::{self, MemoryFalls, Mode},
     },
     logs,
     metrics::{Metrics, MetricsError},
@@ -77,7 +77,7 @@ pub enum RunError {
     Load(#[source] BpfError),
     #[error("startup, arming the kernel notification of --mode {mode}: {source}")]
     Notify {
-        mode: crate::config::Mode,
+        mode: Mode,
         #[source]
         source: NotifyError,
     },
@@ -161,10 +161,11 @@ pub async fn run(
         }
         None => None,
     };
+    let kubernetes_options = args.kubernetes.options();
     let kubernetes = match &args.kubernetes.node_name {
         Some(node_name) => {
             let kubernetes = Kubernetes::start(
-                &args.kubernetes,
+                &kubernetes_options,
                 node_name,
                 &args.state_dir,
                 metrics.clone(),
@@ -173,7 +174,7 @@ pub async fn run(
             inventory.set_metadata(Box::new(kubernetes.store().clone()));
             info!(
                 node = node_name,
-                action = args.kubernetes.eviction_action.as_str(),
+                action = kubernetes_options.eviction_action.as_str(),
                 "Kubernetes API: watching this node's pods, reporting evictions"
             );
             Some(kubernetes)
@@ -201,7 +202,8 @@ pub async fn run(
         );
     }
 
-    let check_interval = if args.mode.housekeeping() {
+    let mode = Mode::from(args.mode);
+    let check_interval = if mode.housekeeping() {
         args.housekeeping_interval
     } else {
         args.resync_interval
@@ -216,10 +218,10 @@ pub async fn run(
     } else {
         MemoryFalls::WhenTheyHappen
     };
-    let armed = triggers::arm(capabilities, btf.as_ref(), args.mode, falls, options);
+    let armed = triggers::arm(capabilities, btf.as_ref(), mode, falls, options);
     // The kernel's answers were only needed to load the programs.
     drop(btf);
-    triggers::report(&armed, args.mode, &metrics, check_interval);
+    triggers::report(&armed, mode, &metrics, check_interval);
     let zone = zone_options(&armed, &args, check_interval);
     let pid_zone = pid_zone_options(&armed, &args, check_interval);
     let precise = zone.map(|_| {
@@ -229,13 +231,8 @@ pub async fn run(
         }
         PreciseHooks::new(cgroupfs.clone(), metrics.clone(), check_interval, clock)
     });
-    let notifier =
-        notifier(&armed, &args, &cgroupfs, inventory.node_cgroup()).map_err(|source| {
-            RunError::Notify {
-                mode: args.mode,
-                source,
-            }
-        })?;
+    let notifier = notifier(&armed, &args, &cgroupfs, inventory.node_cgroup())
+        .map_err(|source| RunError::Notify { mode, source })?;
     let mut kernel = None;
     let mut kernel_log = None;
     let mut bands = None;
@@ -385,7 +382,7 @@ pub async fn run(
     metrics.startup.set(startup.as_secs_f64());
     info!(startup_ms = startup.as_millis() as u64, "protection armed");
 
-    let timer_cause = if args.mode.housekeeping() {
+    let timer_cause = if mode.housekeeping() {
         WakeCause::Poll
     } else {
         WakeCause::Resync

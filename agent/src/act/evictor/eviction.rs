@@ -28,7 +28,6 @@ use crate::{
         pre_kill::{HookOutcome, PreKillCall, PreKillHook},
         wake::{ThreadUsage, Wake},
     },
-    config::EvictionAction,
     decide::snapshot::PodSnapshot,
     decide::{
         engine::{Assessment, Choice, Starvation, Victim},
@@ -40,7 +39,7 @@ use crate::{
     node::runtime::local_storage::LocalStorageViolation,
     report::{
         decisions::Outcome,
-        kubernetes::{EvictOutcome, EvictionNotice, StarvedSignal},
+        kubernetes::{EvictOutcome, EvictionAction, EvictionNotice, StarvedSignal},
     },
 };
 

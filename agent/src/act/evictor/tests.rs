@@ -8,13 +8,13 @@ use super::{storage_limits::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},
-    config::{EvictionAction, EvictionArgs},
+    config::EvictionArgs,
     decide::snapshot::{EmptyDirVolume, ForkRate, QosClass},
     decide::{engine::DEFAULT_TERMINATION_GRACE_PERIOD, rank::PidRanking},
     kernel::bpf::ScopeKind,
     node::container_pressure::PodFinding,
     node::runtime::disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
-    report::kubernetes::{EvictOutcome, KILL_REASON_KEY},
+    report::kubernetes::{EvictOutcome, EvictionAction, KILL_REASON_KEY},
     testing::{
         LogCapture,
         fakes::{FakeApi, Harness, HarnessOptions, MIB, NODE_CAPACITY, pod},

@@ -35,14 +35,13 @@ fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
         pids_root: Some(root.join("pids")),
         freezer_root: None,
     };
-    let args = InventoryArgs {
+    let args = InventoryOptions {
         pod_uid: None,
         node_cgroup: node.into(),
         pod_metadata: metadata.map(Path::to_owned),
         nodefs_path: root.join("missing"),
         imagefs_path: root.join("missing"),
-        container_runtime_endpoint: None,
-        memory_signal: MemorySignal::Kubelet,
+        cold_cache: false,
     };
     Inventory::new(cgroupfs, &args).unwrap()
 }
@@ -400,14 +399,13 @@ fn a_malformed_metadata_file_is_an_input_error_naming_it() {
 fn a_missing_node_cgroup_is_an_input_error() {
     let dir = tempfile::tempdir().unwrap();
     let cgroupfs = CgroupFs::memory_only(CgroupVersion::V1, dir.path());
-    let args = InventoryArgs {
+    let args = InventoryOptions {
         pod_uid: None,
         node_cgroup: "/nowhere".into(),
         pod_metadata: None,
         nodefs_path: "/".into(),
         imagefs_path: "/".into(),
-        container_runtime_endpoint: None,
-        memory_signal: MemorySignal::Kubelet,
+        cold_cache: false,
     };
     let err = match Inventory::new(cgroupfs, &args) {
         Err(e) => e,

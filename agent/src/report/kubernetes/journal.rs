@@ -9,14 +9,12 @@
 //! replay reports about pods that are not this node's.
 use std::collections::BTreeMap;
 
-use clap::ValueEnum as _;
 use k8s_openapi::jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::{EvictionMessage, EvictionNotice, StarvedSignal};
+use super::{EvictionAction, EvictionMessage, EvictionNotice, StarvedSignal};
 use crate::{
-    config::EvictionAction,
     decide::thresholds::Resource,
     state::{StateDir, StateError},
 };
@@ -248,7 +246,7 @@ fn pending(record: Record) -> Option<Pending> {
     ]
     .into_iter()
     .find(|r| r.as_str() == record.resource)?;
-    let action = EvictionAction::from_str(&record.action, false).ok()?;
+    let action = EvictionAction::from_name(&record.action)?;
     let evicted_at = record.evicted_at.parse().ok()?;
     Some(Pending {
         id: record.id,

@@ -13,7 +13,7 @@ mod report;
 
 use std::{
     collections::{BTreeMap, HashSet},
-    path::Path,
+    path::{Path, PathBuf},
     sync::{Arc, Mutex, PoisonError, mpsc as std_mpsc},
     time::Duration,
 };
@@ -31,11 +31,55 @@ pub use pods::{KnownPod, PodStore, known_pod};
 pub use report::{EvictOutcome, EvictionNotice, PodWarning};
 
 use crate::{
-    config::{EvictionAction, KubernetesArgs},
     decide::{reason::KillReason, thresholds::Resource},
     metrics::Metrics,
     state::StateDir,
 };
+
+/// What makes a kill final in the API, so that the pod is not restarted in
+/// place (`--eviction-action`, which `config::EvictionActionArg` parses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionAction {
+    /// Pod status phase Failed, reason Evicted (kubelet's own way).
+    Status,
+    /// Delete the pod.
+    Delete,
+    /// Soft evictions through the policy/v1 Eviction API; hard ones as
+    /// `Status`.
+    Evict,
+}
+
+impl EvictionAction {
+    /// Every action, in `--eviction-action`'s order.
+    pub const ALL: [Self; 3] = [Self::Status, Self::Delete, Self::Evict];
+
+    /// The action as `--eviction-action` (and the journal) spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status => "status",
+            Self::Delete => "delete",
+            Self::Evict => "evict",
+        }
+    }
+
+    /// The action `name` spells ([`Self::as_str`]), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|action| action.as_str() == name)
+    }
+}
+
+/// How the API is reached and evictions made final (built from the command
+/// line's `config::KubernetesArgs`).
+#[derive(Debug, Clone)]
+pub struct KubernetesOptions {
+    /// `--kubeconfig`; without it the pod's service account, else
+    /// $KUBECONFIG or ~/.kube/config.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--eviction-action`.
+    pub eviction_action: EvictionAction,
+    /// `--api-timeout`: the longest wait for one API request.
+    pub api_timeout: Duration,
+}
 
 /// Eviction reports on their way from the engine to the API thread, which
 /// moves them into its journal at once (bounded too: [`JOURNAL_CAPACITY`]).
@@ -93,7 +137,7 @@ impl Kubernetes {
     /// previous agent left in `state_dir`'s journal. Never waits for the
     /// API server itself.
     pub fn start(
-        args: &KubernetesArgs,
+        args: &KubernetesOptions,
         node_name: &str,
         state_dir: &Path,
         metrics: Arc<Metrics>,

@@ -32,11 +32,12 @@ use serde_json::json;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
+use super::EvictionAction;
 use super::{
     ApiErrors, EvictionMessage, Failure, StarvedSignal,
     journal::{Journal, Pending, Stage},
 };
-use crate::{config::EvictionAction, metrics::Metrics};
+use crate::metrics::Metrics;
 
 /// While the API does not answer, or answers 5xx/429, the reporter waits
 /// after each failed step, doubling from [`FIRST_RETRY`] to
