@@ -1,4 +1,5 @@
-//! Helpers for unit tests: what the code under test logged.
+//! Helpers for unit tests: what the code under test logged, and the
+//! `fakes` the evictor's and the daemon's tests drive the loop with.
 use std::{
     io,
     sync::{Arc, Mutex, Once, PoisonError},
