@@ -4,6 +4,6 @@
 pub mod evictor;
 pub mod io;
 pub mod kill;
-pub mod pre_kill;
-pub mod timer;
+pub(crate) mod pre_kill;
+pub(crate) mod timer;
 pub mod wake;

@@ -4,11 +4,11 @@
 //! snapshot types the engine decides on ([`crate::decide::snapshot`]).
 pub mod cgroupfs;
 pub mod cold_cache;
-pub mod container_pressure;
-pub mod containers;
+pub(crate) mod container_pressure;
+pub(crate) mod containers;
 pub mod forks;
 pub mod inventory;
-pub mod pod_metadata;
+pub(crate) mod pod_metadata;
 pub mod runtime;
 pub mod stalls;
 pub mod stats;

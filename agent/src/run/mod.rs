@@ -1,6 +1,6 @@
 //! The agent's entry points: `evictd run` (the daemon), `evictd simulate`
 //! and `evictd seccomp-profile`.
 pub mod daemon;
-pub mod precise;
+pub(crate) mod precise;
 pub mod seccomp;
 pub mod simulate;
