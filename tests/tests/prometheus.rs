@@ -116,12 +116,13 @@ fn a_real_prometheus_runs_every_dashboard_query_and_alert_rule_through_an_evicti
         values(&series) == [1.0]
     })
     .unwrap_or_else(|e| panic!("{e}: {series:?}"));
-    // And a scrape after it, for the rates.
-    let after = format!("{evicted} offset 1s");
-    wait_until(SCRAPE_DEADLINE, "a scrape after the eviction", || {
+    // Two samples of it, for the rates over the eviction (`increase` of a
+    // series that appeared with it needs two).
+    let samples = format!("count_over_time({evicted}[{RATE_INTERVAL}])");
+    wait_until(SCRAPE_DEADLINE, "two scrapes after the eviction", || {
         prometheus
-            .query(&after)
-            .is_ok_and(|series| values(&series) == [1.0])
+            .query(&samples)
+            .is_ok_and(|series| values(&series).first().is_some_and(|&count| count >= 2.0))
     })
     .unwrap();
 

@@ -194,11 +194,13 @@ pub struct PendingRecord {
     pub thresholds_met: Vec<MetThreshold>,
     pub evict_set: bool,
     pub pid_ranking: PidRanking,
+    /// When it was decided (the wall clock, for a person).
+    pub at: Timestamp,
     pub facts: DecisionFacts,
 }
 
 impl PendingRecord {
-    fn into_record(self, at: Timestamp) -> DecisionRecord {
+    fn into_record(self) -> DecisionRecord {
         let key = |index: usize| self.pods[index].key();
         let ranking = self
             .choice
@@ -232,7 +234,7 @@ impl PendingRecord {
                 pid_ranking: self.pid_ranking.to_string(),
             },
             decision: Decided {
-                at,
+                at: self.at,
                 facts: self.facts,
                 ranking,
                 victims,
@@ -290,7 +292,7 @@ fn write_records(dir: &StateDir, keep: usize, records: &Receiver<PendingRecord>)
     let mut slot = newest.map_or(0, |(_, slot)| (slot + 1) % keep);
     let mut failing = false;
     for pending in records {
-        let record = pending.into_record(Timestamp::now());
+        let record = pending.into_record();
         let written = serde_json::to_vec(&record)
             .map_err(std::io::Error::from)
             .map_err(|source| StateError::Io {

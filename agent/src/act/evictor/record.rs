@@ -3,6 +3,8 @@
 //! run while the same one is held or not acted on.
 use std::sync::Arc;
 
+use k8s_openapi::jiff::Timestamp;
+
 use super::{Evictor, Ranking};
 use crate::{
     act::{io::Io, wake::Wake},
@@ -83,6 +85,7 @@ impl<I: Io> Evictor<I> {
             thresholds_met: self.engine.thresholds_met_state(self.clock.now()),
             evict_set: self.options.policy == VictimPolicy::CoveringSet,
             pid_ranking: self.options.pid_ranking,
+            at: Timestamp::now(),
             facts: DecisionFacts::of(
                 starvation,
                 wake.cause.as_str(),

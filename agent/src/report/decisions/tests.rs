@@ -64,6 +64,7 @@ fn decide(engine: &mut Engine, config: &EvictionConfig, snapshot: &Snapshot) -> 
         thresholds_met: engine.thresholds_met_state(now),
         evict_set: false,
         pid_ranking: PidRanking::default(),
+        at: Timestamp::now(),
         facts: DecisionFacts::of(
             &starvation,
             "kernel",
@@ -103,7 +104,7 @@ fn a_record_replays_to_its_victims_from_the_engine_state_it_recorded() {
         &snapshot(10.0, GIB + 200 * MIB, &["a"]),
     );
     assert_eq!(second.choice.victims[0].pod, "default/b");
-    let record = second.into_record(Timestamp::now());
+    let record = second.into_record();
 
     let replayed = replay(&record, Replay::RecordedThresholds);
     assert_eq!(replayed["victims"], json!(["default/b"]), "{replayed}");
@@ -166,7 +167,7 @@ fn explain_says_the_threshold_the_victim_the_ranking_and_the_times() {
         exact_reads: 2,
         ..StepTimes::default()
     };
-    let text = explain(&pending.into_record(Timestamp::now()));
+    let text = explain(&pending.into_record());
     for expected in [
         "memory.available: 900Mi available, hard threshold 1Gi (minimum reclaim 512Mi): 636Mi to reclaim",
         "trigger kernel: decided in 1.234 ms",
