@@ -70,6 +70,8 @@ fn the_daemonsets_security_context_is_enough_to_attach_and_evict() {
     assert!(decided["run_blocked"].is_u64(), "{decided}");
     assert!(node.alive("db"));
     assert_eq!(node.oom_kills().unwrap(), 0, "the kernel OOM killer fired");
+    // The record is written under the profile too.
+    agent.expect_recorded_decision("default/hog", "evicted");
     let (status, mut log) = agent.stop().unwrap();
     assert!(status.success());
     let problems = log.problems();
