@@ -358,6 +358,18 @@ impl SandboxNode {
         self.workload(name)?.grow_until_stopped(step, limit)
     }
 
+    /// As [`Self::grow_until_stopped`], at `rate` bytes/s.
+    pub fn grow_until_stopped_at(
+        &mut self,
+        name: &str,
+        step: u64,
+        limit: u64,
+        rate: u64,
+    ) -> io::Result<u64> {
+        self.workload(name)?
+            .grow_until_stopped_at(step, limit, rate)
+    }
+
     /// Starts the agent on this node with `extra` arguments.
     pub fn start_agent(&self, extra: &[&str]) -> io::Result<Agent> {
         let mut args = self.agent_args();

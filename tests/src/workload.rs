@@ -95,8 +95,21 @@ impl WorkloadChannel {
     /// stopped the workload); returns what it held by then. An error if it
     /// reaches `limit` (its node's capacity, say) unstopped.
     pub fn grow_until_stopped(&mut self, step: u64, limit: u64) -> io::Result<u64> {
+        self.grow(step, limit, None)
+    }
+
+    /// As [`Self::grow_until_stopped`], at `rate` bytes/s.
+    pub fn grow_until_stopped_at(&mut self, step: u64, limit: u64, rate: u64) -> io::Result<u64> {
+        self.grow(step, limit, Some(rate))
+    }
+
+    fn grow(&mut self, step: u64, limit: u64, rate: Option<u64>) -> io::Result<u64> {
+        let command = match rate {
+            Some(rate) => format!("alloc {step} {rate}"),
+            None => format!("alloc {step}"),
+        };
         let mut held = 0;
-        while self.alloc(step).is_ok() {
+        while self.command_u64(&command).is_ok() {
             held += step;
             if held >= limit {
                 return Err(io::Error::other(format!(

@@ -117,7 +117,13 @@ fn start(extra: &[&str]) -> Scenario {
     let node = SandboxNode::new(pods, NODE_MEMORY, WORKLOAD).unwrap();
     let file = ColdFile::new(Path::new(env!("CARGO_TARGET_TMPDIR")), "read-twice", FILE).unwrap();
     let hard = format!("--eviction-hard=memory.available<{THRESHOLD}");
-    let mut args = vec![hard.as_str(), "--resync-interval=1s"];
+    // The hooks attached for good, as in kubernetes.rs (which says why):
+    // the hog grows at full speed and this test is about the cache rule.
+    let mut args = vec![
+        hard.as_str(),
+        "--resync-interval=1s",
+        "--precise-hooks=always",
+    ];
     args.extend_from_slice(extra);
     let agent = node.start_agent(&args).unwrap();
     Scenario {

@@ -2,8 +2,9 @@
 //! Each command gets one line on stdout, `ok ...` or `err ...`, written only
 //! once its effect is complete:
 //!
-//! - `alloc BYTES`: allocate BYTES more (in 1 MiB chunks) and touch every
-//!   page, so it is resident and charged; answers `ok <bytes held>`.
+//! - `alloc BYTES [RATE]`: allocate BYTES more (in 1 MiB chunks) and touch
+//!   every page, so it is resident and charged, RATE bytes/s when given
+//!   (paced by the clock per 1 MiB); answers `ok <bytes held>`.
 //! - `free BYTES`: drop chunks from the end until at least BYTES are gone
 //!   (or none is left), returning the pages to the kernel; `ok <bytes held>`.
 //! - `fork N [RATE]`: start N children that sleep until killed, RATE a
@@ -267,6 +268,32 @@ fn threads_child(count: usize, parent: Option<i32>) -> ! {
     }
 }
 
+/// Paces work at a rate by the clock, not by a sleep per unit, so the rate
+/// holds however long each unit takes.
+struct Pacer {
+    started: Instant,
+    /// Units a second; `None`: as fast as it can.
+    rate: Option<usize>,
+}
+
+impl Pacer {
+    fn new(rate: Option<usize>) -> Self {
+        Self {
+            started: Instant::now(),
+            rate,
+        }
+    }
+
+    /// Waits until `done` units are due since the start.
+    fn wait_for(&self, done: usize) {
+        let Some(rate) = self.rate else { return };
+        let due = Duration::from_secs_f64(done as f64 / rate.max(1) as f64);
+        if let Some(wait) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(wait);
+        }
+    }
+}
+
 /// Fresh anonymous memory, every page touched once; unmapped on drop.
 struct Mapping {
     start: NonNull<libc::c_void>,
@@ -281,14 +308,10 @@ impl Mapping {
     /// Touches every page, at `rate` bytes/s when given.
     fn touch(bytes: usize, rate: Option<usize>) -> io::Result<Self> {
         let mapping = Self::map(bytes)?;
-        let started = Instant::now();
+        let pacer = Pacer::new(rate);
         for offset in (0..mapping.len).step_by(PAGE) {
-            if let Some(rate) = rate.filter(|_| offset % CHUNK == 0) {
-                // Paced by the clock, as the bomb is.
-                let due = Duration::from_secs_f64(offset as f64 / rate.max(1) as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
+            if offset % CHUNK == 0 {
+                pacer.wait_for(offset);
             }
             mapping.touch_page(offset);
         }
@@ -570,17 +593,10 @@ impl Counter {
 }
 
 fn memory_bomb(rate: usize, log: &mut File, usage: &Counter) -> ! {
-    let started = Instant::now();
+    let pacer = Pacer::new(Some(rate).filter(|&rate| rate > 0));
     let mut chunks: Vec<Vec<u8>> = Vec::new();
     loop {
-        if rate > 0 {
-            // Paced by the clock, not by sleeps per chunk, so the rate holds
-            // however long touching a chunk takes.
-            let due = Duration::from_secs_f64((chunks.len() * CHUNK) as f64 / rate as f64);
-            if let Some(wait) = due.checked_sub(started.elapsed()) {
-                std::thread::sleep(wait);
-            }
-        }
+        pacer.wait_for(chunks.len() * CHUNK);
         let held = chunks.len() * CHUNK;
         let mut chunk = vec![0u8; CHUNK];
         for (page, byte) in chunk.iter_mut().step_by(PAGE).enumerate() {
@@ -643,7 +659,10 @@ impl Workload {
         };
         Ok(Some(match command {
             "alloc" => {
-                self.alloc(amount()?);
+                let bytes = amount()?;
+                let rate = words.next().map(str::parse).transpose();
+                let rate = rate.map_err(|e| format!("alloc: rate: {e}"))?;
+                self.alloc(bytes, rate);
                 self.held().to_string()
             }
             "free" => {
@@ -778,8 +797,10 @@ impl Workload {
         self.chunks.iter().map(Vec::len).sum()
     }
 
-    fn alloc(&mut self, bytes: usize) {
-        for _ in 0..bytes.div_ceil(CHUNK) {
+    fn alloc(&mut self, bytes: usize, rate: Option<usize>) {
+        let pacer = Pacer::new(rate);
+        for chunk in 0..bytes.div_ceil(CHUNK) {
+            pacer.wait_for(chunk * CHUNK);
             // Zeroed mmapped memory is not yet backed by pages: writing one
             // byte of each page faults it in and charges it to the memcg.
             let mut chunk = vec![0u8; CHUNK];
@@ -793,15 +814,9 @@ impl Workload {
     fn fork(&mut self, count: usize, rate: Option<usize>) -> io::Result<()> {
         let me = std::env::current_exe()?;
         let parent = std::process::id().to_string();
-        let started = Instant::now();
+        let pacer = Pacer::new(rate);
         for forked in 0..count {
-            if let Some(rate) = rate {
-                // Paced by the clock, as `touch` is.
-                let due = Duration::from_secs_f64(forked as f64 / rate.max(1) as f64);
-                if let Some(wait) = due.checked_sub(started.elapsed()) {
-                    std::thread::sleep(wait);
-                }
-            }
+            pacer.wait_for(forked);
             // spawn returns once the child has exec'd: it exists and is
             // counted in pids.current.
             let child = Command::new(&me)
