@@ -92,15 +92,24 @@ pub fn amounts<I: Integer>(
     }
 }
 
-/// A threshold as `--eviction-hard` takes it ("100Mi", "10%") in text; in
-/// JSON its `Debug` form ("Quantity(104857600)"), as before.
+/// A threshold as `--eviction-hard` takes it: in text as a person writes
+/// it ("100Mi", "10%"); in JSON exact ("104857600", "10%"), a string
+/// because a percentage is no integer, and one the flag parses back.
 pub fn threshold(
     value: ThresholdValue,
     bytes: bool,
-) -> Logged<DisplayValue<AsThreshold>, DebugValue<ThresholdValue>> {
+) -> Logged<DisplayValue<AsThreshold>, DisplayValue<AsThreshold>> {
     Logged {
-        text: display(AsThreshold { value, bytes }),
-        json: debug(value),
+        text: display(AsThreshold {
+            value,
+            bytes,
+            suffixed: true,
+        }),
+        json: display(AsThreshold {
+            value,
+            bytes,
+            suffixed: false,
+        }),
     }
 }
 
@@ -146,16 +155,19 @@ impl<I: Integer> fmt::Display for AsQuantities<'_, I> {
 pub struct AsThreshold {
     value: ThresholdValue,
     bytes: bool,
+    /// A quantity with its suffix ("100Mi"), or the integer itself.
+    suffixed: bool,
 }
 
 impl fmt::Display for AsThreshold {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.value {
-            ThresholdValue::Quantity(value) => AsQuantity {
+            ThresholdValue::Quantity(value) if self.suffixed => AsQuantity {
                 value,
                 bytes: self.bytes,
             }
             .fmt(f),
+            ThresholdValue::Quantity(value) => write!(f, "{value}"),
             // The f32 fraction keeps about 7 digits ("7.5%" comes back as
             // 7.5000005): four decimals, without trailing zeros.
             ThresholdValue::Percentage(fraction) => {
@@ -258,7 +270,7 @@ mod tests {
     }
 
     #[test]
-    fn lists_and_thresholds_keep_their_json_form() {
+    fn lists_keep_their_json_form_and_thresholds_are_exact_in_json() {
         let list = amounts(&[52_428_800_u64, 104_857_600], true);
         assert_eq!(text(&list), "line value=[50Mi, 100Mi]");
         assert_eq!(
@@ -267,16 +279,12 @@ mod tests {
         );
         let hard = threshold(ThresholdValue::Quantity(104_857_600), true);
         assert_eq!(text(&hard), "line value=100Mi");
-        assert_eq!(
-            json(&hard),
-            r#"{"message":"line","value":"Quantity(104857600)"}"#
-        );
+        assert_eq!(json(&hard), r#"{"message":"line","value":"104857600"}"#);
         let pids = threshold(ThresholdValue::Quantity(1000), false);
         assert_eq!(text(&pids), "line value=1k");
-        assert_eq!(
-            text(&threshold(ThresholdValue::Percentage(0.1), true)),
-            "line value=10%"
-        );
+        let share = threshold(ThresholdValue::Percentage(0.1), true);
+        assert_eq!(text(&share), "line value=10%");
+        assert_eq!(json(&share), r#"{"message":"line","value":"10%"}"#);
         for typed in ["7.5", "10", "33.3333", "0.01", "99.99"] {
             let fraction = typed.parse::<f32>().unwrap() / 100.0;
             let logged = threshold(ThresholdValue::Percentage(fraction), true);
