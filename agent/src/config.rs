@@ -471,8 +471,8 @@ pub struct RunArgs {
     /// How many threshold decisions to keep in --state-dir (decision-N.json,
     /// each at most 1 MiB, the oldest overwritten): the node and pods as the
     /// engine saw them, the thresholds, the ranking, the victims and what
-    /// was done. `evictd simulate --snapshot` replays one, `evictd explain`
-    /// prints them. 0: none kept.
+    /// was done or why it was held. `evictd simulate --snapshot` replays
+    /// one, `evictd explain` prints them. 0: none kept.
     #[arg(long, value_name = "N", default_value_t = crate::report::decisions::DEFAULT_RECORDS)]
     pub decision_records: usize,
 

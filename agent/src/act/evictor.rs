@@ -50,6 +50,7 @@ use crate::{
     kernel::bpf::CgroupChange,
     metrics::Metrics,
     node::{inventory::InventoryError, runtime::link::NodeReclaim},
+    report::decisions::Outcome,
     scopes::{
         monitor::Monitor,
         tripwires::{MemcgLevels, tripwires},
@@ -439,9 +440,12 @@ impl<I: Io> Evictor<I> {
             {
                 continue;
             }
-            if (!starvation.threshold.hard && self.evictions.any_running())
-                || self.safeguards.held(signal, now_ns)
-            {
+            if !starvation.threshold.hard && self.evictions.any_running() {
+                waiting = self.soon();
+                continue;
+            }
+            if self.safeguards.held(signal, now_ns) {
+                self.record_decision(wake, starvation, None, Outcome::HeldOutsidePods);
                 waiting = self.soon();
                 continue;
             }
@@ -510,6 +514,7 @@ impl<I: Io> Evictor<I> {
                     self.clock.now_ns(),
                     &self.metrics,
                 );
+                self.record_decision(wake, starvation, None, Outcome::HeldDiskUsageUnknown);
                 return Err(Some(DISK_UNKNOWN_WAIT));
             }
             Err(e) => {

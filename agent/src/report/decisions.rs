@@ -2,7 +2,9 @@
 //! makes, or holds back, kept in `--state-dir` as it was made: the node
 //! and the pods as the engine saw them, the thresholds and how long each
 //! had been met, the ranking and the victims, what was done and how long
-//! each step took. A record is a snapshot of `evictd simulate`'s contract
+//! each step took. A threshold held before any pod is ranked (the pods'
+//! disk usage unknown, the pressure outside the pods) is recorded with no
+//! pods and no ranking, and why. A record is a snapshot of `evictd simulate`'s contract
 //! with the thresholds and the engine's state beside it, so `evictd
 //! simulate --snapshot RECORD` replays it; `evictd explain` tells the last
 //! ones to a person.
@@ -157,6 +159,12 @@ pub enum Outcome {
     NotActed,
     /// The eviction budget is spent: held until it has room.
     HeldBudget,
+    /// A disk threshold, with the runtime unable to say what the pods use:
+    /// held, not ranked on no usage.
+    HeldDiskUsageUnknown,
+    /// The last kill gave back less than its pod held: the pressure is
+    /// outside the pods, and the signal is held, not ranked.
+    HeldOutsidePods,
 }
 
 impl Outcome {
@@ -166,7 +174,22 @@ impl Outcome {
             Outcome::DryRun => "dry run: nothing killed",
             Outcome::NotActed => "not acted on: no pod may be evicted",
             Outcome::HeldBudget => "held: the eviction budget is spent",
+            Outcome::HeldDiskUsageUnknown => {
+                "held: the container runtime cannot say what the pods use on disk"
+            }
+            Outcome::HeldOutsidePods => {
+                "held: the last kill gave back less than its pod held (the pressure is outside the pods)"
+            }
         }
+    }
+
+    /// Whether the pods were ranked for it: a hold before ranking has no
+    /// ranking to show.
+    pub fn ranked(self) -> bool {
+        !matches!(
+            self,
+            Outcome::HeldDiskUsageUnknown | Outcome::HeldOutsidePods
+        )
     }
 }
 
@@ -358,6 +381,15 @@ pub fn explain(record: &DecisionRecord) -> String {
     );
     let ms = |us: u64| us as f64 / 1000.0;
     let times = &decided.times_us;
+    if !decided.outcome.ranked() {
+        text += &format!(
+            "  trigger {}: {:.3} ms after it\n  {}\n",
+            decided.trigger,
+            ms(times.decision),
+            decided.outcome.as_str()
+        );
+        return text;
+    }
     text += &format!(
         "  trigger {}: decided in {:.3} ms (to the engine run {:.3}, node read {:.3}, \
          pods listed {:.3}, ranked {:.3}, {} exact reads {:.3})\n",

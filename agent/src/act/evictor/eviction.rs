@@ -371,7 +371,7 @@ impl<I: Io> Evictor<I> {
         if choice.victims.is_empty() {
             warn!(%candidates, "threshold met but no pod may be evicted (all critical, running evictd, backing off, or none running)");
             self.unacted = Some(victims);
-            self.record_decision(wake, starvation, ranking, Outcome::NotActed);
+            self.record_decision(wake, starvation, Some(ranking), Outcome::NotActed);
             return Some(self.soon());
         }
         // A hard eviction taking over a pod's soft one is no new eviction:
@@ -386,7 +386,7 @@ impl<I: Io> Evictor<I> {
             match self.safeguards.room(now_ns, &self.metrics) {
                 Ok(room) => room,
                 Err(wait) if taking_over.is_empty() => {
-                    self.record_decision(wake, starvation, ranking, Outcome::HeldBudget);
+                    self.record_decision(wake, starvation, Some(ranking), Outcome::HeldBudget);
                     return Some(Action::Requeue(wait));
                 }
                 Err(_) => 0,
@@ -412,9 +412,9 @@ impl<I: Io> Evictor<I> {
         }
         // After the kills started: the record waits for them, not they for it.
         if self.options.dry_run {
-            self.record_decision(wake, starvation, ranking, Outcome::DryRun);
+            self.record_decision(wake, starvation, Some(ranking), Outcome::DryRun);
         } else if started {
-            self.record_decision(wake, starvation, ranking, Outcome::Evicted);
+            self.record_decision(wake, starvation, Some(ranking), Outcome::Evicted);
         }
         Some(if started {
             // The end of an eviction wakes the engine.

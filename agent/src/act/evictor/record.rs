@@ -42,12 +42,13 @@ impl<I: Io> Evictor<I> {
         }
     }
 
-    /// Hands the decision on `starvation` to the record.
+    /// Hands the decision on `starvation` to the record; `ranking` is
+    /// `None` for a hold before any pod was ranked.
     pub(super) fn record_decision(
         &mut self,
         wake: &Wake,
         starvation: &Starvation,
-        ranking: &Ranking,
+        ranking: Option<&Ranking>,
         outcome: Outcome,
     ) {
         let decision_us = self.clock.since(wake.at_ns).as_micros() as u64;
@@ -58,11 +59,15 @@ impl<I: Io> Evictor<I> {
             return;
         };
         let victims: Vec<String> = ranking
-            .choice
-            .victims
-            .iter()
-            .map(|v| v.pod.clone())
-            .collect();
+            .map(|ranking| {
+                ranking
+                    .choice
+                    .victims
+                    .iter()
+                    .map(|v| v.pod.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
         match outcome {
             Outcome::Evicted => recorder.last_repeatable = None,
             _ => {
@@ -74,13 +79,19 @@ impl<I: Io> Evictor<I> {
             }
         }
         let us = |phase: std::time::Duration| phase.as_micros() as u64;
-        let times = &ranking.times;
+        let times = ranking.map(|ranking| ranking.times).unwrap_or_default();
         recorder.sink.record(PendingRecord {
             time: self.clock.now().as_secs_f64(),
             node,
-            pods: ranking.pods.clone(),
-            exact: ranking.exact.clone(),
-            choice: ranking.choice.clone(),
+            pods: ranking
+                .map(|ranking| ranking.pods.clone())
+                .unwrap_or_default(),
+            exact: ranking
+                .map(|ranking| ranking.exact.clone())
+                .unwrap_or_default(),
+            choice: ranking
+                .map(|ranking| ranking.choice.clone())
+                .unwrap_or_default(),
             thresholds: Arc::clone(&recorder.thresholds),
             thresholds_met: self.engine.thresholds_met_state(self.clock.now()),
             evict_set: self.options.policy == VictimPolicy::CoveringSet,

@@ -14,7 +14,9 @@ use crate::{
     kernel::bpf::ScopeKind,
     node::container_pressure::PodFinding,
     node::runtime::disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
+    report::decisions::{DecisionRecord, DecisionRecords, explain, read_records},
     report::kubernetes::{EvictOutcome, EvictionAction, KILL_REASON_KEY},
+    state::StateDir,
     testing::{
         LogCapture,
         fakes::{FakeApi, Harness, HarnessOptions, MIB, NODE_CAPACITY, pod},
@@ -150,6 +152,92 @@ async fn pressure_outside_the_pods_stops_evictions_instead_of_draining_them() {
     tokio::time::advance(Duration::from_secs(60)).await;
     harness.settle(wake(&harness)).await;
     assert_eq!(killed(&harness), [cgroup("a"), cgroup("b")]);
+}
+
+/// Starts `harness`'s decision record in a fresh state directory.
+fn record_decisions(harness: &mut Harness) -> (tempfile::TempDir, StateDir) {
+    let temp = tempfile::tempdir().unwrap();
+    let dir = StateDir::open(temp.path()).unwrap();
+    harness
+        .evictor
+        .set_decision_records(DecisionRecords::start(dir.clone(), 8).unwrap());
+    (temp, dir)
+}
+
+/// The records in `dir` once its writer has written `count` (bounded: the
+/// writer is a thread of its own).
+fn recorded(dir: &StateDir, count: usize) -> Vec<DecisionRecord> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let records = read_records(dir).unwrap();
+        if records.len() >= count || std::time::Instant::now() > deadline {
+            return records;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn outcomes(records: &[DecisionRecord]) -> Vec<Outcome> {
+    records
+        .iter()
+        .map(|record| record.decision.facts.outcome)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hold_for_pressure_outside_the_pods_is_recorded_once_with_no_ranking() {
+    let mut harness = Harness::new(HarnessOptions {
+        pods: vec![pod("a", 300), pod("b", 200)],
+        outside_pods: outside(500, 50),
+        ..HarnessOptions::default()
+    });
+    let (_temp, dir) = record_decisions(&mut harness);
+    harness.evictor.evaluate(wake(&harness));
+    let (id, ended) = harness.evictor.next_ended().await;
+    harness.node.0.borrow_mut().outside_pods += 300 * MIB;
+    harness.evictor.end(id, ended);
+    for _ in 0..3 {
+        harness.settle(wake(&harness)).await;
+    }
+    assert_eq!(killed(&harness), [cgroup("a")]);
+    // The hold over, one more try: its record comes after any the hold
+    // made, so a hold recorded twice would show.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness), [cgroup("a"), cgroup("b")]);
+    let records = recorded(&dir, 3);
+    assert_eq!(
+        outcomes(&records),
+        [Outcome::Evicted, Outcome::HeldOutsidePods, Outcome::Evicted],
+        "the hold once, not once per run"
+    );
+    let held = &records[1];
+    assert!(held.pods.is_empty() && held.decision.ranking.is_empty());
+    assert_eq!(held.decision.facts.signal, Signal::MemoryAvailable);
+    let told = explain(held);
+    assert!(told.contains("the pressure is outside the pods"), "{told}");
+    assert!(!told.contains("ranking for"), "{told}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_disk_decision_held_for_unknown_usage_is_recorded_once() {
+    let mut harness = disk_harness();
+    let (_temp, dir) = record_decisions(&mut harness);
+    harness.node.0.borrow_mut().disk_usage_unknown = true;
+    for _ in 0..3 {
+        harness.evictor.evaluate(wake(&harness));
+    }
+    // The runtime back: decided, after (and so showing) every hold record.
+    harness.node.0.borrow_mut().disk_usage_unknown = false;
+    harness.settle(wake(&harness)).await;
+    assert_eq!(killed(&harness).len(), 1);
+    let records = recorded(&dir, 2);
+    assert_eq!(
+        outcomes(&records),
+        [Outcome::HeldDiskUsageUnknown, Outcome::Evicted]
+    );
+    assert_eq!(records[0].decision.facts.signal, Signal::NodeFsAvailable);
+    assert!(records[0].decision.victims.is_empty());
 }
 
 #[tokio::test(start_paused = true)]

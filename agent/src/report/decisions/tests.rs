@@ -181,3 +181,28 @@ fn explain_says_the_threshold_the_victim_the_ranking_and_the_times() {
         assert!(text.contains(expected), "{expected:?} in\n{text}");
     }
 }
+
+#[test]
+fn a_hold_before_ranking_replays_to_no_victim_and_is_told_without_a_ranking() {
+    let config = config();
+    let mut engine = Engine::new(config.clone());
+    let mut pending = decide(&mut engine, &config, &snapshot(0.0, 900 * MIB, &[]));
+    // As the evictor hands a hold over: the node, no pods, no choice.
+    pending.pods.clear();
+    pending.exact.clear();
+    pending.choice = Choice::default();
+    pending.facts.outcome = Outcome::HeldOutsidePods;
+    pending.facts.times_us.decision = 250;
+    let record = pending.into_record();
+    let replayed = replay(&record, Replay::RecordedThresholds);
+    assert_eq!(replayed["victims"], json!([]), "{replayed}");
+    let text = explain(&record);
+    for expected in [
+        "memory.available: 900Mi available, hard threshold 1Gi",
+        "trigger kernel: 0.250 ms after it",
+        "held: the last kill gave back less than its pod held",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    assert!(!text.contains("ranking for"), "{text}");
+}
