@@ -351,7 +351,9 @@ pub fn run_evictd(args: &[&str]) -> io::Result<(ExitStatus, String)> {
     let mut child = Command::new(agent_binary())
         .args(args)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        // Its errors in the test's output: a failed simulate or explain
+        // says why, not only its exit status.
+        .stderr(Stdio::inherit())
         .spawn()?;
     let mut stdout = child
         .stdout

@@ -91,6 +91,7 @@ struct Args {
     /// Agent modes compared (the oracle and the no-agent floor are added
     /// where they apply). `MODE+OPTION` runs MODE with an opt-in option:
     /// `+kubelet` or `+fork-rate` (`--pid-ranking`), `+thrashing-eviction`,
+    /// `+hooks-always` (`--precise-hooks always`),
     /// `+reclaimable` (`--memory-signal reclaimable`).
     #[arg(
         long,
@@ -268,16 +269,22 @@ const RECLAIMABLE: &str = "reclaimable";
 /// second for the two rates, 10 % for PSI).
 const MEMORY_HIGH: &str = "memory-high";
 
+/// The option of a mode whose precise hooks (memory and PID) stay attached
+/// at any distance from a line: `event+` it is `--precise-hooks always`,
+/// the zone's baseline.
+const HOOKS_ALWAYS: &str = "hooks-always";
+
 /// One agent mode, as its command-line arguments; `MODE+RANKING` adds
 /// `--pid-ranking RANKING`, `MODE+thrashing-eviction` that flag,
 /// `MODE+reclaimable` `--memory-signal reclaimable`, `MODE+memory-high`
-/// KEP-5986's thresholds.
+/// KEP-5986's thresholds, `MODE+hooks-always` `--precise-hooks always`.
 fn mode_args(mode: &str) -> Result<Vec<String>> {
     if let Some((mode, option)) = mode.split_once('+') {
         let mut args = mode_args(mode)?;
         match option {
             THRASHING_EVICTION => args.push(format!("--{THRASHING_EVICTION}")),
             RECLAIMABLE => args.extend(["--memory-signal".into(), RECLAIMABLE.into()]),
+            HOOKS_ALWAYS => args.extend(["--precise-hooks".into(), "always".into()]),
             MEMORY_HIGH => args.extend(
                 [
                     "--memory-high-eviction-threshold=1",
@@ -779,6 +786,10 @@ mod tests {
                 "--memory-max-eviction-threshold=1",
                 "--memory-psi-eviction-threshold=10"
             ]
+        );
+        assert_eq!(
+            mode_args("event+hooks-always").unwrap(),
+            ["--mode", "event", "--precise-hooks", "always"]
         );
         assert_eq!(mode_args("psi").unwrap(), ["--mode", "psi"]);
         assert!(mode_args("kprobe").is_err());
