@@ -30,8 +30,8 @@
 //!   a decision, its execution, an [`act::evictor::Action`]), its seams
 //!   (`io`), its `timer`, the `pre_kill` hook and the `kill` of a pod.
 //! * [`report`]: the metrics `endpoint`, the `decisions` records, what the
-//!   `kernel` side saw (OOM victims, counters), and `kubernetes` (pod
-//!   metadata in, eviction reports out, taking
+//!   kernel side saw (`kernel_side`: OOM victims, counters), and
+//!   `kubernetes` (pod metadata in, eviction reports out, taking
 //!   [`report::kubernetes::KubernetesOptions`]).
 //! * [`run`]: the entry points: the `daemon` (startup, then a `serve` loop
 //!   that turns each wake-up into one evictor pass), the `precise` hooks'

@@ -5,5 +5,5 @@
 //! out).
 pub mod decisions;
 pub mod endpoint;
-pub mod kernel;
+pub mod kernel_side;
 pub mod kubernetes;

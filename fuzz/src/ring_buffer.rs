@@ -43,7 +43,7 @@ fn check(bytes: &[u8]) {
     let event = match decode(bytes) {
         Ok(event) => event,
         Err(e) => {
-            report::kernel::decode_error(metrics(), &e);
+            report::kernel_side::decode_error(metrics(), &e);
             return;
         }
     };
@@ -79,7 +79,7 @@ fn check(bytes: &[u8]) {
                 ]),
                 bytes[..size_of::<OomVictimEvent>()]
             );
-            report::kernel::oom_victim(metrics(), victim, Some("pod"), Duration::ZERO);
+            report::kernel_side::oom_victim(metrics(), victim, Some("pod"), Duration::ZERO);
         }
         KernelEvent::CgroupCreated(change) | KernelEvent::CgroupRemoved(change) => {
             let raw = &change.0;

@@ -12,12 +12,12 @@
 //! so the loop runs in unit tests without root.
 mod eviction;
 mod hook_placement;
-mod memory_high;
+mod memory_high_response;
 mod record;
 mod safeguards;
 mod spent;
 mod storage_limits;
-mod thrashing;
+mod thrashing_response;
 
 use std::{
     borrow::Cow,
@@ -193,8 +193,8 @@ pub struct Evictor<I: Io> {
     zone: Option<hook_placement::Zone>,
     pid_zone: Option<hook_placement::Zone>,
     local_storage: storage_limits::LocalStorageChecks,
-    thrashing: thrashing::ThrashingChecks,
-    container_pressure: memory_high::ExemptPods,
+    thrashing: thrashing_response::ThrashingChecks,
+    container_pressure: memory_high_response::ExemptPods,
     /// Disk thresholds whose node-level reclaim is under way: each is
     /// decided again once it is done, met or not ([`Evictor::decide`]).
     reclaim_asked: BTreeMap<Signal, Starvation>,
@@ -253,8 +253,8 @@ impl<I: Io> Evictor<I> {
             zone: options.zone.map(hook_placement::Zone::new),
             pid_zone: options.pid_zone.map(hook_placement::Zone::new),
             local_storage: storage_limits::LocalStorageChecks::default(),
-            thrashing: thrashing::ThrashingChecks::default(),
-            container_pressure: memory_high::ExemptPods::default(),
+            thrashing: thrashing_response::ThrashingChecks::default(),
+            container_pressure: memory_high_response::ExemptPods::default(),
             reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
             recorder: None,

@@ -17,7 +17,7 @@ use crate::{
         stats::NodeObservation,
     },
     report::{
-        kernel::CounterExport,
+        kernel_side::CounterExport,
         kubernetes::{
             EvictOutcome, EvictionAction, EvictionNotice, KnownPod, Kubernetes, PodWarning,
         },

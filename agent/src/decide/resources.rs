@@ -120,11 +120,11 @@ struct Container<'a> {
     /// Requests, each missing one defaulted to the container's limit.
     requests: ResourceList,
     limits: &'a ResourceList,
-    kind: Kind,
+    kind: ContainerKind,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum ContainerKind {
     Regular,
     Init,
     Sidecar,
@@ -148,10 +148,17 @@ impl<'a> DefaultedSpec<'a> {
         let regular = pod
             .containers
             .iter()
-            .map(|spec| container(spec, Kind::Regular));
+            .map(|spec| container(spec, ContainerKind::Regular));
         let init = pod.init_containers.iter().map(|spec| {
             let sidecar = spec.restart_policy.as_deref() == Some(RESTART_ALWAYS);
-            container(spec, if sidecar { Kind::Sidecar } else { Kind::Init })
+            container(
+                spec,
+                if sidecar {
+                    ContainerKind::Sidecar
+                } else {
+                    ContainerKind::Init
+                },
+            )
         });
         let containers: Vec<Container<'a>> = regular.chain(init).collect();
         let pod_level = pod.resources.as_ref().map(|resources| PodLevel {
@@ -167,7 +174,7 @@ impl<'a> DefaultedSpec<'a> {
 
 /// `SetDefaults_Pod` for one container (regular or init): a resource with
 /// a limit and no request is requested at its limit.
-fn container(spec: &ContainerSpec, kind: Kind) -> Container<'_> {
+fn container(spec: &ContainerSpec, kind: ContainerKind) -> Container<'_> {
     let mut requests = spec.requests.clone();
     for (name, limit) in &spec.limits {
         requests.entry(name.clone()).or_insert(*limit);
@@ -235,19 +242,21 @@ pub fn ephemeral_storage_limit(pod: &PodSnapshot) -> Option<Quantity> {
 
 /// The sidecar KEP's aggregate of one resource list per container, in
 /// spec order (regular containers first, then init containers).
-fn aggregate<'a>(containers: impl Iterator<Item = (Kind, &'a ResourceList)>) -> ResourceList {
+fn aggregate<'a>(
+    containers: impl Iterator<Item = (ContainerKind, &'a ResourceList)>,
+) -> ResourceList {
     let mut running = ResourceList::new();
     let mut sidecars = ResourceList::new();
     let mut while_initialising = ResourceList::new();
     for (kind, resources) in containers {
         match kind {
-            Kind::Regular => add(&mut running, resources),
-            Kind::Sidecar => {
+            ContainerKind::Regular => add(&mut running, resources),
+            ContainerKind::Sidecar => {
                 add(&mut running, resources);
                 add(&mut sidecars, resources);
                 keep_max(&mut while_initialising, &sidecars);
             }
-            Kind::Init => {
+            ContainerKind::Init => {
                 let mut needed = resources.clone();
                 add(&mut needed, &sidecars);
                 keep_max(&mut while_initialising, &needed);

@@ -10,9 +10,9 @@
 //! (the layout, each raw tracepoint's arity) and lets the file go. Decoding
 //! every type of the kernel's ~130k instead (btf-rs) was most of the
 //! agent's startup peak: tens of MiB for a handful of numbers.
-mod format;
 #[cfg(test)]
-mod testing;
+mod fixtures;
+mod format;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -445,7 +445,7 @@ fn to_u32(value: u64) -> Result<u32, LayoutError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testing::BtfWriter;
+    use fixtures::BtfWriter;
 
     /// This machine's BTF: every Linux evictd supports has it, and a layout
     /// that cannot be resolved here could not be loaded either.
@@ -531,14 +531,14 @@ mod tests {
         let mut writer = BtfWriter::default();
         let long = writer.int("long", 8);
         let counter = writer.strukt(
-            testing::STRUCT,
+            fixtures::STRUCT,
             "percpu_counter",
             40,
             &[("lock", long, 0), ("count", long, 64)],
         );
         let counters = writer.array(counter, long, 4);
         writer.strukt(
-            testing::STRUCT,
+            fixtures::STRUCT,
             "mm_struct",
             1024,
             &[("rss_stat", counters, 6400)],
@@ -549,13 +549,13 @@ mod tests {
         // 6.1: struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }.
         let mut writer = BtfWriter::default();
         let long = writer.int("long", 8);
-        let atomic = writer.strukt(testing::STRUCT, "", 8, &[("counter", long, 0)]);
-        let atomic_long = writer.alias(testing::TYPEDEF, "atomic_long_t", atomic);
+        let atomic = writer.strukt(fixtures::STRUCT, "", 8, &[("counter", long, 0)]);
+        let atomic_long = writer.alias(fixtures::TYPEDEF, "atomic_long_t", atomic);
         let counts = writer.array(atomic_long, long, 4);
-        let stat = writer.strukt(testing::STRUCT, "mm_rss_stat", 32, &[("count", counts, 0)]);
+        let stat = writer.strukt(fixtures::STRUCT, "mm_rss_stat", 32, &[("count", counts, 0)]);
         // Inside an anonymous struct, as __randomize_layout leaves it.
-        let fields = writer.strukt(testing::STRUCT, "", 512, &[("rss_stat", stat, 2048)]);
-        writer.strukt(testing::STRUCT, "mm_struct", 1024, &[("", fields, 0)]);
+        let fields = writer.strukt(fixtures::STRUCT, "", 512, &[("rss_stat", stat, 2048)]);
+        writer.strukt(fixtures::STRUCT, "mm_struct", 1024, &[("", fields, 0)]);
         let btf = written(&writer);
         let lookup = Lookup::new(&btf);
         assert_eq!(lookup.rss_counters().expect("6.1"), (8, 0));
@@ -567,12 +567,12 @@ mod tests {
         // As Linux 7.x orders BTF: anonymous types, then named ones by name.
         let mut writer = BtfWriter::default();
         let int = writer.int("int", 4);
-        writer.strukt(testing::STRUCT, "", 4, &[("a", int, 0)]);
-        writer.strukt(testing::STRUCT, "cgroup", 0, &[]);
+        writer.strukt(fixtures::STRUCT, "", 4, &[("a", int, 0)]);
+        writer.strukt(fixtures::STRUCT, "cgroup", 0, &[]);
         writer.enumeration("cgroup", &[("A", 1)]);
-        let cgroup = writer.strukt(testing::STRUCT, "cgroup", 8, &[("level", int, 32)]);
-        writer.strukt(testing::STRUCT, "cgroup", 16, &[("other", int, 0)]);
-        writer.strukt(testing::STRUCT, "task_struct", 8, &[("pid", int, 32)]);
+        let cgroup = writer.strukt(fixtures::STRUCT, "cgroup", 8, &[("level", int, 32)]);
+        writer.strukt(fixtures::STRUCT, "cgroup", 16, &[("other", int, 0)]);
+        writer.strukt(fixtures::STRUCT, "task_struct", 8, &[("pid", int, 32)]);
         let btf = written(&writer);
         let lookup = Lookup::new(&btf);
         let found = lookup.strukt("cgroup").expect("defined");
@@ -591,7 +591,7 @@ mod tests {
         let long = writer.int("long", 8);
         // 6.18: only kernel memory folios hold an obj_cgroup.
         writer.strukt(
-            testing::STRUCT,
+            fixtures::STRUCT,
             "obj_cgroup",
             48,
             &[("refcnt", long, 0), ("memcg", long, 128)],
@@ -607,7 +607,7 @@ mod tests {
         let long = writer.int("long", 8);
         let flag = writer.int("bool", 1);
         writer.strukt(
-            testing::STRUCT,
+            fixtures::STRUCT,
             "obj_cgroup",
             56,
             &[

@@ -5,11 +5,11 @@
 //! eviction with `--eviction-action evict` waits for the API, bounded by
 //! `--api-timeout`, and falls back to the local kill when it cannot get an
 //! answer.
+mod api_writes;
 mod journal;
 mod message;
 mod pod_cache;
 mod pods;
-mod report;
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -22,13 +22,13 @@ use kube::{Client, Config, config::KubeConfigOptions};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
+pub use api_writes::{EvictOutcome, EvictionNotice, PodWarning};
 pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal};
 pub use message::{
     ContainerUsage, EvictionMessage, KILL_REASON_KEY, StarvedSignal, eviction_message,
 };
 pub use pod_cache::PodCache;
 pub use pods::{KnownPod, PodStore, known_pod};
-pub use report::{EvictOutcome, EvictionNotice, PodWarning};
 
 use crate::{
     decide::{reason::KillReason, thresholds::Resource},
@@ -123,7 +123,7 @@ pub struct Kubernetes {
     store: PodStore,
     action: EvictionAction,
     reports: mpsc::Sender<EvictionNotice>,
-    evictions: mpsc::Sender<report::EvictRequest>,
+    evictions: mpsc::Sender<api_writes::EvictRequest>,
     warnings: mpsc::Sender<PodWarning>,
     api_timeout: Duration,
     metrics: Arc<Metrics>,
@@ -163,7 +163,7 @@ impl Kubernetes {
             cache
         });
         metrics.kube_pods.set(store.len() as i64);
-        let context = report::Context {
+        let context = api_writes::Context {
             node_name: node_name.to_owned(),
             action: args.eviction_action,
             api_timeout: args.api_timeout,
@@ -203,18 +203,18 @@ impl Kubernetes {
                         context.metrics.clone(),
                         context.errors.clone(),
                     ));
-                    tokio::spawn(report::serve_evictions(
+                    tokio::spawn(api_writes::serve_evictions(
                         client.clone(),
                         context.clone(),
                         eviction_queue,
                     ));
-                    tokio::spawn(report::serve_warnings(
+                    tokio::spawn(api_writes::serve_warnings(
                         client.clone(),
                         context.clone(),
                         warning_queue,
                     ));
                     let journal = Journal::open(state, &context.node_name);
-                    report::serve_reports(client, context, report_queue, journal).await;
+                    api_writes::serve_reports(client, context, report_queue, journal).await;
                 });
                 let _ = finished_tx.send(());
             })
@@ -275,7 +275,7 @@ impl Kubernetes {
     /// soft eviction's, as kubelet gives it), waiting at most --api-timeout.
     pub async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
         let (reply, outcome) = oneshot::channel();
-        let request = report::EvictRequest {
+        let request = api_writes::EvictRequest {
             notice,
             grace,
             reply,

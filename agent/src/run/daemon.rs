@@ -54,7 +54,7 @@ use crate::{
         self,
         decisions::{DecisionRecords, DecisionsError},
         endpoint::{Endpoint, EndpointError, EndpointLimits, Routes},
-        kernel::CounterExport,
+        kernel_side::CounterExport,
         kubernetes::{KubeError, Kubernetes},
     },
     run::precise::PreciseHooks,
@@ -764,7 +764,7 @@ fn handle_records<I: Io>(
         let received = match record {
             Ok(received) => received,
             Err(e) => {
-                report::kernel::decode_error(evictor.metrics(), &e);
+                report::kernel_side::decode_error(evictor.metrics(), &e);
                 continue;
             }
         };
@@ -791,7 +791,7 @@ fn handle_records<I: Io>(
                     .monitor()
                     .memory_scope_label(victim.memory_cgroup_id)
                     .map(str::to_owned);
-                report::kernel::oom_victim(
+                report::kernel_side::oom_victim(
                     evictor.metrics(),
                     victim,
                     scope.as_deref(),

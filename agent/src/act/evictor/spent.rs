@@ -54,17 +54,17 @@ pub struct SpentBudget {
 struct Writer {
     dir: PathBuf,
     node: String,
-    pending: Mutex<Pending>,
+    pending: Mutex<PendingWrite>,
     wake: Condvar,
 }
 
 #[derive(Default)]
-struct Pending {
+struct PendingWrite {
     spent: Option<Vec<u64>>,
     stop: bool,
 }
 
-fn lock(pending: &Mutex<Pending>) -> MutexGuard<'_, Pending> {
+fn lock(pending: &Mutex<PendingWrite>) -> MutexGuard<'_, PendingWrite> {
     pending.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

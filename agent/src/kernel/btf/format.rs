@@ -402,7 +402,7 @@ fn u32_at(data: &[u8], at: usize) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::btf::testing::{self as w, BtfWriter};
+    use crate::kernel::btf::fixtures::{self as w, BtfWriter};
 
     fn parse(writer: &BtfWriter) -> Btf {
         Btf::parse(writer.finish()).expect("valid BTF")

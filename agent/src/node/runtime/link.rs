@@ -95,7 +95,7 @@ struct Shared {
     /// kubelet's root directory (`--nodefs-path`): nodefs, and the pods'
     /// volumes below `pods/`.
     kubelet_root: PathBuf,
-    state: Mutex<State>,
+    state: Mutex<LinkState>,
     metrics: Arc<Metrics>,
     /// Bumped whenever the filesystems change, so that the loop's every
     /// observation costs one atomic load, not a lock and a copy.
@@ -105,14 +105,14 @@ struct Shared {
 }
 
 #[derive(Debug, Default)]
-struct State {
+struct LinkState {
     /// Whether the runtime answered the last call.
     connected: bool,
     stopping: bool,
     /// Where the runtime last said its filesystems are, and their layout.
     filesystems: Option<(FsPaths, DiskLayout)>,
     /// The last reading of the pods' disk usage.
-    usage: Option<Reading>,
+    usage: Option<DiskUsageReading>,
     /// A decision waits for a fresh reading.
     usage_wanted: bool,
     /// When the reading under way began, if one is.
@@ -128,7 +128,7 @@ struct State {
 
 /// One reading of the pods' disk usage, by pod uid, and when it was taken.
 #[derive(Debug)]
-struct Reading {
+struct DiskUsageReading {
     finished: Instant,
     pods: Arc<BTreeMap<String, PodDiskUsage>>,
 }
@@ -158,7 +158,7 @@ impl RuntimeLink {
         let shared = Arc::new(Shared {
             endpoint,
             kubelet_root,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(LinkState::default()),
             metrics: metrics.clone(),
             filesystems_changed: AtomicU64::new(0),
             wake: Notify::new(),
@@ -281,7 +281,7 @@ impl RuntimeLink {
     /// old.
     pub fn pod_usage(&self, now: Instant) -> DiskUsageAnswer {
         let mut state = self.shared.state();
-        let age = |reading: &Reading| now.saturating_duration_since(reading.finished);
+        let age = |reading: &DiskUsageReading| now.saturating_duration_since(reading.finished);
         if let Some(reading) = &state.usage
             && age(reading) <= USAGE_MAX_AGE
         {
@@ -329,7 +329,7 @@ impl RuntimeLink {
             shared: Arc::new(Shared {
                 endpoint: "/detached.sock".into(),
                 kubelet_root: PathBuf::new(),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(LinkState::default()),
                 metrics,
                 filesystems_changed: AtomicU64::new(0),
                 wake: Notify::new(),
@@ -401,7 +401,7 @@ impl Shared {
             .set(i64::from(connected));
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn state(&self) -> MutexGuard<'_, LinkState> {
         // A panic elsewhere while holding the lock leaves plain data behind.
         self.state
             .lock()
@@ -439,7 +439,7 @@ impl Shared {
             self.late(&mut state, took);
             info!(took = ?took, pods = pods.len(), "late reading of the pods' disk usage finished: it serves from now");
         }
-        state.usage = Some(Reading {
+        state.usage = Some(DiskUsageReading {
             finished,
             pods: Arc::new(pods),
         });
@@ -449,7 +449,7 @@ impl Shared {
 
     /// The reading under way has taken `under_way` so far, past its window:
     /// said and counted once.
-    fn late(&self, state: &mut State, under_way: Duration) {
+    fn late(&self, state: &mut LinkState, under_way: Duration) {
         if std::mem::replace(&mut state.late_told, true) {
             return;
         }

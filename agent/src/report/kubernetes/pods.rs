@@ -50,7 +50,7 @@ pub struct KnownPod {
 }
 
 #[derive(Debug, Default)]
-struct State {
+struct StoredPods {
     /// By API uid.
     pods: HashMap<String, KnownPod>,
     /// Static pod uid (its cgroup's) -> API uid of its mirror pod.
@@ -62,7 +62,7 @@ struct State {
     generation: u64,
 }
 
-impl State {
+impl StoredPods {
     /// The pod whose cgroup carries `uid`. A pod's own uid wins over a
     /// mirror annotation naming it, which anyone may write.
     fn get(&self, uid: &str) -> Option<&KnownPod> {
@@ -93,7 +93,7 @@ impl State {
 /// Shared handle: the watch task writes, the engine reads.
 #[derive(Debug, Clone, Default)]
 pub struct PodStore {
-    state: Arc<RwLock<State>>,
+    state: Arc<RwLock<StoredPods>>,
 }
 
 impl PodStore {
@@ -157,10 +157,10 @@ impl PodStore {
     /// down disappear.
     fn replace(&self, pods: &[Pod]) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        let mut fresh = State {
+        let mut fresh = StoredPods {
             listed: true,
             generation: state.generation + 1,
-            ..State::default()
+            ..StoredPods::default()
         };
         for known in pods.iter().filter_map(known_pod) {
             fresh.insert(known);
