@@ -2,8 +2,8 @@
 //! decisions, their execution), the seams it reaches the world through,
 //! the pre-kill hook, and the kill of a pod.
 pub mod evictor;
-pub mod io;
+pub(crate) mod io;
 pub mod kill;
 pub(crate) mod pre_kill;
 pub(crate) mod timer;
-pub mod wake;
+pub(crate) mod wake;

@@ -4,12 +4,12 @@
 //! the choice of victims, why each is killed, a pod thrashing at its own
 //! limit, the `snapshot` types it decides on and Kubernetes' arithmetic on
 //! a pod's `resources` (its requests and QoS class).
-pub mod engine;
+pub(crate) mod engine;
 pub mod layout;
-pub mod memory_high;
+pub(crate) mod memory_high;
 pub mod rank;
-pub mod reason;
+pub(crate) mod reason;
 pub mod resources;
 pub mod snapshot;
-pub mod thrashing;
+pub(crate) mod thrashing;
 pub mod thresholds;

@@ -26,7 +26,7 @@
 //!   class), `thresholds`, the `engine` (thresholds met, grace periods, node
 //!   conditions, victims), the disk `layout`, `rank`, the kill `reason`,
 //!   `thrashing` and `memory_high` (KEP-5986).
-//! * [`act`]: the `evictor` loop (one observation per [`act::wake::Wake`],
+//! * [`act`]: the `evictor` loop (one observation per `act::wake::Wake`,
 //!   a decision, its execution, an [`act::evictor::Action`]), its seams
 //!   (`io`), its `timer`, the `pre_kill` hook and the `kill` of a pod.
 //! * [`report`]: the metrics `endpoint`, the `decisions` records, what the

@@ -1,4 +1,4 @@
-//! Prometheus metrics; [`crate::report::endpoint`] serves them. The ground
+//! Prometheus metrics; `report::endpoint` serves them. The ground
 //! floor: every stage may count here, and this module imports no other.
 use std::sync::{Arc, Mutex, PoisonError};
 

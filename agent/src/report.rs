@@ -4,6 +4,6 @@
 //! counters), and the Kubernetes API (pod metadata in, eviction reports
 //! out).
 pub mod decisions;
-pub mod endpoint;
+pub(crate) mod endpoint;
 pub mod kernel_side;
 pub mod kubernetes;

@@ -1,12 +1,12 @@
 //! The cgroups watched against thresholds ("scopes"): what the --watch
 //! flags ask for ([`spec`]), the level each is at ([`levels`]), the pure
-//! state of them all ([`registry`]), the lines the engine has the kernel
-//! watch ([`tripwires`]), when the precise memory hooks run ([`zone`]),
+//! state of them all (`registry`), the lines the engine has the kernel
+//! watch (`tripwires`), when the precise memory hooks run (`zone`),
 //! and the shell that reads, arms and reports them
-//! ([`monitor`]).
+//! (`monitor`).
 pub mod levels;
-pub mod monitor;
-pub mod registry;
+pub(crate) mod monitor;
+pub(crate) mod registry;
 pub mod spec;
-pub mod tripwires;
-pub mod zone;
+pub(crate) mod tripwires;
+pub(crate) mod zone;

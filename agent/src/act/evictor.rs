@@ -1,14 +1,14 @@
 //! The loop that protects the node, one wake-up at a time: one fresh
 //! observation of the node -> the scope levels and kernel tripwires it
-//! implies -> [`Engine::observe`] -> what earlier evictions gave back ->
+//! implies -> `Engine::observe` -> what earlier evictions gave back ->
 //! if a resource is starved and nothing holds evictd back, the pods ->
-//! [`Engine::choose`] -> evictions started ([`eviction`]). Evictions run
+//! `Engine::choose` -> evictions started (`eviction`). Evictions run
 //! beside the loop (a soft one's grace period, an Eviction API call, a kill
 //! that takes long), so no wait ever delays a decision; the loop wakes the
 //! engine again when one ends. What to do next is an [`Action`], as
 //! kube-runtime's controller returns one.
 //!
-//! Everything it touches outside memory goes through the seams of [`Io`],
+//! Everything it touches outside memory goes through the seams of `Io`,
 //! so the loop runs in unit tests without root.
 mod eviction;
 mod hook_placement;

@@ -204,13 +204,13 @@ pub struct KillReport {
     pub frozen: bool,
     /// From the call to the v1 freezer's first `FROZEN`.
     pub frozen_after: Option<Duration>,
-    /// The tasks the first freeze still waited on [`SLOW_FREEZE`] after
+    /// The tasks the first freeze still waited on `SLOW_FREEZE` after
     /// it was asked for; none when it was quicker.
     pub freeze_holdouts: Vec<Holdout>,
     /// From the call to the first SIGKILL (or `cgroup.kill` write).
     pub first_sigkill_after: Option<Duration>,
     /// From the call to the first thaw of the frozen pod (its reapers seen
-    /// unmapping, or [`REAPERS_HOLD`] passed).
+    /// unmapping, or `REAPERS_HOLD` passed).
     pub thawed_after: Option<Duration>,
     /// From the call to the end of the first round's `process_mrelease`
     /// calls: the victims' memory reaped, their exits still to come.

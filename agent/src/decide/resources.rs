@@ -27,7 +27,7 @@ const RESTART_ALWAYS: &str = "Always";
 /// `GetResourceRequestQuantity` computes it for eviction ranking: where
 /// the pod sets pod-level resources, its pod-level request (and nothing
 /// from its containers, whatever the resource); otherwise the containers'
-/// aggregate ([`aggregate_requests`]). Then `spec.overhead` is added, only to a
+/// aggregate (`aggregate_requests`). Then `spec.overhead` is added, only to a
 /// request that is not zero. `None` where the pod requests none.
 pub fn request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
     let request = if pod.resources.is_none() && pod.init_containers.is_empty() {

@@ -244,7 +244,7 @@ pub struct PodUsage {
     /// The pod's memory stall and refault counters as last read (every
     /// [`STALLS_INTERVAL`](crate::node::stalls::STALLS_INTERVAL) at most);
     /// live exact listings only. Thrashing is judged on two of them
-    /// ([`crate::decide::thrashing`]); `simulate` ignores them.
+    /// (`decide::thrashing`); `simulate` ignores them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_stalls: Option<MemoryStalls>,
 }

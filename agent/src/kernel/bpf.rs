@@ -1,7 +1,7 @@
-//! evictd's eBPF programs: [`hooks`] names them and what each serves,
-//! [`Probes`] loads and attaches them, [`maps`] holds the scope bands and
-//! the programs' counters, [`events`] turns ring-buffer records into
-//! events, [`charges`] reads every memory cgroup's charge at once.
+//! evictd's eBPF programs: `hooks` names them and what each serves,
+//! [`Probes`] loads and attaches them, `maps` holds the scope bands and
+//! the programs' counters, `events` turns ring-buffer records into
+//! events, `charges` reads every memory cgroup's charge at once.
 //!
 //! Everything loaded here belongs to [`Probes`] (and the [`ScopeMaps`] and
 //! [`EventStream`] taken from it): dropping them detaches every program and

@@ -5,7 +5,7 @@
 //! is resolved here and handed over as the `LAYOUT` global. Nothing is taken
 //! from the machine the agent was built on.
 //!
-//! The reader is evictd's own ([`format`]): [`KernelBtf::open`] reads the
+//! The reader is evictd's own (`format`): [`KernelBtf::open`] reads the
 //! file, notes where each type starts, answers every look-up evictd has
 //! (the layout, each raw tracepoint's arity) and lets the file go. Decoding
 //! every type of the kernel's ~130k instead (btf-rs) was most of the

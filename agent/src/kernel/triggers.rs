@@ -20,7 +20,7 @@
 //!
 //! The kernel's own push mechanisms that need no BPF (PSI triggers on
 //! `memory.pressure`, cgroup v1 `cgroup.event_control` thresholds) belong
-//! between 2 and 3, see [`fallback`].
+//! between 2 and 3, see `fallback`.
 use std::{collections::BTreeMap, fmt, sync::Arc, time::Duration};
 
 use tracing::{error, info, warn};

@@ -363,7 +363,7 @@ impl Inventory {
         })
     }
 
-    /// Judges thrashing by `limits` ([`crate::decide::thrashing`]).
+    /// Judges thrashing by `limits` (`decide::thrashing`).
     pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
         self.stalls.set_thrashing_limits(limits);
     }
@@ -487,7 +487,7 @@ impl Inventory {
     /// every other resource's usage is exact.
     ///
     /// For disk, each pod's disk usage comes from the runtime, read at most
-    /// [`USAGE_MAX_AGE`](crate::node::runtime::link::USAGE_MAX_AGE) ago;
+    /// `USAGE_MAX_AGE` ago;
     /// while a fresh reading is under way this is
     /// [`InventoryError::DiskUsagePending`], and while the runtime is down
     /// or its reading failed [`InventoryError::DiskUsageUnknown`] (ranking
@@ -587,7 +587,7 @@ impl Inventory {
     }
 
     /// Node-level reclaim through the runtime before a disk decision for
-    /// `signal` ([`RuntimeLink::reclaim`]). A pod whose cgroup kubelet still
+    /// `signal` (`RuntimeLink::reclaim`). A pod whose cgroup kubelet still
     /// keeps is alive for kubelet's container GC, its sandbox up or not.
     pub fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
         let Some(link) = self.runtime.clone() else {
@@ -608,7 +608,7 @@ impl Inventory {
     /// ([`local_storage::violations`]). Only pods that set a limit are
     /// looked at, and only when one does is the runtime asked for the
     /// pods' disk usage (a reading serves
-    /// [`USAGE_MAX_AGE`](crate::node::runtime::link::USAGE_MAX_AGE)): while
+    /// `USAGE_MAX_AGE`): while
     /// it is being read this is [`InventoryError::DiskUsagePending`], and
     /// while the runtime is down [`InventoryError::DiskUsageUnknown`].
     /// Without a runtime, none.

@@ -13,7 +13,7 @@
 //!   round per signal.
 //! - [`local_storage`]: kubelet's local-storage limit evictions (emptyDir
 //!   `sizeLimit`, ephemeral-storage limits) with kubelet's messages.
-//! - [`link`]: the live agent's connection, on a thread of its own.
+//! - `link`: the live agent's connection, on a thread of its own.
 //!
 //! The CRI API comes from the `k8s-cri` crate (cri-api's `runtime/v1`
 //! `api.proto`, compiled by its build script with tonic and prost).
@@ -21,7 +21,7 @@ pub mod disk_usage;
 pub mod filesystems;
 #[cfg(test)]
 mod fixtures;
-pub mod link;
+pub(crate) mod link;
 pub mod local_storage;
 pub mod reading;
 pub mod reclaim;

@@ -2,8 +2,9 @@
 //! cgroupfs, installs the cgroups their patterns match as they come and go,
 //! arms each scope's band in the kernel through a [`BandTable`], and logs
 //! and counts every crossing. Engine scopes are read by the engine's own
-//! observation of the node and handed in as [`Tripwires`]; the monitor
-//! never reads them itself.
+//! observation of the node and handed in as
+//! [`Tripwires`](super::tripwires::Tripwires); the monitor never reads them
+//! itself.
 //!
 //! Flag scopes are re-read on a timer: as a resync behind the kernel
 //! programs (to repair a dropped record or a level left stale by a race),

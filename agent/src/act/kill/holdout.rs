@@ -52,7 +52,7 @@ pub fn describe_holdouts(holdouts: &[Holdout]) -> String {
 }
 
 /// The threads of the processes `pids` that are not in the freezer's
-/// refrigerator, at most [`MAX_HOLDOUTS`] among the first [`MAX_EXAMINED`];
+/// refrigerator, at most `MAX_HOLDOUTS` among the first `MAX_EXAMINED`;
 /// a process or thread gone meanwhile is left out.
 pub fn freeze_holdouts(pids: impl IntoIterator<Item = u32>) -> Vec<Holdout> {
     let threads = pids.into_iter().flat_map(|pid| {

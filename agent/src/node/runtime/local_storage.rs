@@ -216,7 +216,7 @@ pub fn violations(
 /// The local-storage eviction of one pod, if any: kubelet's order
 /// (emptyDir, then pod, then container) and its comparisons (strictly more
 /// than the limit) on what was measured, then the limits it could not be
-/// measured against whole ([`unmeasured`]). `dedicated_imagefs` is
+/// measured against whole (`unmeasured`). `dedicated_imagefs` is
 /// kubelet's: with one, writable layers do not count against a container's
 /// own limit, which only regular containers are held to
 /// (`containerEphemeralStorageLimitEviction`).

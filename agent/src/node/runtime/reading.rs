@@ -1,7 +1,7 @@
 //! One look at the node's disk through the runtime: the imagefs and
 //! containerfs it names, and every pod's disk usage. The live agent takes
 //! one on its runtime thread when a disk decision asks for it
-//! ([`super::link`]); `evictd snapshot` takes one and prints it.
+//! (`link`); `evictd snapshot` takes one and prints it.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},

@@ -7,7 +7,7 @@
 //! This module is the runtime half: which reclaim a signal calls for
 //! ([`steps_for`]), what is dead ([`dead_containers`], kubelet's container
 //! GC) or unused ([`images`], kubelet's image GC), the removals (each
-//! logged), and where each signal's round stands ([`rounds`]). Deciding
+//! logged), and where each signal's round stands (`rounds`). Deciding
 //! whether a pod must still go is the decision loop's.
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -19,7 +19,7 @@ use super::{RuntimeClient, RuntimeError, filesystems::DiskLayout};
 use crate::{decide::thresholds::Signal, logs};
 
 pub mod images;
-pub mod rounds;
+pub(crate) mod rounds;
 
 pub use images::{ImageTracker, SandboxImages};
 pub use rounds::{NodeReclaim, ReclaimRequest, ReclaimRounds};

@@ -11,7 +11,7 @@ pub const OFFENDING_CONTAINERS_KEY: &str = "offending_containers";
 pub const OFFENDING_CONTAINERS_USAGE_KEY: &str = "offending_containers_usage";
 pub const STARVED_RESOURCE_KEY: &str = "starved_resource";
 /// evictd's own annotation of the `Evicted` event: why the pod was killed
-/// ([`KillReason::as_str`](crate::decide::reason::KillReason::as_str)).
+/// (`KillReason::as_str`).
 pub const KILL_REASON_KEY: &str = "evictd.io/kill-reason";
 
 /// One container of the victim as it was just before the kill.
