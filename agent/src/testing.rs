@@ -105,7 +105,6 @@ pub(crate) mod fakes {
             pre_kill::PreKillHook,
             wake::{Clock, Wake, WakeCause},
         },
-        config::EvictionArgs,
         decide::snapshot::{
             FsStats, MemoryStats, NodeStats, PidStats, PodSnapshot, PodUsage, QosClass,
         },
@@ -114,7 +113,7 @@ pub(crate) mod fakes {
             memory_high::MemoryHighThresholds,
             rank::PidRanking,
             thrashing::{Thrashing, ThrashingLimits},
-            thresholds::{Resource, Signal},
+            thresholds::{EvictionConfig, Resource, Signal, Threshold},
         },
         kernel::bpf::{BpfError, DecodeError, Purpose, Received},
         metrics::Metrics,
@@ -685,7 +684,7 @@ pub(crate) mod fakes {
     }
 
     pub(crate) struct HarnessOptions {
-        pub eviction: EvictionArgs,
+        pub eviction: EvictionConfig,
         pub pods: Vec<PodSnapshot>,
         pub outside_pods: u64,
         pub api: Option<FakeApi>,
@@ -708,10 +707,9 @@ pub(crate) mod fakes {
     impl Default for HarnessOptions {
         fn default() -> Self {
             Self {
-                eviction: EvictionArgs {
-                    eviction_hard: vec!["memory.available<100Mi".into()],
-                    ..EvictionArgs::default()
-                },
+                eviction: EvictionConfig::of(
+                    Threshold::hard_memory_available(100 * MIB as i64).to_vec(),
+                ),
                 pods: Vec::new(),
                 outside_pods: 0,
                 api: None,
@@ -749,7 +747,7 @@ pub(crate) mod fakes {
                     .join(NODE_CGROUP.trim_start_matches('/'));
                 std::fs::create_dir_all(node).expect("fake cgroup directory");
             }
-            let config = options.eviction.resolve().expect("valid thresholds");
+            let config = options.eviction;
             let metrics = Metrics::new().expect("metrics");
             let node = FakeNode::default();
             {

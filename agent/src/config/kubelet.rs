@@ -14,7 +14,8 @@ use serde::Deserialize;
 
 use crate::{
     decide::thresholds::{
-        EvictionConfig, Operator, Signal, Threshold, ThresholdValue, UnknownSignal,
+        DEFAULT_PRESSURE_TRANSITION_PERIOD, EvictionConfig, Operator, Signal, Threshold,
+        ThresholdValue, UnknownSignal,
     },
     duration::{self, DurationError},
     quantity::{Quantity, QuantityError},
@@ -29,9 +30,6 @@ const DEFAULT_EVICTION_HARD: [(&str, &str); 5] = [
     ("imagefs.available", "15%"),
     ("imagefs.inodesFree", "5%"),
 ];
-/// kubelet's default `evictionPressureTransitionPeriod`, also what a zero
-/// one in a KubeletConfiguration file becomes.
-const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
 /// kubelet's default `enforceNodeAllocatable`: ["pods"].
 const NODE_ALLOCATABLE_PODS: &str = "pods";
 

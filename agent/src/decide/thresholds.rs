@@ -261,6 +261,10 @@ fn whole_seconds<S: serde::Serializer>(
     serializer.serialize_u64(period.as_secs())
 }
 
+/// kubelet's default `evictionPressureTransitionPeriod`, also what a zero
+/// one in a KubeletConfiguration file becomes.
+pub(crate) const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
+
 /// Everything the engine needs from configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EvictionConfig {
@@ -271,6 +275,49 @@ pub struct EvictionConfig {
     /// `--eviction-pressure-transition-period`: how long a node condition
     /// stays after its last threshold stopped being met.
     pub pressure_transition_period: Duration,
+}
+
+/// Thresholds for the tests of the stages below the command line, as
+/// config resolves kubelet's flags.
+#[cfg(test)]
+impl EvictionConfig {
+    /// `thresholds` with kubelet's default periods.
+    pub(crate) fn of(thresholds: Vec<Threshold>) -> Self {
+        Self {
+            thresholds,
+            max_pod_grace_period: Duration::ZERO,
+            pressure_transition_period: DEFAULT_PRESSURE_TRANSITION_PERIOD,
+        }
+    }
+}
+
+#[cfg(test)]
+impl Threshold {
+    /// `signal<value`, met at once: what `--eviction-hard` gives.
+    pub(crate) fn hard(signal: Signal, value: ThresholdValue) -> Self {
+        Self::soft(signal, value, Duration::ZERO)
+    }
+
+    /// `signal<value`, met once it held for `grace_period`: what
+    /// `--eviction-soft` with `--eviction-soft-grace-period` gives.
+    pub(crate) fn soft(signal: Signal, value: ThresholdValue, grace_period: Duration) -> Self {
+        Self {
+            signal,
+            operator: Operator::LessThan,
+            value,
+            grace_period,
+            min_reclaim: ThresholdValue::Quantity(0),
+            hard: grace_period.is_zero(),
+        }
+    }
+
+    /// `--eviction-hard memory.available<bytes` as kubelet takes it: with
+    /// the pods' allocatable memory enforced (its default), a copy guards
+    /// the pods' cgroup too.
+    pub(crate) fn hard_memory_available(bytes: i64) -> [Self; 2] {
+        [Signal::MemoryAvailable, Signal::AllocatableMemoryAvailable]
+            .map(|signal| Self::hard(signal, ThresholdValue::Quantity(bytes)))
+    }
 }
 
 /// kubelet's `UpdateContainerFsThresholds`, which it applies once it knows

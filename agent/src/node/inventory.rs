@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 pub use crate::node::pod_metadata::MetadataFile;
 use crate::{
@@ -954,6 +954,27 @@ impl Inventory {
             }
             _ => Ok(working_set),
         }
+    }
+}
+
+/// Lets the agent open as many files as the hard limit allows, at its
+/// start: the pods' files the inventory keeps open take the soft limit
+/// less [`FILES_LEFT_TO_THE_REST`], and a kill opens pidfds in batches
+/// (`act::kill`'s `SIGNAL_BATCH`); the soft limit a runtime sets (1,024
+/// under containerd 2.x) would leave the pods none.
+pub(crate) fn raise_file_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => info!(
+                from = soft,
+                to = hard,
+                "open-file limit raised to its hard limit"
+            ),
+            Err(e) => warn!(error = %e, soft, hard, "cannot raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
     }
 }
 

@@ -223,7 +223,7 @@ pub struct PendingRecord {
 }
 
 impl PendingRecord {
-    fn into_record(self) -> DecisionRecord {
+    pub(crate) fn into_record(self) -> DecisionRecord {
         let key = |index: usize| self.pods[index].key();
         let ranking = self
             .choice
@@ -448,5 +448,7 @@ pub fn explain(record: &DecisionRecord) -> String {
     text
 }
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;

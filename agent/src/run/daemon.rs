@@ -122,7 +122,7 @@ pub async fn run(
     // not stay frozen because this one cannot start.
     let killer = Killer::new(inventory.cgroupfs().clone());
     thaw_abandoned_pods(&mut inventory, &killer);
-    raise_file_limit();
+    crate::node::inventory::raise_file_limit();
     return_freed_heap();
     lock_memory();
     run_in_real_time(args.realtime_priority);
@@ -416,26 +416,6 @@ pub async fn run(
         info!("all eBPF programs detached");
     }
     result.map_err(RunError::Records)
-}
-
-/// Lets the agent open as many files as the hard limit allows: a kill opens
-/// pidfds in batches ([`crate::act::kill::SIGNAL_BATCH`]), and the soft
-/// limit a runtime sets (1,024 under containerd 2.x) is all the agent would
-/// otherwise have for them and everything else it holds open.
-pub(crate) fn raise_file_limit() {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-            Ok(()) => info!(
-                from = soft,
-                to = hard,
-                "open-file limit raised to its hard limit"
-            ),
-            Err(e) => warn!(error = %e, soft, hard, "cannot raise the open-file limit"),
-        },
-        Ok(_) => {}
-        Err(e) => warn!(error = %e, "cannot read the open-file limit"),
-    }
 }
 
 /// Has glibc give freed heap back to the kernel. glibc raises its trim

@@ -252,3 +252,6 @@ fn clock(snapshots: &[Snapshot]) -> Result<Vec<Duration>, InputError> {
     }
     Ok(clock)
 }
+
+#[cfg(test)]
+mod tests;

@@ -241,20 +241,27 @@ fn usage_at_threshold(threshold: &Threshold, capacity: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::{
-        config::EvictionArgs,
         decide::snapshot::{MemoryStats, NodeStats, PidStats},
+        decide::thresholds::ThresholdValue,
         node::cgroupfs::MemoryReading,
     };
 
     const MIB: u64 = 1 << 20;
 
-    fn config(hard: &str) -> EvictionConfig {
-        EvictionArgs {
-            eviction_hard: vec![hard.into()],
-            ..EvictionArgs::default()
-        }
-        .resolve()
-        .unwrap()
+    /// memory.available<`mib`Mi, and kubelet's copy of it for the pods'
+    /// allocatable memory.
+    fn memory(mib: i64) -> Vec<Threshold> {
+        Threshold::hard_memory_available(mib << 20).to_vec()
+    }
+
+    /// [`memory`]`(100)` and pid.available<100.
+    fn memory_and_pids() -> Vec<Threshold> {
+        let mut thresholds = memory(100);
+        thresholds.push(Threshold::hard(
+            Signal::PidAvailable,
+            ThresholdValue::Quantity(100),
+        ));
+        thresholds
     }
 
     fn observation(node_cgroup: &str) -> NodeObservation {
@@ -295,8 +302,20 @@ mod tests {
 
     #[test]
     fn a_node_cgroup_is_watched_at_capacity_minus_each_threshold() {
-        let config =
-            config("memory.available<100Mi,allocatableMemory.available<50Mi,pid.available<100");
+        let config = EvictionConfig::of(vec![
+            Threshold::hard(Signal::MemoryAvailable, ThresholdValue::Quantity(100 << 20)),
+            Threshold::hard(
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(50 << 20),
+            ),
+            // kubelet's copy of memory.available for the pods' allocatable
+            // memory.
+            Threshold::hard(
+                Signal::AllocatableMemoryAvailable,
+                ThresholdValue::Quantity(100 << 20),
+            ),
+            Threshold::hard(Signal::PidAvailable, ThresholdValue::Quantity(100)),
+        ]);
         let wires = tripwires(&config, &observation("/node"));
         assert_eq!(
             wires.scopes,
@@ -351,7 +370,7 @@ mod tests {
 
     #[test]
     fn on_the_machine_the_root_compares_the_working_set_itself() {
-        let config = config("memory.available<100Mi,pid.available<100");
+        let config = EvictionConfig::of(memory_and_pids());
         let mut observation = observation("/");
         // The kernel's running counters show 2 MiB more working set than
         // the root's memory.stat (600 MiB) last flushed.
@@ -393,21 +412,18 @@ mod tests {
     fn a_kernel_count_below_the_reading_lowers_the_line_and_none_is_at_0() {
         let mut observation = observation("/");
         observation.node_band_value = Some(598 * MIB);
-        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let wires = tripwires(&EvictionConfig::of(memory(100)), &observation);
         assert_eq!(wires.scopes[0].thresholds, [922 * MIB + 1]);
         // Even with a working set past the threshold and a kernel count
         // of nothing, no line is at 0.
         observation.node_band_value = Some(0);
-        let wires = tripwires(&config("memory.available<1000Mi"), &observation);
+        let wires = tripwires(&EvictionConfig::of(memory(1000)), &observation);
         assert_eq!(wires.scopes[0].thresholds, [1]);
     }
 
     #[test]
     fn a_root_whose_working_set_the_kernel_cannot_add_up_has_no_line_and_lends_none_to_the_pods() {
-        let wires = tripwires(
-            &config("memory.available<100Mi,pid.available<100"),
-            &observation("/"),
-        );
+        let wires = tripwires(&EvictionConfig::of(memory_and_pids()), &observation("/"));
         let memory: Vec<_> = wires
             .scopes
             .iter()
@@ -425,7 +441,7 @@ mod tests {
         let mut observation = observation("/node");
         observation.node_memory.inactive_file_bytes = 0;
         observation.stats.memory.working_set_bytes = 700 * MIB;
-        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let wires = tripwires(&EvictionConfig::of(memory(100)), &observation);
         assert_eq!(wires.scopes[0].thresholds, [924 * MIB + 1]);
     }
 
@@ -435,7 +451,7 @@ mod tests {
         // available: the engine's working set is 400 MiB of the 700 used.
         let mut observation = observation("/node");
         observation.stats.memory.working_set_bytes = 400 * MIB;
-        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let wires = tripwires(&EvictionConfig::of(memory(100)), &observation);
         let line = 924 * MIB + 1;
         assert_eq!(wires.scopes[0].thresholds, [line, line + 300 * MIB]);
         assert_eq!(wires.memcg_levels.levels, [line + 300 * MIB]);
@@ -450,7 +466,7 @@ mod tests {
         let mut observation = observation("/node");
         observation.node_memory.inactive_file_bytes = 0;
         observation.stats.memory.working_set_bytes = 700 * MIB;
-        let wires = tripwires(&config("memory.available<100Mi"), &observation);
+        let wires = tripwires(&EvictionConfig::of(memory(100)), &observation);
         let line = wires.scopes[0].thresholds[0];
         let exactly_t_available = 1024 * MIB - 100 * MIB;
         assert!(exactly_t_available < line);
@@ -460,7 +476,13 @@ mod tests {
 
     #[test]
     fn a_scope_no_threshold_needs_is_named_empty() {
-        let wires = tripwires(&config("nodefs.available<10%"), &observation("/node"));
+        let wires = tripwires(
+            &EvictionConfig::of(vec![Threshold::hard(
+                Signal::NodeFsAvailable,
+                ThresholdValue::Percentage(0.1),
+            )]),
+            &observation("/node"),
+        );
         assert!(wires.scopes.iter().all(|scope| scope.thresholds.is_empty()));
         assert!(wires.memcg_levels.levels.is_empty());
     }

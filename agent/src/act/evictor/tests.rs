@@ -8,9 +8,12 @@ use super::{storage_limits::IMMEDIATE_EVICTION_GRACE_PERIOD, *};
 use crate::{
     act::pre_kill::{HookTarget, PreKillHook},
     act::{kill::Sandbox, wake::WakeCause},
-    config::EvictionArgs,
     decide::snapshot::{EmptyDirVolume, ForkRate, QosClass},
-    decide::{engine::DEFAULT_TERMINATION_GRACE_PERIOD, rank::PidRanking},
+    decide::{
+        engine::DEFAULT_TERMINATION_GRACE_PERIOD,
+        rank::PidRanking,
+        thresholds::{EvictionConfig, Signal, Threshold, ThresholdValue},
+    },
     kernel::bpf::ScopeKind,
     node::container_pressure::PodFinding,
     node::runtime::disk_usage::{FsUsage, PodDiskUsage, VolumeUsage},
@@ -22,6 +25,33 @@ use crate::{
         fakes::{FakeApi, Harness, HarnessOptions, MIB, NODE_CAPACITY, pod},
     },
 };
+
+const SECOND: Duration = Duration::from_secs(1);
+const MIB_I64: i64 = 1 << 20;
+
+/// `n` MiB as a threshold's value.
+fn mib(n: i64) -> ThresholdValue {
+    ThresholdValue::Quantity(n * MIB_I64)
+}
+
+/// `n` tasks as a threshold's value.
+fn tasks(n: i64) -> ThresholdValue {
+    ThresholdValue::Quantity(n)
+}
+
+/// memory.available<100Mi as kubelet takes it (with its copy for the pods'
+/// allocatable memory), then `others`.
+fn hard_memory_then(others: impl IntoIterator<Item = Threshold>) -> Vec<Threshold> {
+    Threshold::hard_memory_available(100 * MIB_I64)
+        .into_iter()
+        .chain(others)
+        .collect()
+}
+
+/// memory.available<`n`Mi, held for `grace`.
+fn soft_memory_available(n: i64, grace: Duration) -> Threshold {
+    Threshold::soft(Signal::MemoryAvailable, mib(n), grace)
+}
 
 /// Working set outside the pods that leaves `free_mib` MiB available with
 /// `pods_mib` held by pods.
@@ -274,12 +304,7 @@ async fn soft_harness(answer: EvictOutcome) -> (Harness, FakeApi) {
     let pods = vec![pod("hog", 300)];
     let api = FakeApi::evicting(&pods, answer);
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![String::new()],
-            eviction_soft: vec!["memory.available<100Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s".into()],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(vec![soft_memory_available(100, SECOND)]),
         pods,
         outside_pods: outside(300, 50),
         api: Some(api.clone()),
@@ -358,12 +383,9 @@ async fn sandboxes_told(
         known.container_ids = containers;
     }
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![String::new()],
-            eviction_soft: vec!["memory.available<100Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s".into()],
-            eviction_max_pod_grace_period: Some("30".into()),
-            ..EvictionArgs::default()
+        eviction: EvictionConfig {
+            max_pod_grace_period: Duration::from_secs(30),
+            ..EvictionConfig::of(vec![soft_memory_available(100, SECOND)])
         },
         pods: vec![hog],
         outside_pods: outside(300, 50),
@@ -438,10 +460,10 @@ async fn a_pod_past_two_thresholds_is_killed_once_and_the_other_resource_waits_f
     let pods = vec![bomb, pod("web", 100)];
     let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["memory.available<100Mi,pid.available<100".into()],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(hard_memory_then([Threshold::hard(
+            Signal::PidAvailable,
+            tasks(100),
+        )])),
         pods,
         outside_pods: outside(400, 50),
         api: Some(api.clone()),
@@ -482,10 +504,7 @@ async fn a_fork_bombs_tasks_not_yet_reaped_are_waited_for_not_taken_for_pressure
     let mut bomb = pod("bomb", 10);
     bomb.usage.pids = 900;
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["pid.available<100".into()],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(vec![Threshold::hard(Signal::PidAvailable, tasks(100))]),
         pods: vec![bomb, pod("web", 10)],
         outside_pods: outside(20, 500),
         ..HarnessOptions::default()
@@ -521,12 +540,9 @@ async fn a_hard_threshold_takes_over_a_soft_eviction_waiting_out_its_grace() {
         ..pod("hog", 300)
     }];
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["memory.available<100Mi".into()],
-            eviction_soft: vec!["memory.available<400Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s".into()],
-            eviction_max_pod_grace_period: Some("30".into()),
-            ..EvictionArgs::default()
+        eviction: EvictionConfig {
+            max_pod_grace_period: Duration::from_secs(30),
+            ..EvictionConfig::of(hard_memory_then([soft_memory_available(400, SECOND)]))
         },
         pods,
         outside_pods: outside(300, 300),
@@ -621,12 +637,12 @@ async fn a_hard_pid_threshold_does_not_wait_behind_a_soft_memory_eviction() {
         ..pod("hog", 300)
     };
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["pid.available<100".into()],
-            eviction_soft: vec!["memory.available<400Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s".into()],
-            eviction_max_pod_grace_period: Some("30".into()),
-            ..EvictionArgs::default()
+        eviction: EvictionConfig {
+            max_pod_grace_period: Duration::from_secs(30),
+            ..EvictionConfig::of(vec![
+                Threshold::hard(Signal::PidAvailable, tasks(100)),
+                soft_memory_available(400, SECOND),
+            ])
         },
         pods: vec![hog, pod("forker", 10)],
         outside_pods: outside(310, 300),
@@ -822,7 +838,7 @@ fn writer(name: &str, mib: u64, disk_mib: u64) -> PodSnapshot {
 /// A node short of nodefs under `eviction`'s thresholds, `memory_free_mib`
 /// MiB of memory available: `filler` fills the disk, `big-memory` holds
 /// the most memory.
-fn disk_node_harness(eviction: EvictionArgs, memory_free_mib: u64) -> Harness {
+fn disk_node_harness(eviction: EvictionConfig, memory_free_mib: u64) -> Harness {
     let harness = Harness::new(HarnessOptions {
         eviction,
         pods: vec![writer("filler", 10, 400), writer("big-memory", 500, 1)],
@@ -833,22 +849,20 @@ fn disk_node_harness(eviction: EvictionArgs, memory_free_mib: u64) -> Harness {
     harness
 }
 
-fn hard(thresholds: &[&str]) -> EvictionArgs {
-    EvictionArgs {
-        eviction_hard: thresholds.iter().map(|t| (*t).to_owned()).collect(),
-        ..EvictionArgs::default()
-    }
+/// nodefs.available<100Mi.
+fn nodefs_threshold() -> Threshold {
+    Threshold::hard(Signal::NodeFsAvailable, mib(100))
 }
 
 fn disk_harness() -> Harness {
-    disk_node_harness(hard(&["nodefs.available<100Mi"]), 400)
+    disk_node_harness(EvictionConfig::of(vec![nodefs_threshold()]), 400)
 }
 
 /// [`disk_harness`]'s node short of memory too: the pod holding the most
 /// memory is the memory victim.
 fn disk_and_memory_harness() -> Harness {
     disk_node_harness(
-        hard(&["nodefs.available<100Mi", "memory.available<100Mi"]),
+        EvictionConfig::of(hard_memory_then([nodefs_threshold()])),
         20,
     )
 }
@@ -878,11 +892,10 @@ async fn under_disk_pressure_node_reclaim_goes_first_and_then_the_biggest_disk_u
 /// [`disk_harness`] with a soft memory threshold too, its grace period a
 /// minute.
 fn disk_and_soft_memory_harness() -> Harness {
-    let eviction = EvictionArgs {
-        eviction_soft: vec!["memory.available<100Mi".into()],
-        eviction_soft_grace_period: vec!["memory.available=1m".into()],
-        ..hard(&["nodefs.available<100Mi"])
-    };
+    let eviction = EvictionConfig::of(vec![
+        nodefs_threshold(),
+        soft_memory_available(100, Duration::from_secs(60)),
+    ]);
     disk_node_harness(eviction, 400)
 }
 
@@ -920,13 +933,10 @@ async fn after_node_reclaim_every_threshold_is_looked_at_again() {
 #[tokio::test(start_paused = true)]
 async fn one_disk_signal_is_reclaimed_for_at_a_time() {
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![
-                "nodefs.available<100Mi".into(),
-                "nodefs.inodesFree<1000".into(),
-            ],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(vec![
+            nodefs_threshold(),
+            Threshold::hard(Signal::NodeFsInodesFree, ThresholdValue::Quantity(1000)),
+        ]),
         pods: vec![writer("filler", 10, 400)],
         outside_pods: outside(10, 400),
         ..HarnessOptions::default()
@@ -1219,10 +1229,7 @@ async fn the_kill_reason_goes_from_the_decision_to_its_log_metric_and_event(
     let pods = vec![forking("db", 500, 0.0), forking("bomb", 420, 400.0)];
     let api = FakeApi::evicting(&pods, EvictOutcome::Evicted);
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["pid.available<100".into()],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(vec![Threshold::hard(Signal::PidAvailable, tasks(100))]),
         pods,
         api: Some(api.clone()),
         pid_ranking,
@@ -1263,12 +1270,9 @@ async fn a_hook_that_fails_is_logged_and_counted_and_the_soft_eviction_goes_on()
         ..pod("hog", 300)
     };
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec![String::new()],
-            eviction_soft: vec!["memory.available<100Mi".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s".into()],
-            eviction_max_pod_grace_period: Some("10".into()),
-            ..EvictionArgs::default()
+        eviction: EvictionConfig {
+            max_pod_grace_period: Duration::from_secs(10),
+            ..EvictionConfig::of(vec![soft_memory_available(100, SECOND)])
         },
         pods: vec![hog],
         outside_pods: outside(300, 50),
@@ -1339,12 +1343,11 @@ async fn a_pod_killed_for_memory_gives_back_its_tasks_before_pid_pressure_takes_
     let mut bomb = pod("bomb", 300);
     bomb.usage.pids = 900;
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_hard: vec!["memory.available<100Mi".into()],
-            eviction_soft: vec!["pid.available<100".into()],
-            eviction_soft_grace_period: vec!["pid.available=1s".into()],
-            ..EvictionArgs::default()
-        },
+        eviction: EvictionConfig::of(hard_memory_then([Threshold::soft(
+            Signal::PidAvailable,
+            tasks(100),
+            SECOND,
+        )])),
         pods: vec![bomb, pod("web", 10)],
         outside_pods: outside(310, 50),
         ..HarnessOptions::default()
@@ -1385,11 +1388,17 @@ async fn a_soft_decision_waits_for_an_eviction_under_way_for_another_resource() 
     };
     bomb.usage.pids = 900;
     let mut harness = Harness::new(HarnessOptions {
-        eviction: EvictionArgs {
-            eviction_soft: vec!["memory.available<100Mi,pid.available<100".into()],
-            eviction_soft_grace_period: vec!["memory.available=1s,pid.available=2s".into()],
-            eviction_max_pod_grace_period: Some("30".into()),
-            ..EvictionArgs::default()
+        eviction: EvictionConfig {
+            max_pod_grace_period: Duration::from_secs(30),
+            // No --eviction-hard: kubelet's default hard thresholds.
+            ..EvictionConfig::of(hard_memory_then([
+                Threshold::hard(Signal::NodeFsAvailable, ThresholdValue::Percentage(0.1)),
+                Threshold::hard(Signal::NodeFsInodesFree, ThresholdValue::Percentage(0.05)),
+                Threshold::hard(Signal::ImageFsAvailable, ThresholdValue::Percentage(0.15)),
+                Threshold::hard(Signal::ImageFsInodesFree, ThresholdValue::Percentage(0.05)),
+                soft_memory_available(100, SECOND),
+                Threshold::soft(Signal::PidAvailable, tasks(100), 2 * SECOND),
+            ]))
         },
         pods: vec![bomb, pod("web", 10)],
         outside_pods: outside(310, 50),

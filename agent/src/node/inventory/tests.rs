@@ -24,7 +24,7 @@ fn inventory(root: &Path, node: &str, metadata: Option<&Path>) -> Inventory {
     // As the agent at start: pods' files are kept open only within the
     // limit, less what a kill needs, and a shell's soft limit (often
     // 1,024) would leave none.
-    crate::run::daemon::raise_file_limit();
+    raise_file_limit();
     let write_node = |file: &str, text: &str| write(&root.join("memory/sandbox").join(file), text);
     write_node("memory.limit_in_bytes", "1073741824\n");
     write_node("memory.usage_in_bytes", "0\n");

@@ -195,7 +195,9 @@ async fn far_from_a_pid_line_the_pid_hooks_go_and_come_back_when_the_tasks_climb
         eviction: EvictionArgs {
             eviction_hard: vec!["memory.available<100Mi".into(), "pid.available<1000".into()],
             ..EvictionArgs::default()
-        },
+        }
+        .resolve()
+        .unwrap(),
         pods: vec![pod("forker", 10)],
         pid_zone: Some(ZoneOptions::pids(Duration::from_secs(1))),
         ..HarnessOptions::default()
