@@ -284,7 +284,7 @@ pub struct KubernetesArgs {
 
 impl KubernetesArgs {
     /// What the API side takes from these flags.
-    pub fn options(&self) -> KubernetesOptions {
+    pub(crate) fn options(&self) -> KubernetesOptions {
         KubernetesOptions {
             kubeconfig: self.kubeconfig.clone(),
             eviction_action: self.eviction_action.into(),
@@ -558,14 +558,14 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    pub fn thrashing_limits(&self) -> ThrashingLimits {
+    pub(crate) fn thrashing_limits(&self) -> ThrashingLimits {
         ThrashingLimits {
             refault_percent: self.thrashing_refault_limit,
             stall_percent: self.thrashing_stall_limit,
         }
     }
 
-    pub fn memory_high_thresholds(&self) -> MemoryHighThresholds {
+    pub(crate) fn memory_high_thresholds(&self) -> MemoryHighThresholds {
         MemoryHighThresholds {
             high_rate: self.memory_high_eviction_threshold,
             max_rate: self.memory_max_eviction_threshold,
@@ -575,7 +575,7 @@ impl RunArgs {
     }
 
     /// The pre-kill hook, if one is set.
-    pub fn pre_kill_hook(&self) -> Option<PreKillHook> {
+    pub(crate) fn pre_kill_hook(&self) -> Option<PreKillHook> {
         self.pre_kill_hook.clone().map(|target| PreKillHook {
             target,
             timeout: self.pre_kill_hook_timeout,
@@ -594,7 +594,7 @@ impl RunArgs {
         })
     }
 
-    pub fn watches(&self) -> Vec<WatchSpec> {
+    pub(crate) fn watches(&self) -> Vec<WatchSpec> {
         self.watch_memory
             .iter()
             .chain(&self.watch_pids)

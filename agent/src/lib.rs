@@ -27,12 +27,12 @@
 //!   conditions, victims), the disk `layout`, `rank`, the kill `reason`,
 //!   `thrashing` and `memory_high` (KEP-5986).
 //! * [`act`]: the `evictor` loop (one observation per `act::wake::Wake`,
-//!   a decision, its execution, an [`act::evictor::Action`]), its seams
+//!   a decision, its execution, an `act::evictor::Action`), its seams
 //!   (`io`), its `timer`, the `pre_kill` hook and the `kill` of a pod.
 //! * [`report`]: the metrics `endpoint`, the `decisions` records, what the
 //!   kernel side saw (`kernel_side`: OOM victims, counters), and
 //!   `kubernetes` (pod metadata in, eviction reports out, taking
-//!   [`report::kubernetes::KubernetesOptions`]).
+//!   `report::kubernetes::KubernetesOptions`).
 //! * [`run`]: the entry points: the `daemon` (startup, then a `serve` loop
 //!   that turns each wake-up into one evictor pass), the `precise` hooks'
 //!   I/O shell, `simulate` and the `seccomp` profile.

@@ -7,7 +7,7 @@
 //! The call site says the unit, because a field's unit can depend on the
 //! event: `value` counts bytes for memory and tasks for PIDs, so a text
 //! formatter keyed on field names could only tell them apart once the JSON
-//! fields were renamed. tracing's `Value` is sealed, so a [`Logged`] field
+//! fields were renamed. tracing's `Value` is sealed, so a `Logged` field
 //! is the `&dyn Value` of its format: `freed_bytes = logs::bytes(n).logged()`.
 use std::{
     fmt,
@@ -30,19 +30,19 @@ pub fn write_quantities(on: bool) {
 
 /// An integer an amount is logged from (u64, i64 and the like): JSON gets
 /// it as it is.
-pub trait Integer: Copy + fmt::Debug + fmt::Display + TryInto<i64> + Value {}
+pub(crate) trait Integer: Copy + fmt::Debug + fmt::Display + TryInto<i64> + Value {}
 
 impl<I: Copy + fmt::Debug + fmt::Display + TryInto<i64> + Value> Integer for I {}
 
 /// One field's value in each log format.
-pub struct Logged<T, J> {
+pub(crate) struct Logged<T, J> {
     text: T,
     json: J,
 }
 
 impl<T: Value, J: Value> Logged<T, J> {
     /// The value for the format chosen with [`write_quantities`].
-    pub fn logged(&self) -> &dyn Value {
+    pub(crate) fn logged(&self) -> &dyn Value {
         self.in_format(QUANTITIES.load(Ordering::Relaxed))
     }
 
@@ -52,17 +52,17 @@ impl<T: Value, J: Value> Logged<T, J> {
 }
 
 /// An integer amount: a quantity in text, the integer itself in JSON.
-pub type Amount<I> = Logged<DisplayValue<AsQuantity<I>>, I>;
+pub(crate) type Amount<I> = Logged<DisplayValue<AsQuantity<I>>, I>;
 
 /// A byte count: "100Mi" in text.
-pub fn bytes<I: Integer>(value: I) -> Amount<I> {
+pub(crate) fn bytes<I: Integer>(value: I) -> Amount<I> {
     amount(value, true)
 }
 
 /// A count of bytes (`bytes`, binary suffixes: "1536Mi") or of something
 /// else (tasks, inodes: decimal suffixes, "20k"), as kubelet builds its
 /// signal observations.
-pub fn amount<I: Integer>(value: I, bytes: bool) -> Amount<I> {
+pub(crate) fn amount<I: Integer>(value: I, bytes: bool) -> Amount<I> {
     Logged {
         text: display(AsQuantity { value, bytes }),
         json: value,
@@ -70,7 +70,7 @@ pub fn amount<I: Integer>(value: I, bytes: bool) -> Amount<I> {
 }
 
 /// An amount that may be unknown: in both formats no field when `None`.
-pub fn maybe_amount<I: Integer>(
+pub(crate) fn maybe_amount<I: Integer>(
     value: Option<I>,
     bytes: bool,
 ) -> Logged<Option<DisplayValue<AsQuantity<I>>>, Option<I>> {
@@ -82,7 +82,7 @@ pub fn maybe_amount<I: Integer>(
 
 /// Several amounts of one unit: "[50Mi, 100Mi]" in text, their `Debug` list
 /// in JSON.
-pub fn amounts<I: Integer>(
+pub(crate) fn amounts<I: Integer>(
     values: &[I],
     bytes: bool,
 ) -> Logged<DisplayValue<AsQuantities<'_, I>>, DebugValue<&[I]>> {
@@ -95,7 +95,7 @@ pub fn amounts<I: Integer>(
 /// A threshold as `--eviction-hard` takes it: in text as a person writes
 /// it ("100Mi", "10%"); in JSON exact ("104857600", "10%"), a string
 /// because a percentage is no integer, and one the flag parses back.
-pub fn threshold(
+pub(crate) fn threshold(
     value: ThresholdValue,
     bytes: bool,
 ) -> Logged<DisplayValue<AsThreshold>, DisplayValue<AsThreshold>> {
@@ -115,7 +115,7 @@ pub fn threshold(
 
 /// An integer shown as Kubernetes shows the quantity.
 #[derive(Clone, Copy)]
-pub struct AsQuantity<I> {
+pub(crate) struct AsQuantity<I> {
     value: I,
     bytes: bool,
 }
@@ -130,7 +130,7 @@ impl<I: Integer> fmt::Display for AsQuantity<I> {
     }
 }
 
-pub struct AsQuantities<'a, I> {
+pub(crate) struct AsQuantities<'a, I> {
     values: &'a [I],
     bytes: bool,
 }
@@ -152,7 +152,7 @@ impl<I: Integer> fmt::Display for AsQuantities<'_, I> {
     }
 }
 
-pub struct AsThreshold {
+pub(crate) struct AsThreshold {
     value: ThresholdValue,
     bytes: bool,
     /// A quantity with its suffix ("100Mi"), or the integer itself.

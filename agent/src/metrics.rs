@@ -143,7 +143,7 @@ pub struct Metrics {
 /// `[anon, file]` refaults and activations, `[some, full]` microseconds
 /// stalled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PodMemoryTotals {
+pub(crate) struct PodMemoryTotals {
     pub refaults: [Option<u64>; 2],
     pub activations: [Option<u64>; 2],
     pub stalled_us: [Option<u64>; 2],
@@ -151,7 +151,7 @@ pub struct PodMemoryTotals {
 
 /// One pod's memory series in a reading.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodMemoryRow {
+pub(crate) struct PodMemoryRow {
     pub namespace: String,
     pub pod: String,
     pub totals: PodMemoryTotals,
@@ -245,7 +245,7 @@ impl PodMemorySeries {
     /// total below the last, the pod's cgroup made again under the same
     /// name, is the counter reset Prometheus takes it for), and a total the
     /// kernel does not keep has no series.
-    pub fn publish(&self, rows: &[PodMemoryRow]) -> Result<(), MetricsError> {
+    pub(crate) fn publish(&self, rows: &[PodMemoryRow]) -> Result<(), MetricsError> {
         let families = PodMemoryFamilies::new()?;
         for row in rows {
             let (namespace, pod) = (row.namespace.as_str(), row.pod.as_str());
@@ -596,7 +596,7 @@ impl Metrics {
         }))
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut buffer = Vec::new();
         // Encoding into a Vec cannot fail for well-formed registries.
         if TextEncoder::new()

@@ -128,7 +128,7 @@ impl Quantity {
     /// Kubernetes' `Quantity.Add` keeps the receiver's format (so a sum of
     /// limits prints in the first one's units); saturates where Kubernetes'
     /// arbitrary precision would not, far past any resource a node has.
-    pub fn saturating_add(self, other: Self) -> Self {
+    pub(crate) fn saturating_add(self, other: Self) -> Self {
         Self {
             nanos: self.nanos.saturating_add(other.nanos),
             format: if self.nanos == 0 {
@@ -151,11 +151,11 @@ impl Quantity {
         self.rounded(NANOS_PER_MILLI)
     }
 
-    pub fn is_negative(&self) -> bool {
+    pub(crate) fn is_negative(&self) -> bool {
         self.nanos < 0
     }
 
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         self.nanos == 0
     }
 

@@ -75,7 +75,7 @@ impl StateDir {
     /// A directory others read too (kubelet's seccomp directory, where the
     /// agent's profile is installed): created 0755 if missing, its mode
     /// left as it is; its files are written as the state directory's.
-    pub fn open_shared(path: &Path) -> Result<Self, StateError> {
+    pub(crate) fn open_shared(path: &Path) -> Result<Self, StateError> {
         Self::open_with(path, None)
     }
 
@@ -135,7 +135,7 @@ impl StateDir {
     /// regular file is read, and at most [`MAX_FILE_BYTES`] of it: the
     /// name itself is never followed (`O_NOFOLLOW`), and opening never
     /// waits (`O_NONBLOCK`, for a FIFO).
-    pub fn read(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
+    pub(crate) fn read(&self, name: &str) -> Result<Option<Vec<u8>>, StateError> {
         let path = self.file(name);
         let io_error = |source| StateError::Io {
             path: path.clone(),
@@ -188,7 +188,7 @@ impl StateDir {
 
     /// When the regular file `name` was last written; `None` when there is
     /// no such file. The name is not followed.
-    pub fn modified(&self, name: &str) -> Result<Option<std::time::SystemTime>, StateError> {
+    pub(crate) fn modified(&self, name: &str) -> Result<Option<std::time::SystemTime>, StateError> {
         let path = self.file(name);
         match fs::symlink_metadata(&path) {
             Ok(metadata) if metadata.is_file() => metadata
@@ -204,7 +204,7 @@ impl StateDir {
     /// Replaces `name` with `contents`, atomically. The temporary file is
     /// made afresh (whatever was left at its name is removed first, and
     /// nothing there is followed or reused) and removed if anything fails.
-    pub fn write(&self, name: &str, contents: &[u8]) -> Result<(), StateError> {
+    pub(crate) fn write(&self, name: &str, contents: &[u8]) -> Result<(), StateError> {
         let path = self.file(name);
         let size = contents.len() as u64;
         if size > MAX_FILE_BYTES {
@@ -239,7 +239,7 @@ impl StateDir {
 
     /// Moves a file that could not be understood out of the way, keeping it
     /// for a person to look at; the agent starts without it.
-    pub fn set_aside(&self, name: &str) -> Result<PathBuf, StateError> {
+    pub(crate) fn set_aside(&self, name: &str) -> Result<PathBuf, StateError> {
         let from = self.file(name);
         let to = self.file(&format!("{name}.corrupt"));
         fs::rename(&from, &to).map_err(|source| StateError::Io { path: from, source })?;

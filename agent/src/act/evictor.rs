@@ -5,7 +5,7 @@
 //! `Engine::choose` -> evictions started (`eviction`). Evictions run
 //! beside the loop (a soft one's grace period, an Eviction API call, a kill
 //! that takes long), so no wait ever delays a decision; the loop wakes the
-//! engine again when one ends. What to do next is an [`Action`], as
+//! engine again when one ends. What to do next is an `Action`, as
 //! kube-runtime's controller returns one.
 //!
 //! Everything it touches outside memory goes through the seams of `Io`,
@@ -64,7 +64,7 @@ use crate::{
 /// its grace period, the engine looks again this often. 20 ms: a hog
 /// allocating 1 GiB/s moves 20 MiB in that time, well inside kubelet's
 /// 100Mi default.
-pub const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
+pub(crate) const CLOSE_WATCH_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How often a disk decision looks whether the runtime's thread has
 /// finished its node-level reclaim (while it reads the pods' disk usage,
@@ -116,7 +116,7 @@ pub(super) struct DecisionTimes {
 
 /// What the loop does after an engine run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Nothing is close: wait for the kernel, a notification, the timer or
     /// the end of an eviction.
     AwaitChange,
@@ -126,7 +126,7 @@ pub enum Action {
 
 /// What one engine run leaves for the loop.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Evaluation {
+pub(crate) struct Evaluation {
     pub action: Action,
     /// Where cgroup v1 eventfd thresholds on the node belong now (`--mode
     /// memcg-threshold`), from this run's observation; `None` when the node
@@ -142,7 +142,7 @@ pub struct Evaluation {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct EvictorOptions {
+pub(crate) struct EvictorOptions {
     pub policy: VictimPolicy,
     pub pid_ranking: PidRanking,
     pub dry_run: bool,
@@ -166,7 +166,7 @@ pub struct EvictorOptions {
     pub memory_high_thresholds: MemoryHighThresholds,
 }
 
-pub struct Evictor<I: Io> {
+pub(crate) struct Evictor<I: Io> {
     engine: Engine,
     config: EvictionConfig,
     node: I::Node,
@@ -205,7 +205,7 @@ pub struct Evictor<I: Io> {
 }
 
 /// The parts of an [`Evictor`], for its constructor.
-pub struct Parts<I: Io> {
+pub(crate) struct Parts<I: Io> {
     pub node: I::Node,
     pub killer: I::Killer,
     pub api: Option<I::Api>,
@@ -218,7 +218,7 @@ pub struct Parts<I: Io> {
 }
 
 impl<I: Io> Evictor<I> {
-    pub fn new(
+    pub(crate) fn new(
         config: EvictionConfig,
         parts: Parts<I>,
         metrics: Arc<Metrics>,
@@ -261,28 +261,28 @@ impl<I: Io> Evictor<I> {
         }
     }
 
-    pub fn monitor(&mut self) -> &mut Monitor<I::Bands> {
+    pub(crate) fn monitor(&mut self) -> &mut Monitor<I::Bands> {
         &mut self.monitor
     }
 
-    pub fn clock(&self) -> &Clock {
+    pub(crate) fn clock(&self) -> &Clock {
         &self.clock
     }
 
-    pub fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
     /// Cgroups may have been created or removed (records lost, or a resync
     /// without the lifecycle programs): the pods are listed again before
     /// the next decision.
-    pub fn cgroups_changed(&mut self) {
+    pub(crate) fn cgroups_changed(&mut self) {
         self.node.cgroups_changed();
     }
 
     /// A kernel record of a cgroup created or removed: the pods are listed
     /// again before the next decision if it may change them.
-    pub fn cgroup_changed(&mut self, change: &CgroupChange) {
+    pub(crate) fn cgroup_changed(&mut self, change: &CgroupChange) {
         match change.path() {
             (_, true) => self.node.cgroups_changed(),
             (path, false) => self.node.cgroup_changed(change.0.hierarchy_id, &path),
@@ -292,7 +292,7 @@ impl<I: Io> Evictor<I> {
     /// The API side and the monitor back, for shutdown; evictions still
     /// under way are dropped (a soft one's SIGTERM has been sent; a pod a
     /// dropped kill froze is thawed as the kill is dropped).
-    pub fn into_parts(self) -> (Option<I::Api>, Monitor<I::Bands>) {
+    pub(crate) fn into_parts(self) -> (Option<I::Api>, Monitor<I::Bands>) {
         drop(self.evictions);
         let api = self.api.and_then(|api| Rc::try_unwrap(api).ok());
         (api, self.monitor)
@@ -301,7 +301,7 @@ impl<I: Io> Evictor<I> {
     /// Runs the engine on fresh numbers and starts the evictions it calls
     /// for. Never waits: evictions run beside the loop
     /// ([`Evictor::next_ended`]).
-    pub fn evaluate(&mut self, wake: Wake) -> Evaluation {
+    pub(crate) fn evaluate(&mut self, wake: Wake) -> Evaluation {
         self.metrics
             .engine_runs
             .with_label_values(&[wake.cause.as_str()])
@@ -677,7 +677,7 @@ fn sooner(action: Action, other: Option<Duration>) -> Action {
 
 /// Thaws pods a previous agent froze for a kill it never finished (it was
 /// killed itself): once, at startup.
-pub fn thaw_abandoned_pods(node: &mut impl NodeSource, killer: &impl PodKiller) {
+pub(crate) fn thaw_abandoned_pods(node: &mut impl NodeSource, killer: &impl PodKiller) {
     let pods = match node.pods() {
         Ok(pods) => pods,
         Err(e) => {

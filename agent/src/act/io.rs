@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// Every seam of the loop, as one set of types.
-pub trait Io {
+pub(crate) trait Io {
     type Node: NodeSource;
     /// Cloned into each eviction, which runs beside the loop.
     type Killer: PodKiller + Clone + 'static;
@@ -36,7 +36,7 @@ pub trait Io {
 }
 
 /// The live agent's I/O.
-pub struct Live;
+pub(crate) struct Live;
 
 impl Io for Live {
     type Node = Inventory;
@@ -47,7 +47,7 @@ impl Io for Live {
 }
 
 /// The node, read fresh on every call.
-pub trait NodeSource {
+pub(crate) trait NodeSource {
     /// Every signal's input and the engine scopes' readings, each file read
     /// once.
     fn observe(&mut self) -> Result<NodeObservation, InventoryError>;
@@ -119,7 +119,7 @@ pub trait NodeSource {
 }
 
 /// Ends a pod's processes.
-pub trait PodKiller {
+pub(crate) trait PodKiller {
     /// Kills every process of `cgroup`'s subtree, after SIGTERM (to all but
     /// `sandbox`'s processes) and up to `grace` when that is not zero.
     fn kill_pod(
@@ -134,7 +134,7 @@ pub trait PodKiller {
 }
 
 /// The Kubernetes API, where evictions are made final and visible.
-pub trait EvictionApi {
+pub(crate) trait EvictionApi {
     fn action(&self) -> EvictionAction;
     /// The pod whose cgroup carries `uid`, as the API last showed it.
     fn known(&self, uid: &str) -> Option<KnownPod>;
@@ -148,7 +148,7 @@ pub trait EvictionApi {
 }
 
 /// The kernel programs' records and counters.
-pub trait KernelRecords {
+pub(crate) trait KernelRecords {
     /// Waits for records and appends every one available to `out`.
     fn next_batch(
         &mut self,
@@ -290,7 +290,7 @@ impl EvictionApi for Kubernetes {
 
 /// The live kernel side: the ring buffer, and the programs whose counters
 /// say what it dropped. Dropping it detaches every program.
-pub struct KernelSide {
+pub(crate) struct KernelSide {
     pub events: EventStream,
     pub probes: Probes,
     pub counters: CounterExport,

@@ -72,7 +72,7 @@ use tree::Freezer;
 /// uninterruptible sleep (a stuck NFS read, say) can hold a pod that long,
 /// and a victim's memory locked that long can hold its reapers. The whole
 /// kill is bounded by it, reapers included.
-pub const DEFAULT_KILL_DEADLINE: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_KILL_DEADLINE: Duration = Duration::from_secs(10);
 /// How long to wait for a v1 freezer to report `FROZEN`; a task that will
 /// not freeze (in uninterruptible sleep) must not stop the kill, which then
 /// goes ahead on a partly frozen pod.
@@ -113,7 +113,7 @@ const _: () = assert!(2 * SIGNAL_BATCH as u64 <= crate::node::inventory::FILES_L
 /// microseconds.
 const KILL_HANDOFF: Duration = Duration::from_millis(20);
 /// How long the agent's idle blocking threads wait for work before they
-/// end: for good, so the threads [`Killer::ready_threads`] starts are
+/// end: for good, so the threads `Killer::ready_threads` starts are
 /// there at the first kill, however far off.
 pub const BLOCKING_THREADS_KEEP_ALIVE: Duration = Duration::MAX;
 
@@ -269,7 +269,7 @@ impl Killer {
     /// a thread between its SIGKILL and its first `process_mrelease` while
     /// the pod is frozen. The runtime must keep idle blocking threads (the
     /// agent's sets `thread_keep_alive` to [`BLOCKING_THREADS_KEEP_ALIVE`]).
-    pub async fn ready_threads(&self) {
+    pub(crate) async fn ready_threads(&self) {
         let all_running = Arc::new(std::sync::Barrier::new(self.reapers));
         let started: Vec<_> = (0..self.reapers)
             .map(|_| {
@@ -287,7 +287,7 @@ impl Killer {
     }
 
     /// How long the hard kill may take (from its first signal) before
-    /// [`KillError::Timeout`]; [`DEFAULT_KILL_DEADLINE`] unless set.
+    /// [`KillError::Timeout`]; `DEFAULT_KILL_DEADLINE` unless set.
     pub fn with_deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
@@ -365,7 +365,7 @@ impl Killer {
     /// container runtimes pause containers — and left so the pod would stay
     /// frozen for good, its SIGKILLed tasks unable to die. Returns the pods
     /// thawed.
-    pub fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
+    pub(crate) fn thaw_abandoned(&self, cgroups: &[&str]) -> Vec<String> {
         let mut thawed = Vec::new();
         for cgroup in cgroups {
             let Some(freezer) = self.cgroupfs.freezer_dir(cgroup).and_then(Freezer::at) else {

@@ -166,7 +166,7 @@ impl fmt::Display for HookTarget {
 /// What the hook is told: the pod, why it is killed, and until when the
 /// hook may run (then it is killed, and the pod gets its SIGTERM).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PreKillCall {
+pub(crate) struct PreKillCall {
     pub namespace: String,
     pub name: String,
     pub uid: String,
@@ -179,7 +179,7 @@ pub struct PreKillCall {
 impl PreKillCall {
     /// The call for pod `namespace/name` (`uid`), killed for `reason`, whose
     /// hook may run for `bound` from `now`.
-    pub fn new(
+    pub(crate) fn new(
         (namespace, name, uid): (&str, &str, &str),
         reason: KillReason,
         now: SystemTime,
@@ -219,7 +219,7 @@ impl PreKillCall {
 
 /// How a hook's run ended.
 #[derive(Debug)]
-pub enum HookOutcome {
+pub(crate) enum HookOutcome {
     /// It exited 0, or the endpoint answered 2xx.
     Done,
     Failed(PreKillError),
@@ -229,7 +229,7 @@ pub enum HookOutcome {
 
 impl HookOutcome {
     /// The `outcome` label of `evictd_pre_kill_hooks_total`.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Self::Done => "done",
             Self::Failed(_) => "failed",
@@ -240,7 +240,7 @@ impl HookOutcome {
 
 /// The configured hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreKillHook {
+pub(crate) struct PreKillHook {
     pub target: HookTarget,
     pub timeout: Duration,
 }
@@ -251,12 +251,12 @@ impl PreKillHook {
     /// keeps at least half of it after its SIGTERM and its SIGKILL comes
     /// no later than without a hook. A hard eviction (no grace) runs no
     /// hook: zero.
-    pub fn bound(&self, grace: Duration) -> Duration {
+    pub(crate) fn bound(&self, grace: Duration) -> Duration {
         self.timeout.min(grace / 2)
     }
 
     /// Runs the hook for `call`, for at most `bound`.
-    pub async fn run(&self, call: &PreKillCall, bound: Duration) -> HookOutcome {
+    pub(crate) async fn run(&self, call: &PreKillCall, bound: Duration) -> HookOutcome {
         match &self.target {
             HookTarget::Command(path) => run_command(path, call, bound).await,
             HookTarget::Http(endpoint) => {

@@ -15,12 +15,12 @@ use tokio::io::{Interest, unix::AsyncFd};
 use tracing::warn;
 
 /// A one-shot CLOCK_MONOTONIC timerfd registered with the runtime.
-pub struct PreciseTimer(AsyncFd<OwnedTimer>);
+pub(crate) struct PreciseTimer(AsyncFd<OwnedTimer>);
 
 impl PreciseTimer {
     /// Must be called within a runtime whose I/O driver is enabled (tokio
     /// panics otherwise).
-    pub fn new() -> io::Result<Self> {
+    pub(crate) fn new() -> io::Result<Self> {
         let timer = TimerFd::new(
             ClockId::CLOCK_MONOTONIC,
             TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
@@ -33,7 +33,7 @@ impl PreciseTimer {
     }
 
     /// Waits until `after` has passed.
-    pub async fn sleep(&mut self, after: Duration) -> io::Result<()> {
+    pub(crate) async fn sleep(&mut self, after: Duration) -> io::Result<()> {
         // A zero expiration would disarm the timer, not expire it at once.
         let after = after.max(Duration::from_nanos(1));
         self.0.get_ref().0.set(
@@ -61,21 +61,22 @@ pub struct Pacer(Option<PreciseTimer>);
 
 impl Pacer {
     /// As [`PreciseTimer::new`].
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self(PreciseTimer::new().ok())
     }
 
     /// On tokio's clock alone, which tests pause and advance.
-    pub fn tokio() -> Self {
+    #[cfg(test)]
+    pub(crate) fn tokio() -> Self {
         Self(None)
     }
 
     /// Whether it waits on a timerfd.
-    pub fn is_precise(&self) -> bool {
+    pub(crate) fn is_precise(&self) -> bool {
         self.0.is_some()
     }
 
-    pub async fn sleep(&mut self, after: Duration) {
+    pub(crate) async fn sleep(&mut self, after: Duration) {
         if let Some(timer) = &mut self.0 {
             match timer.sleep(after).await {
                 Ok(()) => return,

@@ -10,7 +10,7 @@ use crate::kernel::bpf::monotonic_now_ns;
 
 /// What woke the engine: the `trigger` label of logs and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WakeCause {
+pub(crate) enum WakeCause {
     /// The first run, as soon as the agent is armed.
     Startup,
     /// A kernel record: an engine scope crossed a band.
@@ -34,7 +34,7 @@ pub enum WakeCause {
 }
 
 impl WakeCause {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Startup => "startup",
             Self::Kernel => "kernel",
@@ -51,7 +51,7 @@ impl WakeCause {
 
 /// A wake-up of the engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Wake {
+pub(crate) struct Wake {
     pub cause: WakeCause,
     /// CLOCK_MONOTONIC nanoseconds: the kernel record's timestamp, or when
     /// the notification or timer fired.
@@ -64,30 +64,30 @@ pub struct Wake {
 /// Unpaused, tokio's clock is the system's monotonic clock, so the two
 /// differ by the constant taken at creation.
 #[derive(Debug, Clone, Copy)]
-pub struct Clock {
+pub(crate) struct Clock {
     origin_ns: u64,
     origin: tokio::time::Instant,
 }
 
 impl Clock {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             origin: tokio::time::Instant::now(),
             origin_ns: monotonic_now_ns(),
         }
     }
 
-    pub fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(&self) -> u64 {
         self.origin_ns + self.origin.elapsed().as_nanos() as u64
     }
 
     /// The engine's time: a duration since an arbitrary epoch.
-    pub fn now(&self) -> Duration {
+    pub(crate) fn now(&self) -> Duration {
         Duration::from_nanos(self.now_ns())
     }
 
     /// A wake-up for `cause` now.
-    pub fn wake(&self, cause: WakeCause) -> Wake {
+    pub(crate) fn wake(&self, cause: WakeCause) -> Wake {
         Wake {
             cause,
             at_ns: self.now_ns(),
@@ -95,7 +95,7 @@ impl Clock {
     }
 
     /// Time since `at_ns` on this clock.
-    pub fn since(&self, at_ns: u64) -> Duration {
+    pub(crate) fn since(&self, at_ns: u64) -> Duration {
         Duration::from_nanos(self.now_ns().saturating_sub(at_ns))
     }
 }
@@ -113,7 +113,7 @@ impl Default for Clock {
 /// guest's task clock leaves it out); and whether its CPU time went on
 /// faulting pages in (each one reclaiming, under the node's pressure).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThreadUsage {
+pub(crate) struct ThreadUsage {
     pub cpu: Duration,
     pub voluntary_switches: u64,
     pub involuntary_switches: u64,
@@ -123,7 +123,7 @@ pub struct ThreadUsage {
 impl ThreadUsage {
     /// `None` where the kernel refuses a read (a seccomp profile without
     /// `getrusage`): the decision is logged without it.
-    pub fn now() -> Option<Self> {
+    pub(crate) fn now() -> Option<Self> {
         let cpu = clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).ok()?;
         let usage = getrusage(UsageWho::RUSAGE_THREAD).ok()?;
         Some(Self {
@@ -136,7 +136,7 @@ impl ThreadUsage {
     }
 
     /// What the thread spent since `earlier`.
-    pub fn since(&self, earlier: &Self) -> Self {
+    pub(crate) fn since(&self, earlier: &Self) -> Self {
         Self {
             cpu: self.cpu.saturating_sub(earlier.cpu),
             voluntary_switches: self

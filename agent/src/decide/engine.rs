@@ -26,22 +26,22 @@ use crate::{
 
 mod victims;
 
-pub use victims::{Choice, Victim, VictimPolicy};
+pub(crate) use victims::{Choice, Victim, VictimPolicy};
 
 /// Kubernetes' default `terminationGracePeriodSeconds`.
-pub const DEFAULT_TERMINATION_GRACE_PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_TERMINATION_GRACE_PERIOD: Duration = Duration::from_secs(30);
 
 /// A signal's value at one instant, with the capacity its percentages are
 /// taken of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Observation {
+pub(crate) struct Observation {
     pub available: i64,
     pub capacity: i64,
 }
 
 /// Every observed signal. A signal whose input is absent is missing, and
 /// its thresholds are never met (kubelet's `makeSignalObservations`).
-pub fn observe_signals(node: &NodeStats) -> BTreeMap<Signal, Observation> {
+pub(crate) fn observe_signals(node: &NodeStats) -> BTreeMap<Signal, Observation> {
     let int = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
     // kubelet computes capacity - working set in unsigned arithmetic and
     // reads it back as signed, so a working set above capacity is a
@@ -104,7 +104,7 @@ pub fn observe_signals(node: &NodeStats) -> BTreeMap<Signal, Observation> {
 
 /// What one observation of the node means, before any pod is looked at.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Assessment {
+pub(crate) struct Assessment {
     pub now: Duration,
     pub observations: BTreeMap<Signal, Observation>,
     /// Thresholds met now, or met before and not yet back past their
@@ -125,7 +125,7 @@ pub struct Assessment {
 
 impl Assessment {
     /// The signals of [`Assessment::thresholds_met`], each once.
-    pub fn signals_met(&self) -> BTreeSet<Signal> {
+    pub(crate) fn signals_met(&self) -> BTreeSet<Signal> {
         self.thresholds_met.iter().map(|t| t.signal).collect()
     }
 }
@@ -133,7 +133,7 @@ impl Assessment {
 /// The threshold an eviction reclaims for and how far the node is from
 /// safe.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Starvation {
+pub(crate) struct Starvation {
     pub threshold: Threshold,
     pub resource: Resource,
     pub observation: Observation,
@@ -145,7 +145,7 @@ pub struct Starvation {
 impl Starvation {
     /// How much must come back for the signal to reach threshold + minimum
     /// reclaim.
-    pub fn deficit(&self) -> i64 {
+    pub(crate) fn deficit(&self) -> i64 {
         self.threshold_quantity
             .saturating_add(self.min_reclaim_quantity)
             .saturating_sub(self.observation.available)
@@ -165,7 +165,7 @@ pub struct MetThreshold {
 
 /// kubelet's eviction manager state between two observations.
 #[derive(Debug, Clone)]
-pub struct Engine {
+pub(crate) struct Engine {
     config: EvictionConfig,
     /// The configuration's thresholds with the containerfs ones kubelet
     /// derives for `layout` ([`with_containerfs_thresholds`]), made when
@@ -181,7 +181,7 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub fn new(config: EvictionConfig) -> Self {
+    pub(crate) fn new(config: EvictionConfig) -> Self {
         Self {
             thresholds: config.thresholds.clone(),
             layout: None,
@@ -195,7 +195,7 @@ impl Engine {
 
     /// Ranks PID pressure's pods as `pid_ranking` says (kubelet's order
     /// unless told otherwise).
-    pub fn with_pid_ranking(self, pid_ranking: PidRanking) -> Self {
+    pub(crate) fn with_pid_ranking(self, pid_ranking: PidRanking) -> Self {
         Self {
             pid_ranking,
             ..self
@@ -206,7 +206,7 @@ impl Engine {
     /// with how long it has been met and whether it is past its grace
     /// period: what the next round starts from, and what a replay must
     /// start from to decide as this round did ([`Engine::resume`]).
-    pub fn thresholds_met_state(&self, now: Duration) -> Vec<MetThreshold> {
+    pub(crate) fn thresholds_met_state(&self, now: Duration) -> Vec<MetThreshold> {
         self.first_observed
             .iter()
             .map(|(&index, &first)| {
@@ -225,7 +225,12 @@ impl Engine {
     /// [`Engine::thresholds_met_state`] gave it: its next observation at
     /// `now` decides as the recorded one did. Entries naming no threshold
     /// of the configuration are left out.
-    pub fn resume(mut self, now: Duration, layout: DiskLayout, met: &[MetThreshold]) -> Self {
+    pub(crate) fn resume(
+        mut self,
+        now: Duration,
+        layout: DiskLayout,
+        met: &[MetThreshold],
+    ) -> Self {
         self.thresholds = with_containerfs_thresholds(&self.config.thresholds, layout);
         self.layout = Some(layout);
         for entry in met {
@@ -256,7 +261,7 @@ impl Engine {
     /// kubelet also skips thresholds whose statistics did not change since
     /// the last round (`thresholdsUpdatedStats`); evictd reads fresh
     /// statistics for every round, so there is nothing to skip.
-    pub fn observe(&mut self, now: Duration, node: &NodeStats) -> Assessment {
+    pub(crate) fn observe(&mut self, now: Duration, node: &NodeStats) -> Assessment {
         let layout = node.disk_layout();
         if self.layout != Some(layout) {
             self.thresholds = with_containerfs_thresholds(&self.config.thresholds, layout);
@@ -333,7 +338,11 @@ impl Engine {
     /// met: the reclaim was enough, nobody is evicted. Any met, the one
     /// asked for or another: a pod is evicted for `asked`, ranked as its
     /// signal ranks, against the signal as observed now.
-    pub fn after_reclaim(&self, asked: &Starvation, assessment: &Assessment) -> Option<Starvation> {
+    pub(crate) fn after_reclaim(
+        &self,
+        asked: &Starvation,
+        assessment: &Assessment,
+    ) -> Option<Starvation> {
         let observations = &assessment.observations;
         self.thresholds
             .iter()
@@ -373,7 +382,7 @@ impl Engine {
 
     /// Ranks `pods` for the starved resource and picks the victims.
     /// Nothing starved: an empty ranking and no victim.
-    pub fn choose(
+    pub(crate) fn choose(
         &self,
         assessment: &Assessment,
         pods: &[PodSnapshot],
@@ -386,7 +395,7 @@ impl Engine {
     }
 
     /// Ranks `pods` for `starvation` and picks the victims.
-    pub fn choose_for<P: Borrow<PodSnapshot>>(
+    pub(crate) fn choose_for<P: Borrow<PodSnapshot>>(
         &self,
         starvation: &Starvation,
         layout: DiskLayout,
@@ -433,7 +442,7 @@ impl Engine {
 
     /// A soft eviction's grace period: the pod's own, at most
     /// --eviction-max-pod-grace-period.
-    pub fn soft_grace_period(&self, pod: &PodSnapshot) -> Duration {
+    pub(crate) fn soft_grace_period(&self, pod: &PodSnapshot) -> Duration {
         let own = pod
             .termination_grace_period_seconds
             .map_or(DEFAULT_TERMINATION_GRACE_PERIOD, |seconds| {

@@ -23,7 +23,7 @@ pub enum DiskLayout {
 impl DiskLayout {
     /// From the filesystems' device numbers (`st_dev`), as the runtime's
     /// `ImageFsInfo` names them; `None` for what kubelet refuses.
-    pub fn from_devices(nodefs: u64, imagefs: u64, containerfs: u64) -> Option<Self> {
+    pub(crate) fn from_devices(nodefs: u64, imagefs: u64, containerfs: u64) -> Option<Self> {
         match (imagefs == nodefs, containerfs == imagefs) {
             (true, true) => Some(Self::Shared),
             (false, true) => Some(Self::DedicatedImageFs),
@@ -37,7 +37,7 @@ impl DiskLayout {
     /// kubelet's `dedicatedImageFs`: an imagefs that is not nodefs. The
     /// container ephemeral-storage check (writable layers count only
     /// without one) takes this, in the split layout too.
-    pub fn dedicated_imagefs(self) -> bool {
+    pub(crate) fn dedicated_imagefs(self) -> bool {
         self != Self::Shared
     }
 }

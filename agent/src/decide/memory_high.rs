@@ -21,7 +21,7 @@ use std::{collections::BTreeMap, time::Duration};
 /// The KEP's four settings (its KubeletConfiguration names without the
 /// `Memory` prefix); a threshold of 0 is off.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct MemoryHighThresholds {
+pub(crate) struct MemoryHighThresholds {
     /// `MemoryHighEvictionThreshold`: memory.events `high` per second.
     pub high_rate: f64,
     /// `MemoryMaxEvictionThreshold`: memory.events `max` per second.
@@ -34,21 +34,21 @@ pub struct MemoryHighThresholds {
 
 impl MemoryHighThresholds {
     /// Every threshold off: what the KEP and evictd default to.
-    pub const OFF: Self = Self {
+    pub(crate) const OFF: Self = Self {
         high_rate: 0.0,
         max_rate: 0.0,
         psi_some_avg10: 0.0,
         grace: Duration::from_secs(30),
     };
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.high_rate > 0.0 || self.max_rate > 0.0 || self.psi_some_avg10 > 0.0
     }
 }
 
 /// One container's files, read at `read_at_ns`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ContainerReading {
+pub(crate) struct ContainerReading {
     pub read_at_ns: u64,
     /// memory.events `high` and `max`: times the cgroup went over its
     /// memory.high (and was throttled) or reached its memory.max.
@@ -63,7 +63,7 @@ pub struct ContainerReading {
 
 impl ContainerReading {
     /// Whether raising memory.high to memory.max would lift anything.
-    pub fn relaxable(&self) -> bool {
+    pub(crate) fn relaxable(&self) -> bool {
         match (self.memory_high, self.memory_max) {
             (None, _) => false,
             (Some(_), None) => true,
@@ -75,7 +75,7 @@ impl ContainerReading {
 /// A container's signals between two readings, each with whether it is
 /// past its threshold.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ContainerSignals {
+pub(crate) struct ContainerSignals {
     pub high_rate: f64,
     pub max_rate: f64,
     pub some_avg10: Option<f64>,
@@ -90,7 +90,7 @@ pub struct ContainerSignals {
 impl ContainerSignals {
     /// The signals from `before` to `now`; `None` when a counter went
     /// backwards (the container's cgroup was made again) or no time passed.
-    pub fn between(
+    pub(crate) fn between(
         before: &ContainerReading,
         now: &ContainerReading,
         thresholds: &MemoryHighThresholds,
@@ -129,12 +129,12 @@ impl ContainerSignals {
         })
     }
 
-    pub fn past(&self) -> bool {
+    pub(crate) fn past(&self) -> bool {
         self.high_past || self.max_past || self.psi_past
     }
 
     /// What a person is told about this container.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let psi = self.some_avg10.map_or(String::new(), |avg10| {
             format!(", PSI some avg10 {avg10:.2}%")
         });
@@ -147,7 +147,7 @@ impl ContainerSignals {
 
 /// Where a pod stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PodPressure {
+pub(crate) struct PodPressure {
     /// When the current grace period started (the pressure's first
     /// reading, or the relaxation); `None` while no signal is past.
     since_ns: Option<u64>,
@@ -157,7 +157,7 @@ pub struct PodPressure {
 
 /// What to do with a pod now.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// No signal past, or the grace has not run out.
     Wait,
     /// Stage 1: raise these containers' memory.high to their memory.max.
@@ -169,7 +169,7 @@ pub enum Step {
 impl PodPressure {
     /// The step for a pod whose containers read `signals` (by container,
     /// with each one's reading now) at `now_ns`.
-    pub fn judge(
+    pub(crate) fn judge(
         &mut self,
         signals: &BTreeMap<String, (ContainerSignals, ContainerReading)>,
         grace: Duration,

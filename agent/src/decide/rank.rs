@@ -66,7 +66,7 @@ const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// `fsStatsImages`, which kubelet measures per pod as nothing (its
 /// `containerUsage` adds only writable layers and logs): it counts 0 here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskMeasure {
+pub(crate) struct DiskMeasure {
     /// `fsStatsRoot`: the containers' writable layers.
     pub writable_layers: bool,
     /// `fsStatsLogs`: the containers' logs.
@@ -77,25 +77,25 @@ pub struct DiskMeasure {
 
 impl DiskMeasure {
     /// Every byte and inode the pod uses.
-    pub const EVERYTHING: Self = Self {
+    pub(crate) const EVERYTHING: Self = Self {
         writable_layers: true,
         logs: true,
         local_volumes: true,
     };
     /// What lives on nodefs beside a dedicated imagefs.
-    pub const LOGS_AND_VOLUMES: Self = Self {
+    pub(crate) const LOGS_AND_VOLUMES: Self = Self {
         writable_layers: false,
         logs: true,
         local_volumes: true,
     };
     /// What lives on a dedicated imagefs that holds the writable layers.
-    pub const WRITABLE_LAYERS: Self = Self {
+    pub(crate) const WRITABLE_LAYERS: Self = Self {
         writable_layers: true,
         logs: false,
         local_volumes: false,
     };
     /// The images alone (a split layout's imagefs): 0 for every pod.
-    pub const IMAGES: Self = Self {
+    pub(crate) const IMAGES: Self = Self {
         writable_layers: false,
         logs: false,
         local_volumes: false,
@@ -107,7 +107,7 @@ impl DiskMeasure {
     /// imagefs and containerfs (writable layers); a split imagefs leaves
     /// nodefs and containerfs everything the pod writes and imagefs its
     /// images.
-    pub fn for_signal(signal: Signal, layout: DiskLayout) -> Self {
+    pub(crate) fn for_signal(signal: Signal, layout: DiskLayout) -> Self {
         use Signal::{ImageFsAvailable, ImageFsInodesFree, NodeFsAvailable, NodeFsInodesFree};
         match (layout, signal) {
             (DiskLayout::Shared, _) => Self::EVERYTHING,
@@ -121,7 +121,7 @@ impl DiskMeasure {
     }
 
     /// kubelet's `podDiskUsage` in bytes.
-    pub fn bytes(self, usage: &PodUsage) -> u64 {
+    pub(crate) fn bytes(self, usage: &PodUsage) -> u64 {
         self.sum(
             usage.rootfs_bytes,
             usage.logs_bytes,
@@ -131,7 +131,7 @@ impl DiskMeasure {
 
     /// kubelet's `podDiskUsage` in inodes. A pod whose inodes are not
     /// given apart ranks by its total wherever anything counts.
-    pub fn inodes(self, usage: &PodUsage) -> u64 {
+    pub(crate) fn inodes(self, usage: &PodUsage) -> u64 {
         let split = [
             usage.rootfs_inodes,
             usage.logs_inodes,
@@ -169,7 +169,7 @@ impl DiskMeasure {
     }
 }
 
-/// One pod's place in a ranking; [`Ranked::reason`] says why.
+/// One pod's place in a ranking; `Ranked::reason` says why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ranked {
     /// Index of the pod in the slice that was ranked: its name is there
@@ -202,7 +202,7 @@ impl Ranked {
     /// The pod's standing, for the log line that explains a decision. Made
     /// only for the pods a decision names: a ranking of every pod on a
     /// node must not format a sentence per pod.
-    pub fn reason(&self) -> String {
+    pub(crate) fn reason(&self) -> String {
         let resource = self.resource;
         // As Kubernetes writes quantities: a person reads this.
         let amount = |value: i64| Quantity::from_units(value, resource.in_bytes());

@@ -6,7 +6,7 @@ use crate::decide::{rank::Ranked, thresholds::Signal};
 
 /// Why a pod is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KillReason {
+pub(crate) enum KillReason {
     /// A node eviction threshold on this signal was met (kubelet's
     /// synchronize), and the ranking's usage or priority chose the pod.
     Threshold(Signal),
@@ -28,7 +28,7 @@ pub enum KillReason {
 
 /// The local-storage limit a pod outgrew, each under kubelet's signal name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PodLimit {
+pub(crate) enum PodLimit {
     /// An emptyDir volume's `sizeLimit` (`emptyDirLimitEviction`).
     EmptyDir,
     /// The sum of the containers' ephemeral-storage limits
@@ -42,7 +42,7 @@ pub enum PodLimit {
 impl PodLimit {
     /// The signal kubelet counts the eviction under in its
     /// `evictions_total` metric.
-    pub fn signal(self) -> &'static str {
+    pub(crate) fn signal(self) -> &'static str {
         match self {
             Self::EmptyDir => "emptydirfs.limit",
             Self::PodEphemeralStorage => "ephemeralpodfs.limit",
@@ -54,7 +54,7 @@ impl PodLimit {
 impl KillReason {
     /// The kind of reason: the `reason` label of the eviction metric, the
     /// hook's `EVICTD_REASON`, the event's annotation.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Threshold(_) => "threshold",
             Self::ForkRate => "fork-rate",
@@ -65,7 +65,7 @@ impl KillReason {
     }
 
     /// The signal the kill answers, kubelet's name for it.
-    pub fn signal(self) -> &'static str {
+    pub(crate) fn signal(self) -> &'static str {
         match self {
             Self::Threshold(signal) => signal.as_str(),
             Self::ForkRate => Signal::PidAvailable.as_str(),
@@ -82,7 +82,7 @@ impl KillReason {
     /// ([`Ranked::fork_rate`], `--pid-ranking fork-rate` only) and it put
     /// the pod ahead of an evictable pod of the same priority (kubelet's
     /// order ranks those by process count alone); else the threshold.
-    pub fn for_threshold(signal: Signal, ranking: &[Ranked], position: usize) -> Self {
+    pub(crate) fn for_threshold(signal: Signal, ranking: &[Ranked], position: usize) -> Self {
         let victim = &ranking[position];
         let forks_faster = |other: &Ranked| {
             other.evictable

@@ -77,7 +77,7 @@ fn defaulted_request(pod: &PodSnapshot, resource: &str) -> Option<Quantity> {
 /// stores it in `status.qosClass` when the pod is created): from pod-level
 /// resources where `spec.resources` is set at all, otherwise from every
 /// container, init containers included. Only cpu and memory count.
-pub fn qos_class(pod: &PodSnapshot) -> QosClass {
+pub(crate) fn qos_class(pod: &PodSnapshot) -> QosClass {
     let spec = DefaultedSpec::of(pod);
     if let Some(pod_level) = &spec.pod_level {
         return resource_qos(&pod_level.requests, &pod_level.limits);

@@ -44,7 +44,7 @@ impl NodeStats {
     /// filesystem differ whenever anything writes between the readings, so
     /// only a snapshot that does not say which devices (one written by
     /// hand) is judged by its statistics.
-    pub fn dedicated_imagefs(&self) -> bool {
+    pub(crate) fn dedicated_imagefs(&self) -> bool {
         match (&self.nodefs, &self.imagefs) {
             (_, None) => false,
             (None, Some(_)) => true,
@@ -59,7 +59,7 @@ impl NodeStats {
     /// a dedicated imagefs ([`NodeStats::dedicated_imagefs`]) is split from
     /// the writable layers when containerfs is on another device
     /// (`IsContainerFsSeparateFromImageFs`); without devices it is not.
-    pub fn disk_layout(&self) -> DiskLayout {
+    pub(crate) fn disk_layout(&self) -> DiskLayout {
         if !self.dedicated_imagefs() {
             return DiskLayout::Shared;
         }
@@ -164,7 +164,7 @@ pub enum QosClass {
 
 impl QosClass {
     /// The class as Kubernetes spells it (the `qos` label of metrics).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::BestEffort => "BestEffort",
             Self::Burstable => "Burstable",
@@ -299,9 +299,9 @@ pub struct MemoryStalls {
 pub struct ForkRate(f64);
 
 impl ForkRate {
-    pub const NONE: Self = Self(0.0);
+    pub(crate) const NONE: Self = Self(0.0);
 
-    pub fn per_second(self) -> f64 {
+    pub(crate) fn per_second(self) -> f64 {
         self.0
     }
 }
@@ -349,13 +349,13 @@ impl PodSnapshot {
     }
 
     /// kubelet never evicts static, mirror or system-critical pods.
-    pub fn is_critical(&self) -> bool {
+    pub(crate) fn is_critical(&self) -> bool {
         self.is_static || self.mirror || self.priority >= SYSTEM_CRITICAL_PRIORITY
     }
 
     /// Whether nothing but cgroups told evictd about this pod (see
     /// [`PodSnapshot::unknown`]).
-    pub fn metadata_missing(&self) -> bool {
+    pub(crate) fn metadata_missing(&self) -> bool {
         !self.unknown.is_empty()
     }
 
@@ -364,7 +364,7 @@ impl PodSnapshot {
         !self.is_critical() && !self.hosts_evictd
     }
 
-    /// The QoS class as Kubernetes derives it ([`resources::qos_class`]).
+    /// The QoS class as Kubernetes derives it (`resources::qos_class`).
     /// A pod whose containers are unknown (found in cgroups only) takes the
     /// class its cgroup path shows.
     pub fn qos_class(&self) -> QosClass {

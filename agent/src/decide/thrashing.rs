@@ -22,7 +22,7 @@ use crate::decide::snapshot::MemoryStalls;
 
 /// What makes a pod at its limit thrashing; the defaults are lmkd's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThrashingLimits {
+pub(crate) struct ThrashingLimits {
     /// File pages refaulted in a window, as a percentage of the pod's file
     /// pages.
     pub refault_percent: u64,
@@ -42,7 +42,7 @@ impl Default for ThrashingLimits {
 
 /// A pod found thrashing, and what it was found on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Thrashing {
+pub(crate) struct Thrashing {
     pub window: Duration,
     /// File refaults in the window, percent of the file pages.
     pub refaulted_percent: u64,
@@ -54,7 +54,7 @@ pub struct Thrashing {
 
 impl Thrashing {
     /// What a person is told: the numbers against their limits.
-    pub fn describe(&self, limits: ThrashingLimits) -> String {
+    pub(crate) fn describe(&self, limits: ThrashingLimits) -> String {
         let stalled = self.stalled_percent.map_or(String::new(), |stalled| {
             format!(
                 ", all its tasks stalled on memory {stalled}% of the time (limit {}%)",
@@ -75,7 +75,7 @@ impl Thrashing {
 /// Whether the pod read as `before` then `now` is thrashing over the
 /// window between them. Counters that went backwards (a cgroup made again
 /// under the same path) or a reading without a limit judge nothing.
-pub fn judge(
+pub(crate) fn judge(
     before: &MemoryStalls,
     now: &MemoryStalls,
     page_size: u64,

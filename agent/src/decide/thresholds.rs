@@ -22,7 +22,7 @@ pub enum Signal {
 }
 
 impl Signal {
-    pub const ALL: [Signal; 9] = [
+    pub(crate) const ALL: [Signal; 9] = [
         Signal::MemoryAvailable,
         Signal::AllocatableMemoryAvailable,
         Signal::NodeFsAvailable,
@@ -34,7 +34,7 @@ impl Signal {
         Signal::PidAvailable,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Signal::MemoryAvailable => "memory.available",
             Signal::AllocatableMemoryAvailable => "allocatableMemory.available",
@@ -50,7 +50,7 @@ impl Signal {
 
     /// The resource reclaimed when this signal's threshold is met
     /// (kubelet's `signalToResource`).
-    pub fn resource(self) -> Resource {
+    pub(crate) fn resource(self) -> Resource {
         match self {
             Signal::MemoryAvailable | Signal::AllocatableMemoryAvailable => Resource::Memory,
             Signal::NodeFsAvailable | Signal::ImageFsAvailable | Signal::ContainerFsAvailable => {
@@ -65,7 +65,7 @@ impl Signal {
 
     /// The node condition reported while this signal's threshold is met
     /// (kubelet's `signalToNodeCondition`).
-    pub fn node_condition(self) -> NodeCondition {
+    pub(crate) fn node_condition(self) -> NodeCondition {
         match self.resource() {
             Resource::Memory => NodeCondition::MemoryPressure,
             Resource::EphemeralStorage | Resource::Inodes => NodeCondition::DiskPressure,
@@ -120,7 +120,7 @@ pub enum Resource {
 }
 
 impl Resource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Resource::Memory => "memory",
             Resource::Pids => "pids",
@@ -131,7 +131,7 @@ impl Resource {
 
     /// Whether it is counted in bytes (Kubernetes writes those with binary
     /// suffixes, "100Mi") rather than in tasks or inodes ("20k").
-    pub fn in_bytes(self) -> bool {
+    pub(crate) fn in_bytes(self) -> bool {
         matches!(self, Resource::Memory | Resource::EphemeralStorage)
     }
 }
@@ -149,20 +149,24 @@ impl Serialize for Resource {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum NodeCondition {
+#[expect(
+    clippy::enum_variant_names,
+    reason = "kubelet's condition names, as the API shows them"
+)]
+pub(crate) enum NodeCondition {
     MemoryPressure,
     DiskPressure,
     PidPressure,
 }
 
 impl NodeCondition {
-    pub const ALL: [NodeCondition; 3] = [
+    pub(crate) const ALL: [NodeCondition; 3] = [
         NodeCondition::MemoryPressure,
         NodeCondition::DiskPressure,
         NodeCondition::PidPressure,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             NodeCondition::MemoryPressure => "MemoryPressure",
             NodeCondition::DiskPressure => "DiskPressure",
@@ -199,7 +203,7 @@ pub enum ThresholdValue {
 impl ThresholdValue {
     /// The value against a capacity, as kubelet's `GetThresholdQuantity`:
     /// `int64(float64(capacity) * float64(percentage))`.
-    pub fn resolve(self, capacity: i64) -> i64 {
+    pub(crate) fn resolve(self, capacity: i64) -> i64 {
         match self {
             ThresholdValue::Quantity(value) => value,
             ThresholdValue::Percentage(fraction) => (capacity as f64 * f64::from(fraction)) as i64,
@@ -263,7 +267,7 @@ fn whole_seconds<S: serde::Serializer>(
 
 /// kubelet's default `evictionPressureTransitionPeriod`, also what a zero
 /// one in a KubeletConfiguration file becomes.
-pub(crate) const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
+pub const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(5 * 60);
 
 /// Everything the engine needs from configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -334,7 +338,10 @@ impl Threshold {
 ///
 /// The list's length does not depend on the layout, so a threshold keeps
 /// its place when the layout becomes known.
-pub fn with_containerfs_thresholds(thresholds: &[Threshold], layout: DiskLayout) -> Vec<Threshold> {
+pub(crate) fn with_containerfs_thresholds(
+    thresholds: &[Threshold],
+    layout: DiskLayout,
+) -> Vec<Threshold> {
     let (bytes, inodes) = match layout {
         DiskLayout::DedicatedImageFs => (Signal::ImageFsAvailable, Signal::ImageFsInodesFree),
         DiskLayout::Shared | DiskLayout::SplitImageFs => {
@@ -386,7 +393,7 @@ pub fn with_containerfs_thresholds(thresholds: &[Threshold], layout: DiskLayout)
 /// What kubelet's `UpdateContainerFsThresholds` reports of each containerfs
 /// threshold the user set, which it ignores: its error text, e.g. `found
 /// containerfs.available for hard eviction. ignoring`.
-pub fn containerfs_conflicts(thresholds: &[Threshold]) -> Vec<String> {
+pub(crate) fn containerfs_conflicts(thresholds: &[Threshold]) -> Vec<String> {
     thresholds
         .iter()
         .filter(|t| {

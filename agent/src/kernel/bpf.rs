@@ -126,7 +126,7 @@ pub struct Probes {
 /// Why the programs cannot add up the machine's working set, which the
 /// root memory cgroup's band compares.
 #[derive(Debug, thiserror::Error)]
-pub enum MachineWorkingSetError {
+pub(crate) enum MachineWorkingSetError {
     #[error(transparent)]
     Layout(LayoutError),
     #[error("reading the NUMA nodes the kernel may have ({path}): {source}")]
@@ -233,7 +233,7 @@ impl Probes {
     /// Whether the memory programs compare the machine's working set
     /// (kubelet's, from the kernel's per-NUMA-node counters) on the root
     /// memory cgroup, where a cgroup's page counter is compared; why not.
-    pub fn machine_working_set(&self) -> Result<(), &MachineWorkingSetError> {
+    pub(crate) fn machine_working_set(&self) -> Result<(), &MachineWorkingSetError> {
         self.machine_working_set.as_ref().copied()
     }
 
@@ -278,7 +278,7 @@ impl Probes {
     /// tracepoint costs the kernel nothing (its static key is off), where a
     /// program that returns early still costs the call. Returns whether
     /// anything changed.
-    pub fn set_active(&mut self, hook: Hook, active: bool) -> Result<bool, BpfError> {
+    pub(crate) fn set_active(&mut self, hook: Hook, active: bool) -> Result<bool, BpfError> {
         if !self.hooks.contains(&hook) {
             return Err(BpfError::Missing(hook.as_str()));
         }
@@ -327,7 +327,7 @@ impl Probes {
     /// (a directory of the memory hierarchy), reporting those at most
     /// `max_level` below the hierarchy's root, and checks a first reading
     /// against `root`'s usage file, read by `usage`
-    /// ([`CgroupCharges::check`]). It needs Linux 6.1, and 6.7 on a cgroup
+    /// (`CgroupCharges::check`). It needs Linux 6.1, and 6.7 on a cgroup
     /// v1 hierarchy.
     pub fn cgroup_charges<E>(
         &mut self,
@@ -367,12 +367,12 @@ impl Probes {
     }
 
     /// The hooks attached, in the order they were.
-    pub fn hooks(&self) -> &[Hook] {
+    pub(crate) fn hooks(&self) -> &[Hook] {
         &self.hooks
     }
 
     /// Whether an attached hook serves `purpose`.
-    pub fn covers(&self, purpose: Purpose) -> bool {
+    pub(crate) fn covers(&self, purpose: Purpose) -> bool {
         self.hooks.iter().any(|hook| hook.purpose() == purpose)
     }
 
@@ -395,7 +395,7 @@ impl Probes {
 
     /// Starts forwarding the programs' aya-log records to the `log` facade
     /// (and so to tracing). Only useful when loaded with `kernel_log`.
-    pub fn kernel_logger(&mut self) -> Result<KernelLogger, BpfError> {
+    pub(crate) fn kernel_logger(&mut self) -> Result<KernelLogger, BpfError> {
         let logger = aya_log::EbpfLogger::init(&mut self.ebpf)
             .map_err(|e| BpfError::Poll(std::io::Error::other(e)))?;
         Ok(KernelLogger {
@@ -455,12 +455,12 @@ where
 }
 
 /// Drains aya-log records from the kernel programs.
-pub struct KernelLogger {
+pub(crate) struct KernelLogger {
     fd: AsyncFd<aya_log::EbpfLogger<&'static dyn log::Log>>,
 }
 
 impl KernelLogger {
-    pub async fn run(mut self) {
+    pub(crate) async fn run(mut self) {
         loop {
             let Ok(mut guard) = self.fd.readable_mut().await else {
                 return;

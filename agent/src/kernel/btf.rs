@@ -5,7 +5,7 @@
 //! is resolved here and handed over as the `LAYOUT` global. Nothing is taken
 //! from the machine the agent was built on.
 //!
-//! The reader is evictd's own (`format`): [`KernelBtf::open`] reads the
+//! The reader is evictd's own (`format`): `KernelBtf::open` reads the
 //! file, notes where each type starts, answers every look-up evictd has
 //! (the layout, each raw tracepoint's arity) and lets the file go. Decoding
 //! every type of the kernel's ~130k instead (btf-rs) was most of the
@@ -21,14 +21,14 @@ use std::{
 
 use evictd_common::KernelLayout;
 
-pub use format::FormatError;
+pub(crate) use format::FormatError;
 use format::{Btf, Kind, Type};
 
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub(crate) const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Why the kernel's BTF cannot be read at all.
 #[derive(Debug, thiserror::Error)]
-pub enum BtfError {
+pub(crate) enum BtfError {
     #[error(
         "cannot read kernel BTF from {path}: {source} (the kernel needs CONFIG_DEBUG_INFO_BTF=y)"
     )]
@@ -80,7 +80,7 @@ pub struct KernelBtf {
 }
 
 impl KernelBtf {
-    pub fn open(path: &Path) -> Result<Self, BtfError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, BtfError> {
         let bytes = std::fs::read(path).map_err(|source| BtfError::Read {
             path: path.display().to_string(),
             source,
@@ -99,20 +99,20 @@ impl KernelBtf {
 
     /// Why the programs cannot add up the machine's working set on the
     /// root memory cgroup (the layout's `numa_nodes` is 0 then), if not.
-    pub fn machine_working_set_error(&self) -> Option<&LayoutError> {
+    pub(crate) fn machine_working_set_error(&self) -> Option<&LayoutError> {
         self.machine_working_set.as_ref()
     }
 
     /// Number of arguments of raw tracepoint `name`, without the leading
     /// `void *` context the kernel adds; `None` when the kernel has no such
     /// tracepoint.
-    pub fn tracepoint_arity(&self, name: &str) -> Option<usize> {
+    pub(crate) fn tracepoint_arity(&self, name: &str) -> Option<usize> {
         self.tracepoints.get(name).copied()
     }
 
     /// The layout the programs need. `memory_subsys_id` / `pids_subsys_id`
     /// are `u32::MAX` when the kernel lacks that controller.
-    pub fn layout(
+    pub(crate) fn layout(
         &self,
         check_step_bytes: u64,
         log_enabled: bool,

@@ -64,14 +64,18 @@ pub enum NotifyError {
 
 /// A PSI trigger: `some <stall> <window>` written to a pressure file, then
 /// POLLPRI each time the kernel sees that much stall.
-pub struct PsiTrigger {
+pub(crate) struct PsiTrigger {
     file: AsyncFd<File>,
     path: PathBuf,
 }
 
 impl PsiTrigger {
     /// `path` is a cgroup v2 `memory.pressure` or `/proc/pressure/memory`.
-    pub fn open(path: &Path, stall: Duration, window: Duration) -> Result<Self, NotifyError> {
+    pub(crate) fn open(
+        path: &Path,
+        stall: Duration,
+        window: Duration,
+    ) -> Result<Self, NotifyError> {
         if stall > window || window < PSI_WINDOW_RANGE.0 || window > PSI_WINDOW_RANGE.1 {
             return Err(NotifyError::PsiRange { stall, window });
         }
@@ -113,12 +117,12 @@ impl PsiTrigger {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Waits for the next trigger; returns CLOCK_MONOTONIC ns at wake-up.
-    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+    pub(crate) async fn wait(&mut self) -> Result<u64, NotifyError> {
         let mut ready = self
             .file
             .ready(Interest::PRIORITY)
@@ -135,7 +139,7 @@ impl PsiTrigger {
 }
 
 /// The line that arms a PSI trigger: `some` stall and window in µs.
-pub fn psi_trigger_line(stall: Duration, window: Duration) -> String {
+pub(crate) fn psi_trigger_line(stall: Duration, window: Duration) -> String {
     format!("some {} {}", stall.as_micros(), window.as_micros())
 }
 
@@ -184,7 +188,7 @@ impl MemcgThresholds {
     /// an RCU grace period in the kernel (24 ms here, on the caller's
     /// thread), so a caller asks for it only when a reading is below a
     /// level it was signalled for.
-    pub fn rearm(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
+    pub(crate) fn rearm(&mut self, levels: &[u64]) -> Result<(), NotifyError> {
         if self.armed.is_some() && self.levels == levels && !self.signalled {
             return Ok(());
         }
@@ -199,7 +203,7 @@ impl MemcgThresholds {
     /// `levels` on a new eventfd, to be written by a thread that can wait
     /// out the kernel's RCU grace period ([`Registration::write`]) and
     /// then [`install`](Self::install)ed here.
-    pub fn registration(&self, levels: &[u64]) -> Result<Registration, NotifyError> {
+    pub(crate) fn registration(&self, levels: &[u64]) -> Result<Registration, NotifyError> {
         let error = |source| NotifyError::Threshold {
             path: self.control.clone(),
             source,
@@ -220,7 +224,7 @@ impl MemcgThresholds {
     /// Arms the levels of a written registration; dropping the previous
     /// eventfd unregisters the previous levels (the kernel does it in a
     /// worker, not on this thread).
-    pub fn install(&mut self, registered: Registered) -> Result<(), NotifyError> {
+    pub(crate) fn install(&mut self, registered: Registered) -> Result<(), NotifyError> {
         // SAFETY: the AsyncFd owns the eventfd, so the fd stays open and
         // unchanged while registered.
         let armed =
@@ -236,7 +240,7 @@ impl MemcgThresholds {
     }
 
     /// Whether exactly `levels` are armed.
-    pub fn armed_at(&self, levels: &[u64]) -> bool {
+    pub(crate) fn armed_at(&self, levels: &[u64]) -> bool {
         self.armed.is_some() && self.levels == levels
     }
 
@@ -244,7 +248,7 @@ impl MemcgThresholds {
     /// crossing, not a level: one armed where usage already reaches it
     /// counts as crossed and stays silent, so a caller arming from a
     /// reading that may be stale asks this after.
-    pub fn passed(&self, level: u64) -> Result<bool, NotifyError> {
+    pub(crate) fn passed(&self, level: u64) -> Result<bool, NotifyError> {
         Ok(self.usage()? >= level)
     }
 
@@ -252,7 +256,7 @@ impl MemcgThresholds {
     /// reading the levels were set from: such a level was passed before
     /// the kernel had it and will not be signalled. One already reached at
     /// the reading is not counted; whoever read it saw it passed.
-    pub fn reached_since(&self, read_usage: u64) -> Result<bool, NotifyError> {
+    pub(crate) fn reached_since(&self, read_usage: u64) -> Result<bool, NotifyError> {
         let usage = self.usage()?;
         Ok(self
             .levels
@@ -261,18 +265,18 @@ impl MemcgThresholds {
     }
 
     /// Usage now, in bytes.
-    pub fn usage(&self) -> Result<u64, NotifyError> {
+    pub(crate) fn usage(&self) -> Result<u64, NotifyError> {
         Ok(self.usage.read_u64()?)
     }
 
     /// The levels armed now.
-    pub fn levels(&self) -> &[u64] {
+    pub(crate) fn levels(&self) -> &[u64] {
         &self.levels
     }
 
     /// Waits until usage crosses an armed level, either way; returns
     /// CLOCK_MONOTONIC ns at wake-up. Pending while nothing is armed.
-    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+    pub(crate) async fn wait(&mut self) -> Result<u64, NotifyError> {
         let Some(armed) = self.armed.as_mut() else {
             return std::future::pending().await;
         };
@@ -295,7 +299,7 @@ impl MemcgThresholds {
 /// Levels not yet registered, on their eventfd
 /// ([`MemcgThresholds::registration`]).
 #[derive(Debug)]
-pub struct Registration {
+pub(crate) struct Registration {
     control: PathBuf,
     usage: OwnedFd,
     eventfd: EventFd,
@@ -306,7 +310,7 @@ impl Registration {
     /// Registers each level with the kernel. Blocks: the kernel waits out
     /// an RCU grace period per level (4–32 ms on a quiet machine, seconds
     /// on a busy virtual one).
-    pub fn write(self) -> Result<Registered, NotifyError> {
+    pub(crate) fn write(self) -> Result<Registered, NotifyError> {
         for level in &self.levels {
             let line = format!(
                 "{} {} {level}",
@@ -327,19 +331,19 @@ impl Registration {
 
 /// Levels the kernel has, on the eventfd it signals.
 #[derive(Debug)]
-pub struct Registered {
+pub(crate) struct Registered {
     eventfd: EventFd,
     levels: Vec<u64>,
 }
 
 /// The push mechanism of a non-eBPF mode.
-pub enum Notifier {
+pub(crate) enum Notifier {
     Psi(PsiTrigger),
     MemcgThresholds(MemcgThresholds),
 }
 
 impl Notifier {
-    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+    pub(crate) async fn wait(&mut self) -> Result<u64, NotifyError> {
         match self {
             Self::Psi(trigger) => trigger.wait().await,
             Self::MemcgThresholds(thresholds) => thresholds.wait().await,

@@ -1,8 +1,8 @@
 //! The trigger of each resource: the kernel hook that pushes its crossings,
 //! or polling. [`choose`] is a pure function of the kernel's
 //! [`Capabilities`] and the mode, so the choice on every kernel evictd is
-//! tested on is a unit test; [`arm`] loads and attaches what it chose,
-//! falling back past a hook the kernel refuses; [`report`] says what was
+//! tested on is a unit test; `arm` loads and attaches what it chose,
+//! falling back past a hook the kernel refuses; `report` says what was
 //! chosen and why (log, `evictd_trigger_info`, `evictd_trigger_hook_info`).
 //!
 //! Memory, best first:
@@ -49,7 +49,7 @@ pub enum Mode {
 
 impl Mode {
     /// The mode as `--mode` spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Event => "event",
             Self::Poll => "poll",
@@ -60,7 +60,7 @@ impl Mode {
 
     /// Whether memory pressure is polled on --housekeeping-interval (every
     /// mode but event), rather than repaired on --resync-interval.
-    pub fn housekeeping(self) -> bool {
+    pub(crate) fn housekeeping(self) -> bool {
         self != Self::Event
     }
 }
@@ -99,7 +99,7 @@ pub enum Trigger {
 
 impl Trigger {
     /// The `trigger` label of logs and metrics.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Kernel(_) => "bpf",
             Self::Poll => "poll",
@@ -278,7 +278,7 @@ fn without_bpf(capabilities: &Capabilities, mode: Mode, purpose: Purpose) -> Tri
 }
 
 /// The programs attached for the chosen triggers, and the final choice.
-pub struct Armed {
+pub(crate) struct Armed {
     pub probes: Option<Probes>,
     pub triggers: Triggers,
     pub capabilities: Capabilities,
@@ -287,7 +287,7 @@ pub struct Armed {
 /// Loads the programs and attaches the hooks [`choose`] picks. A hook the
 /// kernel refuses is recorded in the capabilities and the choice made again,
 /// so the resource falls back to the next hook, or to polling.
-pub fn arm(
+pub(crate) fn arm(
     mut capabilities: Capabilities,
     btf: Option<&KernelBtf>,
     mode: Mode,
@@ -345,7 +345,7 @@ pub fn arm(
 /// `evictd_trigger_info`, `evictd_trigger_hook_info` and
 /// `evictd_trigger_fallback`. `period` is the
 /// polling period of a resource no kernel hook serves.
-pub fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duration) {
+pub(crate) fn report(armed: &Armed, mode: Mode, metrics: &Arc<Metrics>, period: Duration) {
     info!(capabilities = %armed.capabilities, "kernel capabilities");
     if mode == Mode::Event
         && let Some(why) = kernel_unusable(&armed.capabilities)

@@ -52,7 +52,7 @@ impl CgroupError {
 /// up after the removal, ENODEV for a file opened before it (kernfs
 /// deactivates the files of a removed cgroup, so a read between `open` and
 /// `read` fails so).
-pub fn is_gone(error: &io::Error) -> bool {
+pub(crate) fn is_gone(error: &io::Error) -> bool {
     error.kind() == io::ErrorKind::NotFound || error.raw_os_error() == Some(libc::ENODEV)
 }
 
@@ -68,21 +68,21 @@ pub enum CgroupVersion {
 /// tenth of the time, which is what a decision listing hundreds of pods
 /// spends most of its time on.
 #[derive(Debug)]
-pub struct OpenValue {
+pub(crate) struct OpenValue {
     path: PathBuf,
     file: fs::File,
 }
 
 impl OpenValue {
     /// Opens the one-number file at `path` to be read again and again.
-    pub fn open(path: PathBuf) -> Result<Self, CgroupError> {
+    pub(crate) fn open(path: PathBuf) -> Result<Self, CgroupError> {
         let file = fs::File::open(&path).map_err(|e| CgroupError::io(&path, e))?;
         Ok(Self { path, file })
     }
 
     /// The value now; [`CgroupError::Gone`] once the cgroup was removed
     /// (kernfs answers ENODEV for a removed cgroup's open files).
-    pub fn read_u64(&self) -> Result<u64, CgroupError> {
+    pub(crate) fn read_u64(&self) -> Result<u64, CgroupError> {
         // A u64 has at most 20 digits, plus the newline; a text that fills
         // the buffer is read whole, so that it reads as it does by path.
         let mut buf = [0u8; 32];
@@ -129,10 +129,10 @@ pub struct OpenMemory {
 
 impl OpenMemory {
     /// Descriptors each holds, at most.
-    pub const FILES: usize = 3;
+    pub(crate) const FILES: usize = 3;
 
     /// The text of memory.stat and, on v2, of memory.pressure, read now.
-    pub fn stall_texts(&self) -> Result<StallTexts, CgroupError> {
+    pub(crate) fn stall_texts(&self) -> Result<StallTexts, CgroupError> {
         let stat =
             read_whole_at_zero(&self.stat).map_err(|e| CgroupError::io(&self.stat_path, e))?;
         let path = self.stat_path.with_file_name(PRESSURE);
@@ -180,7 +180,7 @@ impl OpenMemory {
 
 /// A cgroup's memory.stat, and its memory.pressure where it has one (v2).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StallTexts {
+pub(crate) struct StallTexts {
     pub stat: String,
     pub pressure: Option<String>,
 }
@@ -227,7 +227,7 @@ impl Clone for KeptOpen {
 
 impl KeptOpen {
     /// The whole text of `path` now, as [`fs::read_to_string`] gives it.
-    pub fn read_to_string(&self, path: &Path) -> io::Result<String> {
+    pub(crate) fn read_to_string(&self, path: &Path) -> io::Result<String> {
         let mut files = self.files.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(file) = files.get(path) {
             match read_whole_at_zero(file) {
@@ -403,12 +403,12 @@ impl CgroupFs {
     }
 
     /// Directory of cgroup `path` in the v1 freezer hierarchy, if mounted.
-    pub fn freezer_dir(&self, path: &str) -> Option<PathBuf> {
+    pub(crate) fn freezer_dir(&self, path: &str) -> Option<PathBuf> {
         self.freezer_root.as_ref().map(|root| join(root, path))
     }
 
     /// The kernel's cgroup id: the inode number of the cgroup directory.
-    pub fn cgroup_id(dir: &Path) -> Result<u64, CgroupError> {
+    pub(crate) fn cgroup_id(dir: &Path) -> Result<u64, CgroupError> {
         fs::metadata(dir)
             .map(|m| m.ino())
             .map_err(|e| CgroupError::io(dir, e))
@@ -494,7 +494,7 @@ impl CgroupFs {
     /// How many times cgroup `path`'s charges met its memory limit since
     /// it was made: v1's `memory.failcnt`, v2's memory.events `max` (its
     /// subtree's included).
-    pub fn memory_limit_hits(&self, path: &str) -> Result<u64, CgroupError> {
+    pub(crate) fn memory_limit_hits(&self, path: &str) -> Result<u64, CgroupError> {
         let dir = self.memory_dir(path);
         match self.version {
             CgroupVersion::V1 => read_u64(None, &dir.join("memory.failcnt")),
@@ -509,7 +509,7 @@ impl CgroupFs {
     /// name, at most `most`: a pod allowed to make cgroups below its own
     /// makes the agent read no more. The second value says whether some
     /// were left out.
-    pub fn child_cgroups(
+    pub(crate) fn child_cgroups(
         &self,
         path: &str,
         most: usize,
@@ -538,7 +538,7 @@ impl CgroupFs {
     /// Cgroup `path`'s KEP-5986 files (v2): memory.events `high` and
     /// `max`, memory.pressure `some avg10` (none with psi=0), memory.high
     /// and memory.max. Each is the kernel's, read bounded.
-    pub fn container_pressure(
+    pub(crate) fn container_pressure(
         &self,
         path: &str,
         read_at_ns: u64,
@@ -585,7 +585,7 @@ impl CgroupFs {
 
     /// KEP-5986's stage 1: raises cgroup `path`'s memory.high to its
     /// memory.max (the text written, `max` where there is no limit).
-    pub fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
+    pub(crate) fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
         let dir = self.memory_dir(path);
         let max = read_text(None, &dir.join("memory.max"))?;
         let high = dir.join("memory.high");
@@ -616,7 +616,7 @@ impl CgroupFs {
 
     /// [`OpenMemory::stall_texts`] of cgroup `path`, read by path (a pod
     /// whose files are not kept open). No per-cgroup PSI on v1.
-    pub fn stall_texts(&self, path: &str) -> Result<StallTexts, CgroupError> {
+    pub(crate) fn stall_texts(&self, path: &str) -> Result<StallTexts, CgroupError> {
         let dir = self.memory_dir(path);
         let stat = read_text(None, &dir.join("memory.stat"))?;
         let pressure = match self.version {
@@ -743,12 +743,12 @@ fn loadavg_tasks(text: &str) -> Option<u64> {
 /// Hierarchy ids (as in `/proc/cgroups` and cgroup lifecycle events) of the
 /// memory and pids controllers. cgroup2 is hierarchy 0.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HierarchyIds {
+pub(crate) struct HierarchyIds {
     pub memory: Option<u32>,
     pub pids: Option<u32>,
 }
 
-pub fn hierarchy_ids(cgroupfs: &CgroupFs) -> HierarchyIds {
+pub(crate) fn hierarchy_ids(cgroupfs: &CgroupFs) -> HierarchyIds {
     match cgroupfs.version {
         CgroupVersion::V2 => HierarchyIds {
             memory: Some(0),
@@ -787,7 +787,7 @@ fn keep_first_or_topmost(slot: &mut Option<PathBuf>, mount_point: &Path) {
 }
 
 /// Whether `path` names the hierarchy's root.
-pub fn is_root(path: &str) -> bool {
+pub(crate) fn is_root(path: &str) -> bool {
     path.trim_matches('/').is_empty()
 }
 

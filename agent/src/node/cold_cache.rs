@@ -5,12 +5,12 @@
 //! pages as used, though the kernel reclaims them under pressure like any
 //! cache (kubernetes#43916): a pod that read a large file twice can push
 //! memory.available past a threshold while nothing is short of memory.
-//! The rule: over the last [`COLD_WINDOW`], the node refaulted at most
+//! The rule: over the last `COLD_WINDOW`, the node refaulted at most
 //! [`COLD_REFAULT_PERCENT`] % of its active file pages (the kernel's
 //! `workingset_refault_file`: evicted file pages read back while still in
 //! the working set's reach). Then the active file is counted available
 //! and left out of the working set (the node's, and each pod's for its
-//! rank: [`ColdCache::counted`]); otherwise, and until a whole window has
+//! rank: `ColdCache::counted`); otherwise, and until a whole window has
 //! been seen, nothing is (kubelet's signal).
 //!
 //! Its limit: a refault needs a reclaim first, so active pages the node
@@ -33,7 +33,7 @@ use crate::{
 };
 
 /// How far back the refaults are counted.
-pub const COLD_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const COLD_WINDOW: Duration = Duration::from_secs(10);
 
 /// The refaults in a window, as a percentage of the active file pages, at
 /// or below which those pages are cold. Not 0: any node refaults some
@@ -66,7 +66,7 @@ impl Clone for ColdCache {
 impl ColdCache {
     /// The bytes of active file pages to count as available, given the
     /// node's file cache read at `now`.
-    pub fn reclaimable(&self, now: Instant, cache: FileCache) -> u64 {
+    pub(crate) fn reclaimable(&self, now: Instant, cache: FileCache) -> u64 {
         let mut history = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let refaulted = history.refaulted_in_window(now, cache.refaulted_file_pages);
         let active_pages = cache.active_file_bytes / page_size();
@@ -97,7 +97,7 @@ impl ColdCache {
     /// set too, so that a pod is not ranked first for cache the node
     /// counts as free (killing it would not give that cache back: page
     /// cache stays charged to a pod's cgroup after its processes end).
-    pub fn counted(&self) -> bool {
+    pub(crate) fn counted(&self) -> bool {
         let history = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         history.cold == Some(true)
     }

@@ -21,11 +21,11 @@ use crate::{
 /// The containers of one pod read at most: far more than any pod spec has
 /// (sidecars and init containers included), few enough that a pod making
 /// cgroups below its own costs the agent little.
-pub const MOST_CONTAINERS: usize = 64;
+pub(crate) const MOST_CONTAINERS: usize = 64;
 
 /// A pod's step, with what it was found on.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PodFinding {
+pub(crate) struct PodFinding {
     pub pod_cgroup: String,
     pub step: Step,
     /// Each container past a threshold, described for a person.
@@ -34,7 +34,7 @@ pub struct PodFinding {
 
 /// The containers' last readings and where each pod stands.
 #[derive(Debug)]
-pub struct ContainerPressures {
+pub(crate) struct ContainerPressures {
     thresholds: MemoryHighThresholds,
     pods: HashMap<String, PodEntry>,
 }
@@ -57,12 +57,12 @@ impl Default for ContainerPressures {
 }
 
 impl ContainerPressures {
-    pub fn set_thresholds(&mut self, thresholds: MemoryHighThresholds) {
+    pub(crate) fn set_thresholds(&mut self, thresholds: MemoryHighThresholds) {
         self.thresholds = thresholds;
     }
 
     /// Whether containers are read at all: a threshold is set, on v2.
-    pub fn enabled(&self, version: CgroupVersion) -> bool {
+    pub(crate) fn enabled(&self, version: CgroupVersion) -> bool {
         self.thresholds.enabled() && version == CgroupVersion::V2
     }
 
@@ -70,7 +70,7 @@ impl ContainerPressures {
     /// `now_ns` and returns the pods with a step to take. A pod whose
     /// containers cannot be read keeps its last reading and is judged at
     /// the next; pods not listed are forgotten.
-    pub fn read(
+    pub(crate) fn read(
         &mut self,
         cgroupfs: &CgroupFs,
         pod_cgroups: &[&str],

@@ -7,7 +7,7 @@ use crate::node::cgroupfs::{CgroupError, CgroupFs};
 
 /// The working set of each container in `containers` (name, runtime id),
 /// by name; `None` where its cgroup is not found or cannot be read.
-pub fn working_sets(
+pub(crate) fn working_sets(
     cgroupfs: &CgroupFs,
     pod_cgroup: &str,
     containers: &[(String, String)],
@@ -47,7 +47,7 @@ fn container_cgroup<'a>(children: &'a [String], id: &str) -> Option<&'a String> 
 /// Whether `child`, a child of a pod cgroup, holds the container (or pod
 /// sandbox) of runtime id `id`: `<id>` (cgroupfs driver) or
 /// `<runtime>-<id>.scope` (systemd driver).
-pub fn is_cgroup_of(child: &str, id: &str) -> bool {
+pub(crate) fn is_cgroup_of(child: &str, id: &str) -> bool {
     child == id
         || child
             .strip_suffix(".scope")

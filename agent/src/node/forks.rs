@@ -12,9 +12,9 @@
 //! (each task forks a successor and exits) keeps every task young.
 //!
 //! Bounded, since the pods ranked are the ones holding the node's PIDs: at
-//! most [`STAT_READS_PER_POD`] start times are read per pod (past that its
+//! most `STAT_READS_PER_POD` start times are read per pod (past that its
 //! tasks are sampled evenly and the count scaled), and a pod whose subtree
-//! holds more than [`CGROUPS_PER_POD`] cgroups gets no rate at all (the
+//! holds more than `CGROUPS_PER_POD` cgroups gets no rate at all (the
 //! decision then ranks in kubelet's order) rather than one from the part
 //! walked, which the pod could keep quiet.
 use std::{
@@ -40,13 +40,13 @@ pub const FORK_RATE_WINDOW: Duration = Duration::from_secs(2);
 /// with 100,000 tasks must not make the decision that would stop it read
 /// 100,000 files first. Sampled evenly, 2,048 reads put a pod's share of
 /// young tasks within a few percent.
-pub const STAT_READS_PER_POD: usize = 2048;
+pub(crate) const STAT_READS_PER_POD: usize = 2048;
 
 /// Cgroups walked per pod; kubelet makes one per container.
-pub const CGROUPS_PER_POD: usize = 256;
+pub(crate) const CGROUPS_PER_POD: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
-pub enum ForkRateError {
+pub(crate) enum ForkRateError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error("reading {path}: {source}")]
@@ -66,12 +66,12 @@ pub enum ForkRateError {
 /// Reads fork rates against the clock `/proc/<tid>/stat` counts start
 /// times in: clock ticks since boot.
 #[derive(Debug, Clone, Copy)]
-pub struct ForkClock {
+pub(crate) struct ForkClock {
     ticks_per_second: u64,
 }
 
 impl ForkClock {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         // SAFETY: sysconf has no preconditions.
         let ticks = match unsafe { libc::sysconf(libc::_SC_CLK_TCK) } {
             ticks if ticks > 0 => ticks as u64,
@@ -85,7 +85,7 @@ impl ForkClock {
 
     /// Pod cgroup `path`'s forks a second over the last
     /// [`FORK_RATE_WINDOW`].
-    pub fn rate(&self, cgroupfs: &CgroupFs, path: &str) -> Result<ForkRate, ForkRateError> {
+    pub(crate) fn rate(&self, cgroupfs: &CgroupFs, path: &str) -> Result<ForkRate, ForkRateError> {
         let now = clock_gettime(ClockId::CLOCK_BOOTTIME).map_err(ForkRateError::Clock)?;
         let now_ticks = Duration::from(now).as_millis() as u64 * self.ticks_per_second / 1000;
         let window_ticks = FORK_RATE_WINDOW.as_millis() as u64 * self.ticks_per_second / 1000;

@@ -22,7 +22,7 @@ use std::{
 
 use tracing::{debug, info, warn};
 
-pub use crate::node::pod_metadata::MetadataFile;
+pub(crate) use crate::node::pod_metadata::MetadataFile;
 use crate::{
     decide::memory_high::MemoryHighThresholds,
     decide::snapshot::{PodSnapshot, PodUsage, QosClass, ResourceList, Resources, Snapshot},
@@ -113,7 +113,7 @@ impl InventoryError {
 /// What is known about pods beyond their cgroups (namespace, name,
 /// priority, requests...): --pod-metadata's file, or the Kubernetes API's
 /// pod store. Lookups must not block: the engine calls them mid-decision.
-pub trait PodMetadataSource: Send {
+pub(crate) trait PodMetadataSource: Send {
     /// The pod with this uid, if the source knows it.
     fn lookup(&mut self, uid: &str) -> Result<Option<PodSnapshot>, InventoryError>;
 
@@ -131,7 +131,7 @@ pub trait PodMetadataSource: Send {
 
 /// The bytes charged to every memory cgroup under one, read at once: the
 /// kernel's cgroup iterator (`kernel::bpf::CgroupCharges`).
-pub trait ChargesSource: Send {
+pub(crate) trait ChargesSource: Send {
     /// Bytes charged by cgroup id into `charges`, cleared first.
     fn read(&mut self, charges: &mut HashMap<u64, u64>) -> io::Result<()>;
 }
@@ -150,28 +150,28 @@ struct Listing {
 
 /// A pod found thrashing at its own memory limit.
 #[derive(Debug, Clone)]
-pub struct ThrashingPod {
+pub(crate) struct ThrashingPod {
     pub pod: Arc<PodSnapshot>,
     pub thrashing: Thrashing,
 }
 
 /// A pod whose containers' memory pressure calls for a KEP-5986 stage.
 #[derive(Debug, Clone)]
-pub struct ContainerPressurePod {
+pub(crate) struct ContainerPressurePod {
     pub pod: Arc<PodSnapshot>,
     pub finding: PodFinding,
 }
 
 /// What one reading of the pods' memory counters found.
 #[derive(Debug, Clone, Default)]
-pub struct MemoryFindings {
+pub(crate) struct MemoryFindings {
     pub thrashing: Vec<ThrashingPod>,
     pub container_pressure: Vec<ContainerPressurePod>,
 }
 
 /// A pod cgroup found on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodCgroup {
+pub(crate) struct PodCgroup {
     pub uid: String,
     pub qos: QosClass,
     /// Relative to the hierarchy root.
@@ -262,13 +262,13 @@ impl Inventory {
     }
 
     /// Has PID decisions read each pod's fork rate.
-    pub fn measure_fork_rates(&mut self) {
+    pub(crate) fn measure_fork_rates(&mut self) {
         self.fork_rates = Some(ForkClock::new());
     }
 
     /// Hands the metrics to the pod metadata source, and exports the pods'
     /// memory counters there.
-    pub fn set_metrics(&mut self, metrics: Arc<Metrics>) {
+    pub(crate) fn set_metrics(&mut self, metrics: Arc<Metrics>) {
         if let Some(source) = self.metadata.as_mut() {
             source.set_metrics(Arc::clone(&metrics));
         }
@@ -283,7 +283,7 @@ impl Inventory {
     /// thrashing at their own memory limit since their last reading, and
     /// those whose containers' pressure calls for a KEP-5986 stage; `None`
     /// when nothing was read.
-    pub fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
+    pub(crate) fn read_memory_stalls(&mut self) -> Option<MemoryFindings> {
         let now_ns = stalls::monotonic_now_ns();
         if !self.stalls.due(now_ns) {
             return None;
@@ -364,19 +364,19 @@ impl Inventory {
     }
 
     /// Judges thrashing by `limits` (`decide::thrashing`).
-    pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
+    pub(crate) fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
         self.stalls.set_thrashing_limits(limits);
     }
 
     /// Reads each pod's containers' KEP-5986 signals against `thresholds`
     /// (cgroup v2 only; nothing is read while every threshold is off).
-    pub fn set_memory_high_thresholds(&mut self, thresholds: MemoryHighThresholds) {
+    pub(crate) fn set_memory_high_thresholds(&mut self, thresholds: MemoryHighThresholds) {
         self.container_pressures.set_thresholds(thresholds);
     }
 
     /// KEP-5986's stage 1 for container cgroup `path`: its memory.high
     /// raised to its memory.max; returns the value written.
-    pub fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
+    pub(crate) fn relax_memory_high(&self, path: &str) -> Result<String, CgroupError> {
         self.signals.cgroupfs.relax_memory_high(path)
     }
 
@@ -404,59 +404,59 @@ impl Inventory {
 
     /// Replaces the pod metadata source (the Kubernetes API's pod store,
     /// once it is started).
-    pub fn set_metadata(&mut self, source: Box<dyn PodMetadataSource>) {
+    pub(crate) fn set_metadata(&mut self, source: Box<dyn PodMetadataSource>) {
         self.metadata = Some(source);
         // Pods built from the last source's answers are built again.
         self.listed = None;
     }
 
     /// Reads the pods' bytes charged for memory decisions from `source`.
-    pub fn set_charges_source(&mut self, source: Box<dyn ChargesSource>) {
+    pub(crate) fn set_charges_source(&mut self, source: Box<dyn ChargesSource>) {
         self.charges_source = Some(source);
     }
 
     /// Has the node's observation read the machine's working set as the
     /// kernel programs compare it on the memory hierarchy's root, for a
     /// node that is the root (see [`NodeObservation::node_band_value`]).
-    pub fn set_root_band(&mut self, compared: bool) {
+    pub(crate) fn set_root_band(&mut self, compared: bool) {
         self.signals.root_band = compared;
     }
 
     /// Takes disk usage and the runtime's filesystems from `link`.
-    pub fn set_runtime(&mut self, link: RuntimeLink) {
+    pub(crate) fn set_runtime(&mut self, link: RuntimeLink) {
         self.runtime = Some(link);
     }
 
     /// The container runtime's link, if there is one.
-    pub fn runtime(&self) -> Option<&RuntimeLink> {
+    pub(crate) fn runtime(&self) -> Option<&RuntimeLink> {
         self.runtime.as_ref()
     }
 
-    pub fn cgroupfs(&self) -> &CgroupFs {
+    pub(crate) fn cgroupfs(&self) -> &CgroupFs {
         &self.signals.cgroupfs
     }
 
     /// The node cgroup, relative to the hierarchy root.
-    pub fn node_cgroup(&self) -> &str {
+    pub(crate) fn node_cgroup(&self) -> &str {
         &self.signals.node
     }
 
     /// The pods' cgroup if it exists now, and the deepest level below the
     /// hierarchy root a pod's cgroup sits at (`<pods>/<QoS class>/<pod>`).
-    pub fn pods_cgroup_and_depth(&self) -> Option<(String, u32)> {
+    pub(crate) fn pods_cgroup_and_depth(&self) -> Option<(String, u32)> {
         let kubepods = self.kubepods_cgroup()?;
         let level = kubepods.split('/').filter(|part| !part.is_empty()).count() as u32;
         Some((kubepods, level + 2))
     }
 
     /// The pods' cgroup, if it exists now.
-    pub fn kubepods_cgroup(&self) -> Option<String> {
+    pub(crate) fn kubepods_cgroup(&self) -> Option<String> {
         self.signals.kubepods()
     }
 
     /// Every signal's input and the engine scopes' readings, read now. The
     /// imagefs and containerfs are where the runtime says, once it has.
-    pub fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
+    pub(crate) fn observe(&mut self) -> Result<NodeObservation, InventoryError> {
         if let Some(link) = &self.runtime {
             let version = link.filesystems_version();
             if version != self.runtime_filesystems
@@ -472,7 +472,7 @@ impl Inventory {
 
     /// Every pod, with usage read now. A pod removed while it is read is
     /// left out.
-    pub fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
+    pub(crate) fn pods(&mut self) -> Result<Vec<PodSnapshot>, InventoryError> {
         Ok(self
             .read_pods(Reads::Exact)?
             .into_iter()
@@ -494,7 +494,7 @@ impl Inventory {
     /// on no usage would take the lowest-priority pod, whatever it
     /// writes). Without a runtime pods have no disk usage, and rank by
     /// priority and requests.
-    pub fn pods_for(
+    pub(crate) fn pods_for(
         &mut self,
         resource: Resource,
     ) -> Result<Vec<Arc<PodSnapshot>>, InventoryError> {
@@ -567,7 +567,10 @@ impl Inventory {
     /// `pod` with its working set read exactly now; `None` once it is gone
     /// or no process runs in it (a killed pod's cgroup may linger, holding
     /// page cache). Its other usage is left as listed.
-    pub fn refine(&mut self, pod: &PodSnapshot) -> Result<Option<PodSnapshot>, InventoryError> {
+    pub(crate) fn refine(
+        &mut self,
+        pod: &PodSnapshot,
+    ) -> Result<Option<PodSnapshot>, InventoryError> {
         let Some(path) = pod.cgroup.as_deref() else {
             return Ok(Some(pod.clone()));
         };
@@ -589,7 +592,7 @@ impl Inventory {
     /// Node-level reclaim through the runtime before a disk decision for
     /// `signal` (`RuntimeLink::reclaim`). A pod whose cgroup kubelet still
     /// keeps is alive for kubelet's container GC, its sandbox up or not.
-    pub fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
+    pub(crate) fn reclaim(&mut self, signal: Signal, dry_run: bool) -> NodeReclaim {
         let Some(link) = self.runtime.clone() else {
             return NodeReclaim::Unavailable;
         };
@@ -612,7 +615,7 @@ impl Inventory {
     /// it is being read this is [`InventoryError::DiskUsagePending`], and
     /// while the runtime is down [`InventoryError::DiskUsageUnknown`].
     /// Without a runtime, none.
-    pub fn local_storage_violations(
+    pub(crate) fn local_storage_violations(
         &mut self,
         dedicated_imagefs: bool,
     ) -> Result<Vec<LocalStorageEviction>, InventoryError> {
@@ -654,7 +657,7 @@ impl Inventory {
 
     /// Cgroups may have been created or removed: the pods are listed again
     /// before the next decision.
-    pub fn cgroups_changed(&mut self) {
+    pub(crate) fn cgroups_changed(&mut self) {
         self.listed = None;
     }
 
@@ -664,7 +667,7 @@ impl Inventory {
     /// hierarchy (v1 makes one per controller), or a container's inside a
     /// listed pod. Containers come and go far more often than pods, and a
     /// listing would then be redone at the next decision.
-    pub fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str) {
+    pub(crate) fn cgroup_changed(&mut self, hierarchy_id: u32, path: &str) {
         if self.memory_hierarchy != Some(hierarchy_id) {
             return;
         }
@@ -980,7 +983,7 @@ pub(crate) fn raise_file_limit() {
 
 /// Open files the inventory leaves to the rest of the agent: a kill's
 /// pidfds above all (`act::kill` checks that its batches fit).
-pub const FILES_LEFT_TO_THE_REST: u64 = 1024;
+pub(crate) const FILES_LEFT_TO_THE_REST: u64 = 1024;
 
 /// How many files the inventory may keep open for pods: the open-file
 /// limit less [`FILES_LEFT_TO_THE_REST`]; none when the limit cannot be

@@ -43,7 +43,7 @@ use k8s_cri::v1::{
 use tonic::transport::{Channel, Endpoint, Uri};
 
 /// How long connecting to the runtime's socket may take.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long one CRI call may take. kubelet allows 2 minutes
 /// (`--runtime-request-timeout`) because it pulls images through the same
 /// connection; evictd only lists and removes, which a healthy runtime
@@ -87,7 +87,7 @@ impl RuntimeError {
 
     /// What failed, as the `call` label of evictd_container_runtime_errors_total
     /// counts it: the CRI method, or `Connect`.
-    pub fn call(&self) -> &'static str {
+    pub(crate) fn call(&self) -> &'static str {
         match self {
             Self::Endpoint { .. } | Self::Connect { .. } | Self::ConnectTimeout { .. } => "Connect",
             Self::Call { call, .. } | Self::Incomplete { call, .. } => call,
@@ -97,7 +97,7 @@ impl RuntimeError {
 
 /// The socket an endpoint names: `unix:///run/containerd/containerd.sock`
 /// (kubelet's form) or a bare absolute path.
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, RuntimeError> {
+pub(crate) fn socket_path(endpoint: &str) -> Result<PathBuf, RuntimeError> {
     let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
     if path.starts_with('/') && !path.contains('\0') {
         Ok(PathBuf::from(path))
@@ -125,7 +125,7 @@ impl RuntimeClient {
         Self::connect_with(endpoint, DEFAULT_CONNECT_TIMEOUT, DEFAULT_CALL_TIMEOUT).await
     }
 
-    pub async fn connect_with(
+    pub(crate) async fn connect_with(
         endpoint: &str,
         connect_timeout: Duration,
         call_timeout: Duration,
@@ -142,7 +142,7 @@ impl RuntimeClient {
     }
 
     /// The socket this client talks to.
-    pub fn socket(&self) -> &Path {
+    pub(crate) fn socket(&self) -> &Path {
         &self.socket
     }
 
@@ -158,7 +158,7 @@ impl RuntimeClient {
     }
 
     /// `(runtime name, runtime version)`, e.g. `("containerd", "1.6.20")`.
-    pub async fn version(&mut self) -> Result<(String, String), RuntimeError> {
+    pub(crate) async fn version(&mut self) -> Result<(String, String), RuntimeError> {
         let reply = self
             .runtime
             .version(VersionRequest {
@@ -170,7 +170,7 @@ impl RuntimeClient {
         Ok((reply.runtime_name, reply.runtime_version))
     }
 
-    pub async fn list_pod_sandboxes(&mut self) -> Result<Vec<PodSandbox>, RuntimeError> {
+    pub(crate) async fn list_pod_sandboxes(&mut self) -> Result<Vec<PodSandbox>, RuntimeError> {
         Ok(self
             .runtime
             .list_pod_sandbox(ListPodSandboxRequest { filter: None })
@@ -214,7 +214,7 @@ impl RuntimeClient {
             .ok_or_else(|| self.incomplete("ContainerStatus", "status"))
     }
 
-    pub async fn image_fs_info(&mut self) -> Result<ImageFsInfoResponse, RuntimeError> {
+    pub(crate) async fn image_fs_info(&mut self) -> Result<ImageFsInfoResponse, RuntimeError> {
         Ok(self
             .images
             .image_fs_info(ImageFsInfoRequest {})
@@ -236,7 +236,7 @@ impl RuntimeClient {
     /// Removes a container that is not running (a running one is refused
     /// by the runtime's own checks only for some runtimes: callers pass
     /// dead containers).
-    pub async fn remove_container(&mut self, id: &str) -> Result<(), RuntimeError> {
+    pub(crate) async fn remove_container(&mut self, id: &str) -> Result<(), RuntimeError> {
         self.runtime
             .remove_container(RemoveContainerRequest {
                 container_id: id.to_owned(),
@@ -247,7 +247,7 @@ impl RuntimeClient {
     }
 
     /// Removes an image by id, with every tag it has.
-    pub async fn remove_image(&mut self, id: &str) -> Result<(), RuntimeError> {
+    pub(crate) async fn remove_image(&mut self, id: &str) -> Result<(), RuntimeError> {
         self.images
             .remove_image(RemoveImageRequest {
                 image: Some(ImageSpec {
@@ -281,7 +281,10 @@ impl RuntimeClient {
     /// The image sandbox `id` runs, from its verbose status (the `image` of
     /// the `info` containerd and CRI-O put there); `None` when the runtime
     /// does not say.
-    pub async fn pod_sandbox_image(&mut self, id: &str) -> Result<Option<String>, RuntimeError> {
+    pub(crate) async fn pod_sandbox_image(
+        &mut self,
+        id: &str,
+    ) -> Result<Option<String>, RuntimeError> {
         let reply = self
             .runtime
             .pod_sandbox_status(PodSandboxStatusRequest {

@@ -36,7 +36,7 @@ use crate::{
 pub const STALLS_INTERVAL: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
-pub enum StallsError {
+pub(crate) enum StallsError {
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
     #[error("{path}: {problem}")]
@@ -45,7 +45,7 @@ pub enum StallsError {
 
 /// The counters in `texts`, read from pod cgroup directory `dir` at
 /// `read_at_ns`.
-pub fn parse(
+pub(crate) fn parse(
     texts: &StallTexts,
     version: CgroupVersion,
     read_at_ns: u64,
@@ -135,11 +135,11 @@ pub fn monotonic_now_ns() -> u64 {
 }
 
 /// A pod as its metrics name it: namespace and name.
-pub type PodLabels = [String; 2];
+pub(crate) type PodLabels = [String; 2];
 
 /// The last reading of every pod.
 #[derive(Debug, Default)]
-pub struct PodStalls {
+pub(crate) struct PodStalls {
     by_cgroup: HashMap<String, MemoryStalls>,
     last_read_ns: Option<u64>,
     thrashing_limits: ThrashingLimits,
@@ -147,17 +147,17 @@ pub struct PodStalls {
 
 impl PodStalls {
     /// Judges thrashing by `limits` from the next reading on.
-    pub fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
+    pub(crate) fn set_thrashing_limits(&mut self, limits: ThrashingLimits) {
         self.thrashing_limits = limits;
     }
 
     /// Pod cgroup `path`'s last reading.
-    pub fn get(&self, path: &str) -> Option<MemoryStalls> {
+    pub(crate) fn get(&self, path: &str) -> Option<MemoryStalls> {
         self.by_cgroup.get(path).copied()
     }
 
     /// Whether a reading is due at `now_ns`.
-    pub fn due(&self, now_ns: u64) -> bool {
+    pub(crate) fn due(&self, now_ns: u64) -> bool {
         self.last_read_ns
             .is_none_or(|last| now_ns.saturating_sub(last) >= STALLS_INTERVAL.as_nanos() as u64)
     }
@@ -166,7 +166,7 @@ impl PodStalls {
     /// the pods' counters, exported as every pod's series: a pod not among
     /// them has none, so pods that come and go leave none behind. Returns the pods
     /// thrashing at their limit since their last reading, by cgroup.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         readings: Vec<(String, PodLabels, MemoryStalls)>,
         now_ns: u64,

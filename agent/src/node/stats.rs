@@ -75,7 +75,7 @@ pub struct NodeObservation {
     /// which has none worth comparing (it leaves out tasks in the root and
     /// holds kernel memory kubelet does not count), the machine's working
     /// set as the programs add it up from the kernel's per-NUMA-node
-    /// counters ([`machine_working_set`]). `None` on a root where they do
+    /// counters (`machine_working_set`). `None` on a root where they do
     /// not ([`NodeSignals::root_band`]).
     pub node_band_value: Option<u64>,
     /// The pods' cgroup and its memory, where it exists.
@@ -141,7 +141,7 @@ impl NodeSignals {
 
     /// The pods' cgroup under the node, by the cgroupfs or the systemd
     /// driver's name, if kubelet (or a test) created it.
-    pub fn kubepods(&self) -> Option<String> {
+    pub(crate) fn kubepods(&self) -> Option<String> {
         KUBEPODS_NAMES
             .into_iter()
             .map(|name| child_path(&self.node, name))
@@ -228,7 +228,7 @@ impl NodeSignals {
 const KUBEPODS_NAMES: [&str; 2] = ["kubepods", "kubepods.slice"];
 
 /// `parent/name` as a cgroup path relative to the hierarchy root.
-pub fn child_path(parent: &str, name: &str) -> String {
+pub(crate) fn child_path(parent: &str, name: &str) -> String {
     format!("{}/{name}", parent.trim_end_matches('/'))
 }
 
@@ -339,7 +339,7 @@ fn read(files: Option<&KeptOpen>, path: &Path) -> Result<String, SignalsError> {
 /// per-NUMA-node counters that /proc/vmstat adds up): the same pages the
 /// root's memory.stat counts (where kubelet reads it), without waiting for
 /// the memory cgroups' statistics to be flushed.
-pub fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
+pub(crate) fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
     let path = Path::new("/proc/vmstat");
     let text = read(Some(files), path)?;
     let pages = |key: &str| {
@@ -362,7 +362,7 @@ pub fn machine_working_set(files: &KeptOpen) -> Result<u64, SignalsError> {
 }
 
 /// The machine's page size, which memory.stat's page counts are in.
-pub fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
         size if size > 0 => size as u64,
@@ -393,7 +393,7 @@ fn mem_total(files: &KeptOpen) -> Result<u64, SignalsError> {
 /// available bytes are what unprivileged users may still write. With its
 /// device, which tells a dedicated imagefs. `None` when `path` does not
 /// exist.
-pub fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
+pub(crate) fn statvfs(path: &Path) -> Result<Option<FsStats>, SignalsError> {
     match nix::sys::statvfs::statvfs(path) {
         Ok(stats) => {
             let fragment = stats.fragment_size();

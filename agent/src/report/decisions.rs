@@ -108,7 +108,7 @@ pub struct DecisionFacts {
 
 impl DecisionFacts {
     /// The decision on `starvation`, woken by `trigger`.
-    pub fn of(
+    pub(crate) fn of(
         starvation: &Starvation,
         trigger: &str,
         outcome: Outcome,
@@ -168,7 +168,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Evicted => "evicted",
             Outcome::DryRun => "dry run: nothing killed",
@@ -207,7 +207,7 @@ pub struct StepTimes {
 
 /// What the deciding thread hands over: what it holds already, shared or
 /// copied small; the writer formats the rest.
-pub struct PendingRecord {
+pub(crate) struct PendingRecord {
     pub time: f64,
     pub node: NodeStats,
     pub pods: Vec<Arc<PodSnapshot>>,
@@ -267,14 +267,14 @@ impl PendingRecord {
 }
 
 /// The deciding thread's end of the record.
-pub struct DecisionRecords {
+pub(crate) struct DecisionRecords {
     sender: SyncSender<PendingRecord>,
 }
 
 impl DecisionRecords {
     /// Starts the thread that writes records into `dir`, keeping the last
     /// `keep` (at least 1).
-    pub fn start(dir: StateDir, keep: usize) -> Result<Self, DecisionsError> {
+    pub(crate) fn start(dir: StateDir, keep: usize) -> Result<Self, DecisionsError> {
         let (sender, receiver) = mpsc::sync_channel(QUEUE);
         thread::Builder::new()
             .name("evictd-records".into())
@@ -285,7 +285,7 @@ impl DecisionRecords {
 
     /// Hands `record` to the writer; drops it with a warning when the
     /// writer is behind.
-    pub fn record(&self, record: PendingRecord) {
+    pub(crate) fn record(&self, record: PendingRecord) {
         match self.sender.try_send(record) {
             Ok(()) => {}
             Err(TrySendError::Full(record)) => warn!(

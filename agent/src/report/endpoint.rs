@@ -75,7 +75,7 @@ impl std::fmt::Display for Routes {
 
 /// How much the endpoint holds for its clients.
 #[derive(Debug, Clone, Copy)]
-pub struct EndpointLimits {
+pub(crate) struct EndpointLimits {
     /// Connections open at once. A Prometheus or two and kubelet's probes
     /// need a handful.
     pub max_connections: usize,
@@ -102,7 +102,7 @@ impl EndpointLimits {
     /// seconds, one request at a time per probe, and gives up after its
     /// `timeoutSeconds` (1 s by default), so a handful of slots and short
     /// deadlines.
-    pub fn probes() -> Self {
+    pub(crate) fn probes() -> Self {
         Self {
             max_connections: 8,
             header_timeout: Duration::from_secs(2),
@@ -118,7 +118,7 @@ const MAX_HEADER_BYTES: usize = 4096;
 const MAX_HEADERS: usize = 32;
 
 /// A running endpoint; dropping it stops it.
-pub struct Endpoint {
+pub(crate) struct Endpoint {
     address: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
@@ -128,7 +128,7 @@ impl Endpoint {
     /// Binds `address` (port 0: any free port) and serves `routes` on a
     /// thread of its own until stopped. `/readyz` answers 200 once `ready`
     /// is set (protection armed), 503 before.
-    pub fn start(
+    pub(crate) fn start(
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
         address: SocketAddr,
@@ -185,7 +185,7 @@ impl Endpoint {
         })
     }
 
-    pub fn address(&self) -> SocketAddr {
+    pub(crate) fn address(&self) -> SocketAddr {
         self.address
     }
 }

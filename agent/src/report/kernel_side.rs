@@ -42,7 +42,7 @@ pub fn decode_error(metrics: &Metrics, error: &DecodeError) {
 
 /// The programs' counters as last exported, to export what changed.
 #[derive(Debug, Default)]
-pub struct CounterExport {
+pub(crate) struct CounterExport {
     last: KernelCounters,
 }
 
@@ -50,7 +50,7 @@ impl CounterExport {
     /// Records dropped by a full ring buffer since the last look (the agent
     /// was busy, or stopped), logged and counted: one map read, cheap
     /// enough after every batch of records.
-    pub fn new_drops(&mut self, probes: &Probes, metrics: &Metrics) -> u64 {
+    pub(crate) fn new_drops(&mut self, probes: &Probes, metrics: &Metrics) -> u64 {
         let total = match probes.ringbuf_drops() {
             Ok(total) => total,
             Err(e) => {
@@ -66,7 +66,7 @@ impl CounterExport {
 
     /// Brings every counter and the programs' run statistics into the
     /// metrics. Returns the records dropped since the last look.
-    pub fn refresh(&mut self, probes: &Probes, metrics: &Metrics) -> u64 {
+    pub(crate) fn refresh(&mut self, probes: &Probes, metrics: &Metrics) -> u64 {
         let counters = match probes.counters() {
             Ok(counters) => counters,
             Err(e) => {

@@ -1,7 +1,7 @@
 //! The Kubernetes API side, on its own thread and runtime so that nothing
 //! the API does (a slow list, a large watch event, a server that is down)
 //! can delay the engine: the engine reads the in-memory [`PodStore`] and
-//! hands finished kills to a queue ([`Kubernetes::report`]); only a soft
+//! hands finished kills to a queue (`Kubernetes::report`); only a soft
 //! eviction with `--eviction-action evict` waits for the API, bounded by
 //! `--api-timeout`, and falls back to the local kill when it cannot get an
 //! answer.
@@ -51,10 +51,10 @@ pub enum EvictionAction {
 
 impl EvictionAction {
     /// Every action, in `--eviction-action`'s order.
-    pub const ALL: [Self; 3] = [Self::Status, Self::Delete, Self::Evict];
+    pub(crate) const ALL: [Self; 3] = [Self::Status, Self::Delete, Self::Evict];
 
     /// The action as `--eviction-action` (and the journal) spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Status => "status",
             Self::Delete => "delete",
@@ -63,7 +63,7 @@ impl EvictionAction {
     }
 
     /// The action `name` spells ([`Self::as_str`]), if any.
-    pub fn from_name(name: &str) -> Option<Self> {
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|action| action.as_str() == name)
     }
 }
@@ -71,7 +71,7 @@ impl EvictionAction {
 /// How the API is reached and evictions made final (built from the command
 /// line's `config::KubernetesArgs`).
 #[derive(Debug, Clone)]
-pub struct KubernetesOptions {
+pub(crate) struct KubernetesOptions {
     /// `--kubeconfig`; without it the pod's service account, else
     /// $KUBECONFIG or ~/.kube/config.
     pub kubeconfig: Option<PathBuf>,
@@ -119,7 +119,7 @@ impl KubeError {
 
 /// The running API side: the pod store, the report queue and the
 /// eviction-API requests of soft evictions.
-pub struct Kubernetes {
+pub(crate) struct Kubernetes {
     store: PodStore,
     action: EvictionAction,
     reports: mpsc::Sender<EvictionNotice>,
@@ -136,7 +136,7 @@ impl Kubernetes {
     /// thread of their own; the reporter first replays the reports a
     /// previous agent left in `state_dir`'s journal. Never waits for the
     /// API server itself.
-    pub fn start(
+    pub(crate) fn start(
         args: &KubernetesOptions,
         node_name: &str,
         state_dir: &Path,
@@ -233,16 +233,16 @@ impl Kubernetes {
     }
 
     /// The pod store, the inventory's metadata source.
-    pub fn store(&self) -> &PodStore {
+    pub(crate) fn store(&self) -> &PodStore {
         &self.store
     }
 
-    pub fn action(&self) -> EvictionAction {
+    pub(crate) fn action(&self) -> EvictionAction {
         self.action
     }
 
     /// Queues the report of a finished eviction; never waits.
-    pub fn report(&self, notice: EvictionNotice) {
+    pub(crate) fn report(&self, notice: EvictionNotice) {
         if let Err(e) = self.reports.try_send(notice) {
             let notice = match e {
                 mpsc::error::TrySendError::Full(notice)
@@ -259,7 +259,7 @@ impl Kubernetes {
 
     /// Queues a warning event on a pod; never waits. Best effort: one
     /// attempt, no journal (what it says is in the agent's log too).
-    pub fn warn_pod(&self, warning: PodWarning) {
+    pub(crate) fn warn_pod(&self, warning: PodWarning) {
         if let Err(e) = self.warnings.try_send(warning) {
             let warning = match e {
                 mpsc::error::TrySendError::Full(warning)
@@ -273,7 +273,7 @@ impl Kubernetes {
     /// Asks the API server to evict the pod (policy/v1 Eviction, which
     /// honours PodDisruptionBudgets) with `grace` as its grace period (the
     /// soft eviction's, as kubelet gives it), waiting at most --api-timeout.
-    pub async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
+    pub(crate) async fn evict(&self, notice: EvictionNotice, grace: Duration) -> EvictOutcome {
         let (reply, outcome) = oneshot::channel();
         let request = api_writes::EvictRequest {
             notice,
@@ -294,7 +294,7 @@ impl Kubernetes {
     /// Stops the watch and the reporter, waiting up to `within` for the
     /// request in flight; reports not yet final stay in the journal for the
     /// next agent.
-    pub fn shutdown(self, within: Duration) {
+    pub(crate) fn shutdown(self, within: Duration) {
         let Self {
             reports,
             evictions,
@@ -343,7 +343,11 @@ impl EvictionNotice {
     /// from `usages` (by container name: for memory the working set read
     /// just before the kill, for ephemeral storage what the decision's
     /// disk reading found).
-    pub fn new(pod: &KnownPod, signal: StarvedSignal, usages: &[(String, Option<u64>)]) -> Self {
+    pub(crate) fn new(
+        pod: &KnownPod,
+        signal: StarvedSignal,
+        usages: &[(String, Option<u64>)],
+    ) -> Self {
         let containers: Vec<ContainerUsage> = match signal.resource {
             Resource::Memory | Resource::EphemeralStorage => pod
                 .snapshot
@@ -376,7 +380,7 @@ impl EvictionNotice {
     /// limit (kubelet's `message`, no annotations: kubelet adds none to
     /// these), or thrashing at its memory limit. Only the pod's event is
     /// posted, as kubelet's `localStorageEviction` posts.
-    pub fn own_limit(pod: &KnownPod, resource: Resource, message: String) -> Self {
+    pub(crate) fn own_limit(pod: &KnownPod, resource: Resource, message: String) -> Self {
         Self {
             namespace: pod.snapshot.namespace.clone(),
             name: pod.snapshot.name.clone(),
@@ -399,7 +403,7 @@ impl EvictionNotice {
     /// pod's `Evicted` event ([`KILL_REASON_KEY`]): kubelet's message and
     /// annotations stay word for word, and the journal keeps the reason
     /// with them.
-    pub fn with_kill_reason(mut self, reason: KillReason) -> Self {
+    pub(crate) fn with_kill_reason(mut self, reason: KillReason) -> Self {
         self.message
             .annotations
             .insert(KILL_REASON_KEY.to_owned(), reason.as_str().to_owned());
@@ -409,7 +413,7 @@ impl EvictionNotice {
 
 /// How one failed request is handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Failure {
+pub(crate) struct Failure {
     /// HTTP status; 0 when no answer came.
     pub code: u16,
     pub forbidden: bool,
@@ -418,13 +422,13 @@ pub struct Failure {
 impl Failure {
     /// Worth another try: no answer, throttled, or the server's own fault.
     /// A 403 is not: RBAC does not change by retrying.
-    pub fn retryable(self) -> bool {
+    pub(crate) fn retryable(self) -> bool {
         self.code == 0 || self.code == 429 || self.code >= 500
     }
 
     /// The pod is gone or replaced (404, or 409 on the uid precondition):
     /// there is nothing left to report on.
-    pub fn pod_gone(self) -> bool {
+    pub(crate) fn pod_gone(self) -> bool {
         self.code == 404 || self.code == 409
     }
 }
@@ -432,7 +436,7 @@ impl Failure {
 /// Counts failed API requests and logs a refused permission once per verb
 /// and resource, so a missing RBAC rule is one clear line, not a stream.
 #[derive(Clone)]
-pub struct ApiErrors {
+pub(crate) struct ApiErrors {
     metrics: Arc<Metrics>,
     forbidden_logged: Arc<Mutex<HashSet<(&'static str, &'static str)>>>,
 }
@@ -445,7 +449,7 @@ impl ApiErrors {
         }
     }
 
-    pub fn failed(
+    pub(crate) fn failed(
         &self,
         verb: &'static str,
         resource: &'static str,
@@ -457,7 +461,7 @@ impl ApiErrors {
         }
     }
 
-    pub fn status(
+    pub(crate) fn status(
         &self,
         verb: &'static str,
         resource: &'static str,
@@ -485,7 +489,13 @@ impl ApiErrors {
 
     /// Counts a failed request in `evictd_kube_api_errors_total`, logging
     /// nothing: for a caller that says what the failure means itself.
-    pub fn count(&self, verb: &'static str, resource: &'static str, code: u16, reason: &str) {
+    pub(crate) fn count(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+        code: u16,
+        reason: &str,
+    ) {
         let reason = match (reason, code) {
             ("", 0) => "Unreachable",
             ("", _) => "Unknown",

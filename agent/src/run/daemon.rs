@@ -1,7 +1,7 @@
 //! `evictd run`: starts the agent step by step (metrics, the Kubernetes
 //! API, the kernel's capabilities and programs, the scopes, the metrics
 //! endpoint), then serves: every wake-up (a kernel record, a notification,
-//! the timer, a close watch) is one pass of the [`Evictor`], until told to
+//! the timer, a close watch) is one pass of the `Evictor`, until told to
 //! stop.
 use std::{
     future::Future,
@@ -590,7 +590,7 @@ fn pid_zone_options(
 }
 
 /// What wakes the engine besides a close watch.
-pub struct Sources<'a, K> {
+pub(crate) struct Sources<'a, K> {
     /// Kernel records (event mode).
     pub kernel: Option<&'a mut K>,
     /// The push mechanism of --mode psi or memcg-threshold.
@@ -609,7 +609,7 @@ pub struct Sources<'a, K> {
 /// wakes it directly. Each wake-up is one [`Evictor::evaluate`], whose
 /// [`Action`] sets the next close watch; the evictions it starts run here,
 /// beside the loop.
-pub async fn serve<I: Io>(
+pub(crate) async fn serve<I: Io>(
     evictor: &mut Evictor<I>,
     sources: Sources<'_, I::Kernel>,
     ready: &AtomicBool,

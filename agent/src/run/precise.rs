@@ -29,7 +29,7 @@ use crate::{
     scopes::zone::{self, ArmReason, ZoneEdge, ZonePlan},
 };
 
-pub struct PreciseHooks {
+pub(crate) struct PreciseHooks {
     cgroupfs: CgroupFs,
     metrics: Arc<Metrics>,
     /// cgroup v1 eventfd thresholds at the zone's edge, by scope path.
@@ -65,7 +65,7 @@ struct EdgeWatch {
 impl PreciseHooks {
     /// The hooks are attached when this is made (as [`crate::kernel::triggers::arm`]
     /// leaves them).
-    pub fn new(
+    pub(crate) fn new(
         cgroupfs: CgroupFs,
         metrics: Arc<Metrics>,
         resync_interval: Duration,
@@ -109,7 +109,11 @@ impl PreciseHooks {
     /// faster rate, which it does while climbing into the zone. Elsewhere
     /// the edges are only dropped for scopes gone; one left at a level
     /// since moved wakes the engine at worst once too often.
-    pub fn apply<K: KernelRecords>(&mut self, kernel: Option<&mut K>, plan: &ZonePlan) -> bool {
+    pub(crate) fn apply<K: KernelRecords>(
+        &mut self,
+        kernel: Option<&mut K>,
+        plan: &ZonePlan,
+    ) -> bool {
         if !self.managed {
             return false;
         }
@@ -255,7 +259,7 @@ impl PreciseHooks {
     ///
     /// Also wakes once a registration the last plan asked for is written,
     /// so that the engine applies its plan again.
-    pub async fn wait(&mut self) -> Result<u64, NotifyError> {
+    pub(crate) async fn wait(&mut self) -> Result<u64, NotifyError> {
         loop {
             let armed = self
                 .eventfds
@@ -349,7 +353,11 @@ impl PreciseHooks {
     }
 
     /// After [`PreciseHooks::wait`] failed: attaches the hooks for good.
-    pub fn give_up<K: KernelRecords>(&mut self, kernel: Option<&mut K>, error: &NotifyError) {
+    pub(crate) fn give_up<K: KernelRecords>(
+        &mut self,
+        kernel: Option<&mut K>,
+        error: &NotifyError,
+    ) {
         self.fail(error);
         self.set(kernel, true, "the far trigger failed");
     }

@@ -26,7 +26,7 @@ impl Levels {
         }
     }
 
-    pub fn thresholds(&self) -> &[u64] {
+    pub(crate) fn thresholds(&self) -> &[u64] {
         &self.thresholds
     }
 
@@ -40,7 +40,7 @@ impl Levels {
     /// falling back below it needs `value < t[i] - hysteresis`. Between the
     /// two the level does not move, so a value hovering at a line is one
     /// crossing, not a stream.
-    pub fn next_level(&self, current: usize, value: u64) -> usize {
+    pub(crate) fn next_level(&self, current: usize, value: u64) -> usize {
         let current = current.min(self.thresholds.len());
         let reached = self.thresholds.iter().filter(|t| value >= **t).count();
         let held = self
@@ -59,7 +59,7 @@ impl Levels {
 
     /// The threshold a move from `old` to `new` crossed: the highest one
     /// reached when rising, the lowest one left when falling.
-    pub fn crossed(&self, old: usize, new: usize) -> u64 {
+    pub(crate) fn crossed(&self, old: usize, new: usize) -> u64 {
         let index = if new > old { new - 1 } else { new };
         self.thresholds.get(index).copied().unwrap_or(0)
     }

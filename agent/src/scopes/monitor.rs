@@ -29,7 +29,7 @@ use crate::{
 
 /// Where the kernel holds each scope's band: the BPF scope maps, or a fake
 /// in tests.
-pub trait BandTable {
+pub(crate) trait BandTable {
     /// The band as the kernel holds it now.
     fn band(&self, key: ScopeKey) -> Result<Option<Band>, BpfError>;
     fn set_band(&mut self, key: ScopeKey, band: Band) -> Result<(), BpfError>;
@@ -52,14 +52,14 @@ impl BandTable for ScopeMaps {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub struct MonitorOptions {
+pub(crate) struct MonitorOptions {
     pub memory_hysteresis: u64,
     pub pids_hysteresis: u64,
 }
 
 /// What the kernel pushes, which decides what the monitor reads itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct KernelCoverage {
+pub(crate) struct KernelCoverage {
     pub memory: bool,
     pub pids: bool,
     /// cgroup mkdir/rmdir records, which install the cgroups a pattern
@@ -104,7 +104,7 @@ impl Origin {
     }
 }
 
-pub struct Monitor<B> {
+pub(crate) struct Monitor<B> {
     cgroupfs: CgroupFs,
     specs: Vec<WatchSpec>,
     bands: Option<B>,
@@ -121,7 +121,7 @@ pub struct Monitor<B> {
 impl<B: BandTable> Monitor<B> {
     /// `bands` is `None` when no kernel program watches any scope; then
     /// `coverage` must be all false.
-    pub fn new(
+    pub(crate) fn new(
         cgroupfs: CgroupFs,
         specs: Vec<WatchSpec>,
         bands: Option<B>,
@@ -143,19 +143,19 @@ impl<B: BandTable> Monitor<B> {
     }
 
     /// Whether kernel records tell of every cgroup created or removed.
-    pub fn sees_cgroup_lifecycle(&self) -> bool {
+    pub(crate) fn sees_cgroup_lifecycle(&self) -> bool {
         self.bands.is_some() && self.coverage.cgroup_lifecycle
     }
 
     /// Whether the kernel pushes crossings of `kind`.
-    pub fn kernel_watches(&self, kind: ScopeKind) -> bool {
+    pub(crate) fn kernel_watches(&self, kind: ScopeKind) -> bool {
         self.bands.is_some() && self.coverage.watches(kind)
     }
 
     /// Installs every scope the specs name that exists now. Scopes created
     /// later are installed when the kernel reports their mkdir, or, without
     /// the lifecycle programs, found by [`Monitor::resync`].
-    pub fn install_all(&mut self) {
+    pub(crate) fn install_all(&mut self) {
         for spec in self.specs.clone() {
             match &spec.target {
                 Target::NodeTasks => self.install_flag(&spec, None),
@@ -176,7 +176,7 @@ impl<B: BandTable> Monitor<B> {
     /// Handles a kernel crossing record. Returns whether it was a crossing
     /// of an engine scope, which must wake the engine (whose observation
     /// settles it); a flag scope is re-read and settled here.
-    pub fn on_crossing(&mut self, crossing: &Crossing, latency: Duration) -> bool {
+    pub(crate) fn on_crossing(&mut self, crossing: &Crossing, latency: Duration) -> bool {
         let key = ScopeKey {
             kind: crossing.kind,
             id: crossing.raw.scope_id,
@@ -217,7 +217,7 @@ impl<B: BandTable> Monitor<B> {
     /// took, installing, moving or removing each as `scopes` says (a scope
     /// with no threshold, or no longer named, is removed). Returns whether
     /// an engine scope is past one of its thresholds.
-    pub fn apply_engine(&mut self, scopes: &[EngineScope]) -> bool {
+    pub(crate) fn apply_engine(&mut self, scopes: &[EngineScope]) -> bool {
         for stale in self.registry.keys_of(Owner::Engine) {
             let named = self.registry.get(stale).is_some_and(|scope| {
                 scopes.iter().any(|wanted| {
@@ -266,7 +266,7 @@ impl<B: BandTable> Monitor<B> {
     }
 
     /// A cgroup was created: installs it for every pattern it matches.
-    pub fn on_mkdir(&mut self, change: &CgroupChange) {
+    pub(crate) fn on_mkdir(&mut self, change: &CgroupChange) {
         let (path, cut) = change.path();
         debug!(
             path,
@@ -296,7 +296,7 @@ impl<B: BandTable> Monitor<B> {
     }
 
     /// A cgroup was removed: so is its scope.
-    pub fn on_rmdir(&mut self, change: &CgroupChange) {
+    pub(crate) fn on_rmdir(&mut self, change: &CgroupChange) {
         let id = change.0.cgroup_id;
         debug!(path = change.path().0, cgroup_id = id, "cgroup removed");
         for kind in [ScopeKind::Memory, ScopeKind::Pids] {
@@ -310,7 +310,7 @@ impl<B: BandTable> Monitor<B> {
     /// disagree with it (the engine's own observation settles its scopes).
     /// `lost_records`: the kernel dropped records, maybe the mkdir of a
     /// cgroup a pattern names, so the patterns are expanded again too.
-    pub fn resync(&mut self, lost_records: bool) {
+    pub(crate) fn resync(&mut self, lost_records: bool) {
         if !self.sees_cgroup_lifecycle() || lost_records {
             self.install_new();
         }
@@ -335,7 +335,7 @@ impl<B: BandTable> Monitor<B> {
 
     /// The label of the memory scope `id`, if watched (to name the scope of
     /// a kernel OOM victim).
-    pub fn memory_scope_label(&self, id: u64) -> Option<&str> {
+    pub(crate) fn memory_scope_label(&self, id: u64) -> Option<&str> {
         self.registry
             .get(ScopeKey {
                 kind: ScopeKind::Memory,
@@ -346,24 +346,24 @@ impl<B: BandTable> Monitor<B> {
 
     /// Whether a kernel band watches a scope of `kind` now: without one, the
     /// programs of `kind` have nothing to compare.
-    pub fn kernel_watches_a_scope(&self, kind: ScopeKind) -> bool {
+    pub(crate) fn kernel_watches_a_scope(&self, kind: ScopeKind) -> bool {
         self.bands.is_some() && self.registry.kernel_watches_any(kind)
     }
 
     /// Whether a kernel band watches a `--watch-*` scope of `kind` now,
     /// which reports its crossings at any distance.
-    pub fn kernel_watches_a_flag_scope(&self, kind: ScopeKind) -> bool {
+    pub(crate) fn kernel_watches_a_flag_scope(&self, kind: ScopeKind) -> bool {
         self.bands.is_some() && self.registry.kernel_watches_any_of(kind, Owner::Flag)
     }
 
     /// The band table, for tests to read what the kernel holds.
     #[cfg(test)]
-    pub fn bands(&self) -> Option<&B> {
+    pub(crate) fn bands(&self) -> Option<&B> {
         self.bands.as_ref()
     }
 
     /// Gives the band table back (dropping the scope maps frees them).
-    pub fn into_bands(self) -> Option<B> {
+    pub(crate) fn into_bands(self) -> Option<B> {
         self.bands
     }
 

@@ -10,14 +10,14 @@ use crate::{kernel::bpf::ScopeKind, scopes::levels::Levels};
 /// A scope as the kernel names it: the cgroup id in its scope map, or
 /// [`evictd_common::NODE_PIDS_SCOPE_ID`] for every task on the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ScopeKey {
+pub(crate) struct ScopeKey {
     pub kind: ScopeKind,
     pub id: u64,
 }
 
 /// Who asked for a scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
+pub(crate) enum Owner {
     /// A `--watch-*` flag: crossings are reported, nothing more.
     Flag,
     /// The eviction engine: the lines at which one of its thresholds could
@@ -27,7 +27,7 @@ pub enum Owner {
 
 /// A fresh reading of a scope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Reading {
+pub(crate) struct Reading {
     /// Bytes charged, or tasks: what the thresholds compare.
     pub value: u64,
     /// kubelet's working set, for memory scopes.
@@ -35,7 +35,7 @@ pub struct Reading {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Scope {
+pub(crate) struct Scope {
     /// Cgroup path relative to the hierarchy root; `None` for node tasks.
     pub path: Option<String>,
     pub levels: Levels,
@@ -48,14 +48,14 @@ pub struct Scope {
 
 impl Scope {
     /// The `scope` label of logs and metrics.
-    pub fn label(&self) -> &str {
+    pub(crate) fn label(&self) -> &str {
         self.path.as_deref().unwrap_or("node")
     }
 }
 
 /// A move of a scope from one level to another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LevelChange {
+pub(crate) struct LevelChange {
     pub from: usize,
     pub to: usize,
     /// The threshold crossed: the highest reached when rising, the lowest
@@ -64,7 +64,7 @@ pub struct LevelChange {
 }
 
 impl LevelChange {
-    pub fn direction(&self) -> &'static str {
+    pub(crate) fn direction(&self) -> &'static str {
         if self.to > self.from {
             "above"
         } else {
@@ -75,7 +75,7 @@ impl LevelChange {
 
 /// What one reading changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settled {
+pub(crate) struct Settled {
     pub change: Option<LevelChange>,
     /// The band the kernel should hold now; `None` for a polled scope.
     pub band: Option<Band>,
@@ -83,7 +83,7 @@ pub struct Settled {
 
 /// Every watched scope, by key.
 #[derive(Debug, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     scopes: BTreeMap<ScopeKey, Scope>,
 }
 
@@ -91,7 +91,7 @@ impl Registry {
     /// Starts watching `key` at the level `reading` puts it at (a crossing
     /// from level 0 if that is above 0). Replaces a scope of the same key;
     /// returns the replaced one's owner if it differs.
-    pub fn install(
+    pub(crate) fn install(
         &mut self,
         key: ScopeKey,
         path: Option<String>,
@@ -120,7 +120,7 @@ impl Registry {
 
     /// Moves `key` to the level `reading` puts it at. `None` for a scope
     /// not watched.
-    pub fn settle(&mut self, key: ScopeKey, reading: Reading) -> Option<Settled> {
+    pub(crate) fn settle(&mut self, key: ScopeKey, reading: Reading) -> Option<Settled> {
         let scope = self.scopes.get_mut(&key)?;
         let next = scope.levels.next_level(scope.level, reading.value);
         let change = (next != scope.level).then(|| LevelChange {
@@ -136,7 +136,7 @@ impl Registry {
     }
 
     /// New thresholds for `key`, then [`Registry::settle`].
-    pub fn set_levels(
+    pub(crate) fn set_levels(
         &mut self,
         key: ScopeKey,
         levels: Levels,
@@ -148,22 +148,27 @@ impl Registry {
 
     /// From now on `key` is polled rather than watched by a kernel band
     /// (the band could not be armed: a full scope map, say).
-    pub fn poll_instead(&mut self, key: ScopeKey) {
+    pub(crate) fn poll_instead(&mut self, key: ScopeKey) {
         if let Some(scope) = self.scopes.get_mut(&key) {
             scope.kernel = false;
         }
     }
 
-    pub fn remove(&mut self, key: ScopeKey) -> Option<Scope> {
+    pub(crate) fn remove(&mut self, key: ScopeKey) -> Option<Scope> {
         self.scopes.remove(&key)
     }
 
-    pub fn get(&self, key: ScopeKey) -> Option<&Scope> {
+    pub(crate) fn get(&self, key: ScopeKey) -> Option<&Scope> {
         self.scopes.get(&key)
     }
 
     /// The scope of `kind` at `path` that `owner` installed.
-    pub fn find(&self, kind: ScopeKind, path: Option<&str>, owner: Owner) -> Option<ScopeKey> {
+    pub(crate) fn find(
+        &self,
+        kind: ScopeKind,
+        path: Option<&str>,
+        owner: Owner,
+    ) -> Option<ScopeKey> {
         self.scopes
             .iter()
             .find(|(key, scope)| {
@@ -173,28 +178,28 @@ impl Registry {
     }
 
     /// Whether any scope of `kind` watches `path`.
-    pub fn watches(&self, kind: ScopeKind, path: &str) -> bool {
+    pub(crate) fn watches(&self, kind: ScopeKind, path: &str) -> bool {
         self.scopes
             .iter()
             .any(|(key, scope)| key.kind == kind && scope.path.as_deref() == Some(path))
     }
 
     /// Whether the kernel watches any scope of `kind`.
-    pub fn kernel_watches_any(&self, kind: ScopeKind) -> bool {
+    pub(crate) fn kernel_watches_any(&self, kind: ScopeKind) -> bool {
         self.scopes
             .iter()
             .any(|(key, scope)| key.kind == kind && scope.kernel)
     }
 
     /// Whether the kernel watches any scope of `kind` that `owner` installed.
-    pub fn kernel_watches_any_of(&self, kind: ScopeKind, owner: Owner) -> bool {
+    pub(crate) fn kernel_watches_any_of(&self, kind: ScopeKind, owner: Owner) -> bool {
         self.scopes
             .iter()
             .any(|(key, scope)| key.kind == kind && scope.kernel && scope.owner == owner)
     }
 
     /// Keys of the scopes `owner` installed.
-    pub fn keys_of(&self, owner: Owner) -> Vec<ScopeKey> {
+    pub(crate) fn keys_of(&self, owner: Owner) -> Vec<ScopeKey> {
         self.scopes
             .iter()
             .filter(|(_, scope)| scope.owner == owner)
@@ -205,7 +210,7 @@ impl Registry {
     /// Whether an engine scope is past one of its thresholds: usage where a
     /// threshold could be met, which only a fresh read of the working set
     /// can tell.
-    pub fn engine_raised(&self) -> bool {
+    pub(crate) fn engine_raised(&self) -> bool {
         self.scopes
             .values()
             .any(|scope| scope.owner == Owner::Engine && scope.level > 0)

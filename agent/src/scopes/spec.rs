@@ -59,7 +59,7 @@ impl CgroupPattern {
 
     /// Every existing cgroup under `root` (a hierarchy mount point) that
     /// matches, as paths relative to `root`.
-    pub fn expand(&self, root: &Path) -> Vec<String> {
+    pub(crate) fn expand(&self, root: &Path) -> Vec<String> {
         let mut found = vec![String::new()];
         for segment in &self.segments {
             found = found
@@ -146,7 +146,7 @@ impl WatchSpec {
         })
     }
 
-    pub fn levels(&self, hysteresis: u64) -> Levels {
+    pub(crate) fn levels(&self, hysteresis: u64) -> Levels {
         Levels::new(self.thresholds.clone(), hysteresis)
     }
 }

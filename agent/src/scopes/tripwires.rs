@@ -36,7 +36,7 @@ use crate::{
 
 /// A scope the engine has the kernel watch, and its reading now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineScope {
+pub(crate) struct EngineScope {
     pub kind: ScopeKind,
     /// `None`: every task on the node.
     pub path: Option<String>,
@@ -54,7 +54,7 @@ pub struct EngineScope {
 impl EngineScope {
     /// A value of this scope's page counter as its usage file would
     /// show it, as of the reading.
-    pub fn as_file_value(&self, value: u64) -> u64 {
+    pub(crate) fn as_file_value(&self, value: u64) -> u64 {
         let shifted =
             i128::from(value) - i128::from(self.reading.value) + i128::from(self.file_value);
         u64::try_from(shifted.max(0)).unwrap_or(u64::MAX)
@@ -62,7 +62,7 @@ impl EngineScope {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Tripwires {
+pub(crate) struct Tripwires {
     /// Kernel bands: scopes whose crossing wakes the engine.
     pub scopes: Vec<EngineScope>,
     /// Where the node cgroup's cgroup v1 eventfd thresholds belong.
@@ -74,12 +74,12 @@ pub struct Tripwires {
 /// armed is never signalled, and only this reading tells that apart from
 /// one the engine already saw passed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MemcgLevels {
+pub(crate) struct MemcgLevels {
     pub levels: Vec<u64>,
     pub read_usage: u64,
 }
 
-pub fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Tripwires {
+pub(crate) fn tripwires(config: &EvictionConfig, observation: &NodeObservation) -> Tripwires {
     let stats = &observation.stats;
     let mut node_memory = Vec::new();
     let mut kubepods_memory = Vec::new();

@@ -26,46 +26,46 @@ use crate::{kernel::bpf::ScopeKind, scopes::tripwires::EngineScope};
 /// every 128 page events per CPU (512 KiB), the agent's reaction takes a
 /// few milliseconds, and a workload that starts allocating fast from idle
 /// has shown no rate yet. 64 MiB is 64 ms at 1 GiB/s.
-pub const ZONE_MIN_BYTES: u64 = 64 << 20;
+pub(crate) const ZONE_MIN_BYTES: u64 = 64 << 20;
 
 /// How long the node is assumed to keep allocating at its fastest between
 /// entering the zone and the hooks being attached (the far trigger's wake-up,
 /// one engine run, the attach), with a wide margin over what was measured
 /// (docs/design.md).
-pub const ARM_LEAD: Duration = Duration::from_millis(50);
+pub(crate) const ARM_LEAD: Duration = Duration::from_millis(50);
 
 /// The allocation rate the adaptive read (cgroup v2) assumes until the node
 /// has shown a faster one: faster than two cores fault in fresh anonymous
 /// memory on this machine (1.3 GiB/s each).
-pub const FLOOR_RATE_BYTES_PER_SEC: u64 = 4 << 30;
+pub(crate) const FLOOR_RATE_BYTES_PER_SEC: u64 = 4 << 30;
 
 /// The adaptive read's shortest period: a node at the zone's edge is armed,
 /// so a shorter one would only read more often as it approaches.
-pub const MIN_READ_PERIOD: Duration = Duration::from_millis(5);
+pub(crate) const MIN_READ_PERIOD: Duration = Duration::from_millis(5);
 
 /// The longest the v1 far trigger's eventfds are trusted alone: see
 /// [`edge_check_after`].
-pub const MAX_EDGE_CHECK: Duration = Duration::from_secs(1);
+pub(crate) const MAX_EDGE_CHECK: Duration = Duration::from_secs(1);
 
 /// The shortest interval a rate is measured over: over a few milliseconds
 /// the page counter's per-CPU batching (and a huge page charged at once)
 /// would read as tens of GiB/s.
-pub const RATE_WINDOW: Duration = Duration::from_millis(100);
+pub(crate) const RATE_WINDOW: Duration = Duration::from_millis(100);
 
 /// The PID zone is never narrower than this many tasks: what a fork storm
 /// at [`PID_FLOOR_RATE`] makes in [`ARM_LEAD`], so that the PID hooks are
 /// on before a storm that started from idle, with no rate shown yet, can
 /// reach a line.
-pub const PID_ZONE_MIN_TASKS: u64 = 1024;
+pub(crate) const PID_ZONE_MIN_TASKS: u64 = 1024;
 
 /// The fork rate the PID zone's read assumes until the node has shown a
 /// faster one: about five times the fastest this machine's two cores fork
 /// and reap (a C loop: 4,000 a second on one).
-pub const PID_FLOOR_RATE: u64 = 20_000;
+pub(crate) const PID_FLOOR_RATE: u64 = 20_000;
 
 /// What stands in for the precise hooks far from every threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FarTrigger {
+pub(crate) enum FarTrigger {
     /// cgroup v1 usage thresholds on an eventfd, at the zone's edge.
     MemcgEventfd,
     /// cgroup v2 has no usage thresholds: the engine reads the node again
@@ -74,7 +74,7 @@ pub enum FarTrigger {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ZoneOptions {
+pub(crate) struct ZoneOptions {
     /// The scopes whose lines the zone is measured from: bytes for memory,
     /// tasks for PIDs.
     pub kind: ScopeKind,
@@ -94,7 +94,7 @@ pub struct ZoneOptions {
 
 impl ZoneOptions {
     /// The precise memory hooks' zone.
-    pub fn new(far: FarTrigger, off_while_reclaiming: bool) -> Self {
+    pub(crate) fn new(far: FarTrigger, off_while_reclaiming: bool) -> Self {
         Self {
             kind: ScopeKind::Memory,
             far,
@@ -111,7 +111,7 @@ impl ZoneOptions {
     /// distance ÷ rate, at most every `max_period`, on either cgroup
     /// version; the hooks stay where they are while a PID victim is being
     /// killed (the exits it makes are what the engine waits for).
-    pub fn pids(max_period: Duration) -> Self {
+    pub(crate) fn pids(max_period: Duration) -> Self {
         Self {
             kind: ScopeKind::Pids,
             far: FarTrigger::AdaptiveRead { max_period },
@@ -125,7 +125,7 @@ impl ZoneOptions {
 
 /// Why the hooks are where the plan puts them: the `reason` of the log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ArmReason {
+pub(crate) enum ArmReason {
     /// An engine memory scope is within the zone (or within twice it, having
     /// been in it).
     Near,
@@ -139,7 +139,7 @@ pub enum ArmReason {
 
 impl ArmReason {
     /// The reason, for the hooks of `kind`'s zone.
-    pub fn describe(self, kind: ScopeKind) -> &'static str {
+    pub(crate) fn describe(self, kind: ScopeKind) -> &'static str {
         match (kind, self) {
             (ScopeKind::Memory, Self::Near) => "near a memory threshold",
             (ScopeKind::Memory, Self::Far) => "far from every memory threshold",
@@ -155,7 +155,7 @@ impl ArmReason {
 
 /// Where the hooks and the far trigger belong after one engine run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZonePlan {
+pub(crate) struct ZonePlan {
     pub armed: bool,
     pub reason: ArmReason,
     /// Bytes, or tasks.
@@ -175,7 +175,7 @@ pub struct ZonePlan {
 /// The zone's edge of one scope, where a cgroup v1 eventfd waits far from
 /// every line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZoneEdge {
+pub(crate) struct ZoneEdge {
     pub path: String,
     /// The edge as the scope's usage file shows it, which the eventfd
     /// compares.
@@ -194,7 +194,7 @@ pub struct ZoneEdge {
 /// that once allocated (or forked) that fast can again, and a wider zone
 /// only costs hooks attached sooner.
 #[derive(Debug, Clone, Default)]
-pub struct GrowthRate {
+pub(crate) struct GrowthRate {
     /// By scope path; the node's tasks, which have none, under "".
     last: BTreeMap<String, (u64, u64)>,
     fastest: u64,
@@ -202,7 +202,7 @@ pub struct GrowthRate {
 
 impl GrowthRate {
     /// Takes the readings of `kind` of one engine run at `now_ns`.
-    pub fn observe(&mut self, now_ns: u64, kind: ScopeKind, scopes: &[EngineScope]) {
+    pub(crate) fn observe(&mut self, now_ns: u64, kind: ScopeKind, scopes: &[EngineScope]) {
         for scope in zone_scopes(kind, scopes) {
             let path = scope.path.as_deref().unwrap_or_default();
             let value = scope.reading.value;
@@ -221,7 +221,7 @@ impl GrowthRate {
     }
 
     /// Bytes (or tasks) per second.
-    pub fn fastest(&self) -> u64 {
+    pub(crate) fn fastest(&self) -> u64 {
         self.fastest
     }
 }
@@ -234,7 +234,7 @@ fn zone_scopes(kind: ScopeKind, scopes: &[EngineScope]) -> impl Iterator<Item = 
 
 /// The zone's width for a node that has grown `fastest` bytes (or tasks)
 /// a second.
-pub fn zone_width(options: &ZoneOptions, fastest: u64) -> u64 {
+pub(crate) fn zone_width(options: &ZoneOptions, fastest: u64) -> u64 {
     let lead = u128::from(fastest) * options.lead.as_nanos() / 1_000_000_000;
     options
         .min_width
@@ -244,7 +244,7 @@ pub fn zone_width(options: &ZoneOptions, fastest: u64) -> u64 {
 /// Where the hooks belong. `armed` is where they are now (for the
 /// hysteresis); `reclaiming` whether a hard memory eviction is under way
 /// or its victim's memory coming back.
-pub fn plan(
+pub(crate) fn plan(
     options: &ZoneOptions,
     armed: bool,
     scopes: &[EngineScope],
@@ -304,7 +304,7 @@ pub fn plan(
 /// Needed: 3 of about 300 event-mode bench runs with 100 or 250 pods
 /// ended in a kernel OOM kill, the hooks off and no wake-up from the
 /// zone's edge before the next resync (why is not known).
-pub fn edge_check_after(usage: u64, level: u64, rate: u64) -> Option<Duration> {
+pub(crate) fn edge_check_after(usage: u64, level: u64, rate: u64) -> Option<Duration> {
     (usage <= level)
         .then(|| time_to_cover(level - usage, rate.max(1)).clamp(MIN_READ_PERIOD, MAX_EDGE_CHECK))
 }

@@ -223,12 +223,12 @@ impl Evictions {
 
 impl<I: Io> Evictor<I> {
     /// Evictions under way.
-    pub fn evictions_running(&self) -> usize {
+    pub(crate) fn evictions_running(&self) -> usize {
         self.evictions.in_flight.len()
     }
 
     /// The next eviction to end; pending while none is under way.
-    pub async fn next_ended(&mut self) -> (u64, Ended) {
+    pub(crate) async fn next_ended(&mut self) -> (u64, Ended) {
         match self.evictions.running.next().await {
             Some(ended) => ended,
             None => std::future::pending().await,
@@ -238,7 +238,7 @@ impl<I: Io> Evictor<I> {
     /// Logs, counts and reports how eviction `id` ended; a killed pod's
     /// resource is watched until it is back. The loop runs the engine again
     /// right after.
-    pub fn end(&mut self, id: u64, ended: Ended) {
+    pub(crate) fn end(&mut self, id: u64, ended: Ended) {
         let Some(eviction) = self.evictions.in_flight.remove(&id) else {
             return;
         };

@@ -26,7 +26,7 @@ pub(super) struct Recorder {
 
 impl<I: Io> Evictor<I> {
     /// Records every threshold decision from now on into `sink`.
-    pub fn set_decision_records(&mut self, sink: DecisionRecords) {
+    pub(crate) fn set_decision_records(&mut self, sink: DecisionRecords) {
         self.recorder = Some(Recorder {
             sink,
             thresholds: self.config.thresholds.clone().into(),

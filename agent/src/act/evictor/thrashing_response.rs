@@ -34,7 +34,7 @@ impl<I: Io> Evictor<I> {
     /// Reads the pods' memory stall and refault counters if they are due,
     /// and answers the pods found thrashing and those whose containers'
     /// pressure calls for a KEP-5986 stage.
-    pub fn read_memory_stalls(&mut self, wake: &Wake) {
+    pub(crate) fn read_memory_stalls(&mut self, wake: &Wake) {
         let Some(found) = self.node.read_memory_stalls() else {
             return;
         };

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::decide::{rank::Ranked, reason::KillReason};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum VictimPolicy {
+pub(crate) enum VictimPolicy {
     /// kubelet's: the first evictable pod in the ranking, then observe
     /// again.
     #[default]
@@ -17,7 +17,7 @@ pub enum VictimPolicy {
 
 /// A decision: every pod in eviction order, and who goes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Choice {
+pub(crate) struct Choice {
     pub ranking: Vec<Ranked>,
     /// In ranking order.
     pub victims: Vec<Victim>,
@@ -27,7 +27,7 @@ pub struct Choice {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Victim {
+pub(crate) struct Victim {
     /// `namespace/name`.
     pub pod: String,
     /// Index of the pod in the slice given to `choose`.

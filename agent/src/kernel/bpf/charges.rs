@@ -126,7 +126,10 @@ impl CgroupCharges {
     /// Reads once, and compares what the walk gives the cgroup it starts
     /// from with that cgroup's usage file, `usage`, read just before and
     /// just after: an offset resolved wrong would rank pods by garbage.
-    pub fn check<E>(&mut self, usage: impl Fn() -> Result<u64, E>) -> Result<(), ChargesError>
+    pub(crate) fn check<E>(
+        &mut self,
+        usage: impl Fn() -> Result<u64, E>,
+    ) -> Result<(), ChargesError>
     where
         E: std::error::Error + Send + Sync + 'static,
     {

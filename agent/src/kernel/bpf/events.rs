@@ -140,7 +140,7 @@ pub struct Received {
 
 impl Received {
     /// Kernel timestamp to userspace read.
-    pub fn latency(&self) -> Duration {
+    pub(crate) fn latency(&self) -> Duration {
         Duration::from_nanos(self.received_ns.saturating_sub(self.event.timestamp_ns()))
     }
 }

@@ -19,7 +19,7 @@ impl Purpose {
     ];
 
     /// The `resource` label of logs and metrics.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Memory => "memory",
             Self::Pids => "pids",

@@ -29,7 +29,7 @@ impl ScopeKind {
     }
 
     /// The `resource` label of logs and metrics.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Memory => "memory",
             Self::Pids => "pids",
@@ -38,7 +38,7 @@ impl ScopeKind {
 
     /// Whether it counts bytes (written "100Mi" in the text logs) rather
     /// than tasks.
-    pub fn in_bytes(self) -> bool {
+    pub(crate) fn in_bytes(self) -> bool {
         self == Self::Memory
     }
 }
@@ -195,7 +195,7 @@ impl Probes {
 
     /// Records lost to a full ring buffer since the programs loaded: one
     /// map read, cheap enough to check after every batch of records.
-    pub fn ringbuf_drops(&self) -> Result<u64, BpfError> {
+    pub(crate) fn ringbuf_drops(&self) -> Result<u64, BpfError> {
         self.counter(COUNTER_RINGBUF_DROPS)
     }
 

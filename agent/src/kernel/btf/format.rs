@@ -42,7 +42,7 @@ pub enum FormatError {
 
 /// The kinds of type BTF has (`BTF_KIND_*`), and `Void` for type id 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Void,
     Int,
     Ptr,
@@ -132,7 +132,7 @@ impl Kind {
 
 /// One type's `btf_type`, decoded.
 #[derive(Debug, Clone, Copy)]
-pub struct Type {
+pub(crate) struct Type {
     pub kind: Kind,
     pub name_off: u32,
     /// Members, enumerators or parameters that follow.
@@ -147,19 +147,19 @@ pub struct Type {
 
 impl Type {
     /// Size in bytes of a struct, union, enum or integer.
-    pub fn size(&self) -> u32 {
+    pub(crate) fn size(&self) -> u32 {
         self.size_or_type
     }
 
     /// The type a pointer, typedef or qualifier refers to.
-    pub fn referenced(&self) -> u32 {
+    pub(crate) fn referenced(&self) -> u32 {
         self.size_or_type
     }
 }
 
 /// A struct or union member.
 #[derive(Debug, Clone, Copy)]
-pub struct Member {
+pub(crate) struct Member {
     pub name_off: u32,
     pub type_id: u32,
     pub bit_offset: u32,
@@ -167,19 +167,19 @@ pub struct Member {
 
 /// An enum's (or enum64's) named value.
 #[derive(Debug, Clone, Copy)]
-pub struct Enumerator {
+pub(crate) struct Enumerator {
     pub name_off: u32,
     pub value: u64,
 }
 
 /// An array's `btf_array`.
 #[derive(Debug, Clone, Copy)]
-pub struct Array {
+pub(crate) struct Array {
     pub nelems: u32,
 }
 
 /// A BTF file and where each of its types starts.
-pub struct Btf {
+pub(crate) struct Btf {
     data: Vec<u8>,
     strings: Range<usize>,
     /// Offset in `data` of type id `i + 1`'s `btf_type`.
@@ -189,7 +189,7 @@ pub struct Btf {
 impl Btf {
     /// Checks the header, every type's extent and kind, and every name
     /// offset, so the look-ups after it cannot read out of bounds.
-    pub fn parse(data: Vec<u8>) -> Result<Self, FormatError> {
+    pub(crate) fn parse(data: Vec<u8>) -> Result<Self, FormatError> {
         if data.len() < HEADER_LEN {
             return Err(FormatError::Short(data.len()));
         }
@@ -263,7 +263,7 @@ impl Btf {
     }
 
     /// Type `id`; `void` for 0.
-    pub fn get(&self, id: u32) -> Result<Type, FormatError> {
+    pub(crate) fn get(&self, id: u32) -> Result<Type, FormatError> {
         if id == 0 {
             return Ok(Type {
                 kind: Kind::Void,
@@ -291,12 +291,12 @@ impl Btf {
     }
 
     /// Every type, in id order.
-    pub fn types(&self) -> impl Iterator<Item = Type> + '_ {
+    pub(crate) fn types(&self) -> impl Iterator<Item = Type> + '_ {
         (1..=self.starts.len() as u32).filter_map(|id| self.get(id).ok())
     }
 
     /// Type `id`, past typedefs and qualifiers.
-    pub fn resolve(&self, id: u32) -> Result<Type, FormatError> {
+    pub(crate) fn resolve(&self, id: u32) -> Result<Type, FormatError> {
         let mut ty = self.get(id)?;
         for _ in 0..MAX_CHAIN {
             if !ty.kind.is_alias() {
@@ -309,7 +309,7 @@ impl Btf {
 
     /// The string at `offset` (checked by parse() for every name a type
     /// holds), without its NUL.
-    pub fn name(&self, offset: u32) -> &[u8] {
+    pub(crate) fn name(&self, offset: u32) -> &[u8] {
         let rest = self
             .data
             .get(self.strings.start + offset as usize..self.strings.end)
@@ -321,7 +321,7 @@ impl Btf {
     /// Whether the string at `offset` is `wanted`: compared in place, with
     /// no search for the NUL first, as look-ups that pass many names (the
     /// enumerators of every enum) do.
-    pub fn name_is(&self, offset: u32, wanted: &str) -> bool {
+    pub(crate) fn name_is(&self, offset: u32, wanted: &str) -> bool {
         let wanted = wanted.as_bytes();
         let rest = self
             .data
@@ -331,7 +331,7 @@ impl Btf {
     }
 
     /// A struct's or union's members (none for other kinds).
-    pub fn members(&self, ty: &Type) -> impl Iterator<Item = Member> + '_ {
+    pub(crate) fn members(&self, ty: &Type) -> impl Iterator<Item = Member> + '_ {
         let count = if matches!(ty.kind, Kind::Struct | Kind::Union) {
             ty.vlen
         } else {
@@ -355,7 +355,7 @@ impl Btf {
     }
 
     /// An enum's or enum64's enumerators (none for other kinds).
-    pub fn enumerators(&self, ty: &Type) -> impl Iterator<Item = Enumerator> + '_ {
+    pub(crate) fn enumerators(&self, ty: &Type) -> impl Iterator<Item = Enumerator> + '_ {
         let (count, stride) = match ty.kind {
             Kind::Enum => (ty.vlen, 8),
             Kind::Enum64 => (ty.vlen, 12),
@@ -378,7 +378,7 @@ impl Btf {
     }
 
     /// An array's dimensions, if `ty` is one.
-    pub fn array(&self, ty: &Type) -> Option<Array> {
+    pub(crate) fn array(&self, ty: &Type) -> Option<Array> {
         (ty.kind == Kind::Array).then(|| Array {
             nelems: self.word(ty.data + 8),
         })

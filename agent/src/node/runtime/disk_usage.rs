@@ -83,7 +83,7 @@ pub struct ContainerDiskUsage {
 impl ContainerDiskUsage {
     /// What kubelet's eviction message names for ephemeral storage:
     /// writable layer plus logs, only when both are known.
-    pub fn ephemeral_storage_bytes(&self) -> Option<u64> {
+    pub(crate) fn ephemeral_storage_bytes(&self) -> Option<u64> {
         Some(self.rootfs?.bytes.saturating_add(self.logs?.bytes))
     }
 }
@@ -154,7 +154,7 @@ impl PodDiskUsage {
     /// The pod's ephemeral storage as kubelet's `calcEphemeralStorage`
     /// totals it for the pod-level limit: writable layers, logs, local
     /// volumes and the etc-hosts file.
-    pub fn ephemeral_storage_bytes(&self) -> u64 {
+    pub(crate) fn ephemeral_storage_bytes(&self) -> u64 {
         sum([
             self.rootfs(),
             self.logs(),
@@ -175,7 +175,7 @@ impl PodDiskUsage {
     /// Whether the emptyDir volume `name` was seen whole. A volume not
     /// found is, unless the walk fell short (it may be behind a volumes
     /// directory that could not be listed).
-    pub fn empty_dir_whole(&self, name: &str) -> bool {
+    pub(crate) fn empty_dir_whole(&self, name: &str) -> bool {
         let Some(incomplete) = &self.incomplete else {
             return true;
         };

@@ -40,7 +40,7 @@ use std::{
 use tokio::sync::{Notify, oneshot};
 use tracing::{debug, info, warn};
 
-pub use super::reclaim::NodeReclaim;
+pub(crate) use super::reclaim::NodeReclaim;
 use super::{
     RuntimeClient, RuntimeError,
     disk_usage::{Incomplete, PodDiskUsage},
@@ -54,7 +54,7 @@ use crate::{decide::thresholds::Signal, logs, metrics::Metrics};
 /// `stats_collect_period` (10 s by default), how often it measures the
 /// writable layers, and kubelet's housekeeping period, at which kubelet's
 /// own eviction manager sees disk usage.
-pub const USAGE_MAX_AGE: Duration = Duration::from_secs(10);
+pub(crate) const USAGE_MAX_AGE: Duration = Duration::from_secs(10);
 /// How old (since it finished) the last reading may be to serve while the
 /// next is late: kubelet's `--volume-stats-agg-period` (1 minute), how old
 /// the volume figures kubelet's own eviction manager decides on may be.
@@ -81,12 +81,12 @@ pub enum LinkError {
 
 /// The decision loop's handle on the link; cheap to clone.
 #[derive(Clone)]
-pub struct RuntimeLink {
+pub(crate) struct RuntimeLink {
     shared: Arc<Shared>,
 }
 
 /// Stops the link's thread when dropped (at the agent's shutdown).
-pub struct LinkThread {
+pub(crate) struct LinkThread {
     shared: Arc<Shared>,
 }
 
@@ -135,7 +135,7 @@ struct DiskUsageReading {
 
 /// The pods' disk usage as a decision can have it now.
 #[derive(Debug, Clone)]
-pub enum DiskUsageAnswer {
+pub(crate) enum DiskUsageAnswer {
     /// Finished within [`USAGE_MAX_AGE`], or within [`STALE_MAX_AGE`] while
     /// the next reading is late; by pod uid.
     Fresh(Arc<BTreeMap<String, PodDiskUsage>>),
@@ -149,7 +149,7 @@ pub enum DiskUsageAnswer {
 impl RuntimeLink {
     /// Starts the thread, which connects at once; `kubelet_root` is
     /// `--nodefs-path`, and `images` what node reclaim knows of the images.
-    pub fn start(
+    pub(crate) fn start(
         endpoint: String,
         kubelet_root: PathBuf,
         metrics: Arc<Metrics>,
@@ -181,13 +181,14 @@ impl RuntimeLink {
     }
 
     /// Whether the runtime answered the last call.
-    pub fn connected(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn connected(&self) -> bool {
         self.shared.state().connected
     }
 
     /// Where the imagefs and containerfs signals are measured, once the
     /// runtime has said.
-    pub fn filesystems(&self) -> Option<FsPaths> {
+    pub(crate) fn filesystems(&self) -> Option<FsPaths> {
         self.shared
             .state()
             .filesystems
@@ -197,7 +198,7 @@ impl RuntimeLink {
 
     /// How many times the filesystems have changed: call
     /// [`filesystems`](Self::filesystems) again only when this moves.
-    pub fn filesystems_version(&self) -> u64 {
+    pub(crate) fn filesystems_version(&self) -> u64 {
         self.shared.filesystems_changed.load(Ordering::Acquire)
     }
 
@@ -208,7 +209,7 @@ impl RuntimeLink {
     /// logs what it would remove; `live_pods` (asked only for a new round,
     /// without the lock the thread takes) are the pods alive whose newest
     /// dead containers stay.
-    pub fn reclaim(
+    pub(crate) fn reclaim(
         &self,
         signal: Signal,
         dry_run: bool,
@@ -244,7 +245,10 @@ impl RuntimeLink {
     /// The ids of pod `uid`'s sandboxes, as the runtime lists them now,
     /// answered by the thread between its other work; `None` when the
     /// runtime is down or fails to answer.
-    pub fn pod_sandboxes(&self, uid: &str) -> impl Future<Output = Option<Vec<String>>> + 'static {
+    pub(crate) fn pod_sandboxes(
+        &self,
+        uid: &str,
+    ) -> impl Future<Output = Option<Vec<String>>> + 'static {
         let (reply, answer) = oneshot::channel();
         let asked = {
             let mut state = self.shared.state();
@@ -266,7 +270,7 @@ impl RuntimeLink {
 
     /// Pod `uid`'s disk usage in the last reading, however old: what the
     /// decision that just ranked it saw.
-    pub fn last_pod_usage(&self, uid: &str) -> Option<PodDiskUsage> {
+    pub(crate) fn last_pod_usage(&self, uid: &str) -> Option<PodDiskUsage> {
         self.shared
             .state()
             .usage
@@ -279,7 +283,7 @@ impl RuntimeLink {
     /// ago. A reading under way past that window is late: said once, and
     /// the last one serves meanwhile while it is at most [`STALE_MAX_AGE`]
     /// old.
-    pub fn pod_usage(&self, now: Instant) -> DiskUsageAnswer {
+    pub(crate) fn pod_usage(&self, now: Instant) -> DiskUsageAnswer {
         let mut state = self.shared.state();
         let age = |reading: &DiskUsageReading| now.saturating_duration_since(reading.finished);
         if let Some(reading) = &state.usage

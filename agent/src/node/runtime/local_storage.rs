@@ -37,7 +37,7 @@ const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 
 /// A running pod over one of its local-storage limits.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LocalStorageEviction {
+pub(crate) struct LocalStorageEviction {
     pub pod: PodSnapshot,
     pub violation: LocalStorageViolation,
 }
@@ -122,7 +122,7 @@ impl LocalStorageViolation {
     }
 
     /// The limit outgrown.
-    pub fn limit(&self) -> PodLimit {
+    pub(crate) fn limit(&self) -> PodLimit {
         match self {
             Self::EmptyDir { .. }
             | Self::Unmeasured {
@@ -137,12 +137,12 @@ impl LocalStorageViolation {
 
     /// The signal kubelet counts the eviction under in its
     /// `evictions_total` metric.
-    pub fn signal(&self) -> &'static str {
+    pub(crate) fn signal(&self) -> &'static str {
         self.limit().signal()
     }
 
     /// The limit exceeded and what was measured against it.
-    pub fn limit_and_use(&self) -> (Quantity, u64) {
+    pub(crate) fn limit_and_use(&self) -> (Quantity, u64) {
         match self {
             Self::EmptyDir {
                 limit, used_bytes, ..
@@ -199,7 +199,7 @@ pub fn has_limit(pod: &PodSnapshot) -> bool {
 /// The pods among `pods` over a local-storage limit, by the runtime's
 /// reading `usage` (by pod uid); a pod the reading does not hold is not
 /// judged.
-pub fn violations(
+pub(crate) fn violations(
     pods: Vec<PodSnapshot>,
     usage: &BTreeMap<String, PodDiskUsage>,
     dedicated_imagefs: bool,

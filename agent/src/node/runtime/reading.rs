@@ -24,7 +24,7 @@ pub enum ReadingError {
 
 impl ReadingError {
     /// The failed runtime call, if the runtime is what failed.
-    pub fn runtime(&self) -> Option<&RuntimeError> {
+    pub(crate) fn runtime(&self) -> Option<&RuntimeError> {
         match self {
             Self::Filesystems(FilesystemsError::Runtime(e))
             | Self::Usage(DiskUsageError::Runtime(e)) => Some(e),
@@ -35,7 +35,7 @@ impl ReadingError {
 
 /// Where the imagefs and containerfs signals are measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FsPaths {
+pub(crate) struct FsPaths {
     pub imagefs: PathBuf,
     pub containerfs: PathBuf,
 }
@@ -72,7 +72,7 @@ impl DiskReading {
 
 /// Each pod's disk fields from `usage` (by uid); a pod the runtime does not
 /// run keeps its own.
-pub fn fill_pods(
+pub(crate) fn fill_pods(
     usage: &BTreeMap<String, PodDiskUsage>,
     pods: &mut [crate::decide::snapshot::PodSnapshot],
 ) {

@@ -5,7 +5,7 @@
 //! minimum reclaim) is still met.
 //!
 //! This module is the runtime half: which reclaim a signal calls for
-//! ([`steps_for`]), what is dead ([`dead_containers`], kubelet's container
+//! (`steps_for`), what is dead ([`dead_containers`], kubelet's container
 //! GC) or unused ([`images`], kubelet's image GC), the removals (each
 //! logged), and where each signal's round stands (`rounds`). Deciding
 //! whether a pod must still go is the decision loop's.
@@ -22,7 +22,7 @@ pub mod images;
 pub(crate) mod rounds;
 
 pub use images::{ImageTracker, SandboxImages};
-pub use rounds::{NodeReclaim, ReclaimRequest, ReclaimRounds};
+pub(crate) use rounds::{NodeReclaim, ReclaimRequest, ReclaimRounds};
 
 /// The label kubelet puts on every container with its pod's uid
 /// (`types.KubernetesPodUIDLabel`), by which its container GC groups them.
@@ -31,7 +31,7 @@ const POD_UID_LABEL: &str = "io.kubernetes.pod.uid";
 /// One of kubelet's node reclaim functions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum ReclaimStep {
+pub(crate) enum ReclaimStep {
     /// `containerGC.DeleteAllUnusedContainers`.
     DeadContainers,
     /// `imageGC.DeleteUnusedImages`.
@@ -40,7 +40,7 @@ pub enum ReclaimStep {
 
 /// What kubelet reclaims, in order, before evicting for `signal`
 /// (`buildSignalToNodeReclaimFuncs`). Memory and PIDs: nothing.
-pub fn steps_for(signal: Signal, layout: DiskLayout) -> &'static [ReclaimStep] {
+pub(crate) fn steps_for(signal: Signal, layout: DiskLayout) -> &'static [ReclaimStep] {
     use ReclaimStep::{DeadContainers, UnusedImages};
     use Signal::*;
     const BOTH: &[ReclaimStep] = &[DeadContainers, UnusedImages];
@@ -176,7 +176,7 @@ async fn list_dead_containers(
 }
 
 /// What [`remove_dead_containers`] would remove now, removing nothing.
-pub async fn would_remove_dead_containers(
+pub(crate) async fn would_remove_dead_containers(
     client: &mut RuntimeClient,
     live_pods: &BTreeSet<String>,
 ) -> Result<Vec<Removal>, RuntimeError> {
@@ -228,7 +228,7 @@ async fn list_unused_images(
 }
 
 /// What [`remove_unused_images`] would remove now, removing nothing.
-pub async fn would_remove_unused_images(
+pub(crate) async fn would_remove_unused_images(
     client: &mut RuntimeClient,
     tracker: &mut ImageTracker,
     now: std::time::SystemTime,

@@ -175,7 +175,7 @@ impl Journal {
 
     /// Records that report `id` is through `stage`; removes it after its
     /// last one.
-    pub fn advance(&mut self, id: u64, next: Option<Stage>) {
+    pub(crate) fn advance(&mut self, id: u64, next: Option<Stage>) {
         match next {
             Some(stage) => {
                 if let Some(report) = self.reports.iter_mut().find(|r| r.id == id) {

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use crate::{decide::thresholds::Resource, quantity::Quantity};
 
 /// Event annotations kubelet adds to the `Evicted` event.
-pub const OFFENDING_CONTAINERS_KEY: &str = "offending_containers";
-pub const OFFENDING_CONTAINERS_USAGE_KEY: &str = "offending_containers_usage";
-pub const STARVED_RESOURCE_KEY: &str = "starved_resource";
+pub(crate) const OFFENDING_CONTAINERS_KEY: &str = "offending_containers";
+pub(crate) const OFFENDING_CONTAINERS_USAGE_KEY: &str = "offending_containers_usage";
+pub(crate) const STARVED_RESOURCE_KEY: &str = "starved_resource";
 /// evictd's own annotation of the `Evicted` event: why the pod was killed
 /// (`KillReason::as_str`).
 pub const KILL_REASON_KEY: &str = "evictd.io/kill-reason";

@@ -17,7 +17,7 @@ const FILE: &str = "pod-metadata.json";
 /// ignored, not misread.
 const FORMAT: u32 = 1;
 /// The most often the cache is rewritten while pods change.
-pub const SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const SAVE_PERIOD: std::time::Duration = std::time::Duration::from_secs(5);
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -104,7 +104,7 @@ impl PodStore {
         state.get(uid).cloned()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state.pods.len()
     }
@@ -114,7 +114,7 @@ impl PodStore {
     }
 
     /// Whether the first full list has arrived.
-    pub fn listed(&self) -> bool {
+    pub(crate) fn listed(&self) -> bool {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state.listed
     }
@@ -186,7 +186,7 @@ impl PodMetadataSource for PodStore {
 /// with kube-runtime's backoff between attempts (no retry storm).
 /// The pods are written to `cache` after the first list and then at most
 /// every [`SAVE_PERIOD`] while they change.
-pub async fn watch(
+pub(crate) async fn watch(
     client: Client,
     node_name: String,
     store: PodStore,

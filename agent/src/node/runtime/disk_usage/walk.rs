@@ -86,7 +86,7 @@ pub enum Incomplete {
 }
 
 impl Incomplete {
-    pub const ALL: [Incomplete; 4] = [
+    pub(crate) const ALL: [Incomplete; 4] = [
         Incomplete::Unreadable,
         Incomplete::Entries,
         Incomplete::Depth,
@@ -94,7 +94,7 @@ impl Incomplete {
     ];
 
     /// The `reason` label of `evictd_pods_disk_usage_incomplete`.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Incomplete::Unreadable => "unreadable",
             Incomplete::Entries => "entries",
@@ -116,7 +116,7 @@ pub struct Shortfall {
 
 /// What a [`Walk`] measured under one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// At least this much: all of it when `whole`.
     pub usage: FsUsage,
     pub whole: bool,
@@ -140,7 +140,7 @@ pub struct Walk {
 const CLOCK_EVERY: u64 = 256;
 
 impl Walk {
-    pub fn new(bounds: WalkBounds) -> Self {
+    pub(crate) fn new(bounds: WalkBounds) -> Self {
         Self {
             bounds,
             entries: 0,
@@ -153,7 +153,7 @@ impl Walk {
 
     /// `du -x path` within what is left of the budget; a missing path is
     /// nothing, and whole.
-    pub fn du(&mut self, path: &Path) -> Measured {
+    pub(crate) fn du(&mut self, path: &Path) -> Measured {
         let falls = self.falls;
         let mut tally = Tally::default();
         self.walk(path, &mut tally);
@@ -165,7 +165,7 @@ impl Walk {
 
     /// A path the caller could not list (a volumes directory): the walk
     /// falls short there.
-    pub fn unreadable(&mut self, path: &Path, error: &io::Error) {
+    pub(crate) fn unreadable(&mut self, path: &Path, error: &io::Error) {
         self.fall_short(Incomplete::Unreadable, path, Some(error.to_string()));
     }
 
@@ -174,7 +174,7 @@ impl Walk {
         self.shortfall.as_ref()
     }
 
-    pub fn into_shortfall(self) -> Option<Shortfall> {
+    pub(crate) fn into_shortfall(self) -> Option<Shortfall> {
         self.shortfall
     }
 

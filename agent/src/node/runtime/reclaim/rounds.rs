@@ -13,7 +13,7 @@ use crate::decide::thresholds::Signal;
 
 /// What node-level reclaim means for a disk decision now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeReclaim {
+pub(crate) enum NodeReclaim {
     /// Nothing to reclaim for this signal and layout, or no runtime to
     /// reclaim through: decide now.
     Unavailable,
@@ -27,7 +27,7 @@ pub enum NodeReclaim {
 
 /// A round a decision asked for, as the runtime's thread takes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReclaimRequest {
+pub(crate) struct ReclaimRequest {
     pub signal: Signal,
     pub steps: &'static [ReclaimStep],
     /// Only log what would be removed (`--dry-run`).
@@ -51,7 +51,7 @@ enum Round {
 
 /// Every signal's round.
 #[derive(Debug, Default)]
-pub struct ReclaimRounds {
+pub(crate) struct ReclaimRounds {
     rounds: BTreeMap<Signal, Round>,
 }
 
@@ -60,7 +60,7 @@ impl ReclaimRounds {
     /// new round is due, none having been done for the signal in the last
     /// `fresh_for` (kubelet reclaims on every synchronize round under
     /// pressure): [`request`](Self::request) it.
-    pub fn status(
+    pub(crate) fn status(
         &mut self,
         signal: Signal,
         now: Instant,
@@ -80,13 +80,13 @@ impl ReclaimRounds {
     }
 
     /// Asks for a round, which the thread takes next.
-    pub fn request(&mut self, request: ReclaimRequest) {
+    pub(crate) fn request(&mut self, request: ReclaimRequest) {
         self.rounds
             .insert(request.signal, Round::Requested(request));
     }
 
     /// A requested round, now running.
-    pub fn take(&mut self) -> Option<ReclaimRequest> {
+    pub(crate) fn take(&mut self) -> Option<ReclaimRequest> {
         let signal = self
             .rounds
             .iter()
@@ -99,12 +99,12 @@ impl ReclaimRounds {
 
     /// `signal`'s round finished at `at`: the next decision looks at the
     /// node again before it evicts.
-    pub fn finish(&mut self, signal: Signal, at: Instant) {
+    pub(crate) fn finish(&mut self, signal: Signal, at: Instant) {
         self.rounds.insert(signal, Round::Done { at, seen: false });
     }
 
     /// Whether a round waits for the thread.
-    pub fn requested(&self) -> bool {
+    pub(crate) fn requested(&self) -> bool {
         self.rounds
             .values()
             .any(|round| matches!(round, Round::Requested(_)))
