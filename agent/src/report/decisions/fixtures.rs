@@ -5,9 +5,9 @@ use std::{sync::Arc, time::Duration};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
-use super::{DecisionFacts, Outcome, PendingRecord, StepTimes};
+use super::{DecisionFacts, DecisionRecord, Outcome, PendingRecord, StepTimes};
 use crate::decide::{
-    engine::{Engine, VictimPolicy},
+    engine::{Choice, Engine, VictimPolicy},
     rank::PidRanking,
     snapshot::Snapshot,
     thresholds::{EvictionConfig, Threshold, ThresholdValue},
@@ -80,4 +80,19 @@ pub(crate) fn decide(
             StepTimes::default(),
         ),
     }
+}
+
+/// A hold for pressure outside the pods on a node with 900 MiB available,
+/// as the evictor hands one over: the node, no pods, no choice, 250 µs
+/// after its trigger.
+pub(crate) fn held_outside_pods() -> DecisionRecord {
+    let config = config();
+    let mut engine = Engine::new(config.clone());
+    let mut pending = decide(&mut engine, &config, &snapshot(0.0, 900 * MIB, &[]));
+    pending.pods.clear();
+    pending.exact.clear();
+    pending.choice = Choice::default();
+    pending.facts.outcome = Outcome::HeldOutsidePods;
+    pending.facts.times_us.decision = 250;
+    pending.into_record()
 }

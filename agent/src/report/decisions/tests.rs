@@ -1,7 +1,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    fixtures::{MIB, config, decide, snapshot},
+    fixtures::{MIB, config, decide, held_outside_pods, snapshot},
     *,
 };
 use crate::decide::engine::Engine;
@@ -64,20 +64,8 @@ fn explain_says_the_threshold_the_victim_the_ranking_and_the_times() {
 }
 
 #[test]
-fn a_hold_before_ranking_replays_to_no_victim_and_is_told_without_a_ranking() {
-    let config = config();
-    let mut engine = Engine::new(config.clone());
-    let mut pending = decide(&mut engine, &config, &snapshot(0.0, 900 * MIB, &[]));
-    // As the evictor hands a hold over: the node, no pods, no choice.
-    pending.pods.clear();
-    pending.exact.clear();
-    pending.choice = Choice::default();
-    pending.facts.outcome = Outcome::HeldOutsidePods;
-    pending.facts.times_us.decision = 250;
-    let record = pending.into_record();
-    let replayed = replay(&record, Replay::RecordedThresholds);
-    assert_eq!(replayed["victims"], json!([]), "{replayed}");
-    let text = explain(&record);
+fn a_hold_before_ranking_is_told_without_a_ranking() {
+    let text = explain(&held_outside_pods());
     for expected in [
         "memory.available: 900Mi available, hard threshold 1Gi",
         "trigger kernel: 0.250 ms after it",

@@ -8,7 +8,7 @@ use crate::{
     decide::engine::Engine,
     report::decisions::{
         DecisionRecord,
-        fixtures::{GIB, MIB, config, decide, snapshot},
+        fixtures::{GIB, MIB, config, decide, held_outside_pods, snapshot},
     },
 };
 
@@ -61,4 +61,10 @@ fn a_record_replays_to_its_victims_from_the_engine_state_it_recorded() {
         replay(&record, Replay::CommandLineThresholds)["victims"],
         json!([])
     );
+}
+
+#[test]
+fn a_hold_before_ranking_replays_to_no_victim() {
+    let replayed = replay(&held_outside_pods(), Replay::RecordedThresholds);
+    assert_eq!(replayed["victims"], json!([]), "{replayed}");
 }
