@@ -14,8 +14,9 @@ use evictd::node::{
     forks::FORK_RATE_WINDOW,
 };
 use evictd_integration::{
-    Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, VMSTAT, http_get, machine_memory,
-    memory_pods, program_stats, quiet_pods, set_oom_score_adj, wait_until, working_set_from_vmstat,
+    Agent, AgentLog, Controller, STEADY_POD_MEMORY, SandboxNode, TREE_PIDS_LIMIT, VMSTAT, http_get,
+    machine_memory, memory_pods, program_stats, quiet_pods, set_oom_score_adj, wait_until,
+    working_set_from_vmstat,
 };
 use serde_json::Value;
 
@@ -528,6 +529,12 @@ fn pod_of(node: &mut SandboxNode, pid: u32) -> Option<String> {
 /// processes that fork nothing, so that the bomb crosses with fewer.
 pub fn fork_bomb_run(args: &Args, mode: &str, busy_pod: bool) -> Result<Run> {
     let mut node = sandbox(args, 0)?;
+    // The private tree's own ceiling would bind first (the agent reads the
+    // lowest limit above the node): it rises to the node's limit, which
+    // stays the bound on the bomb.
+    if args.pid_limit > TREE_PIDS_LIMIT {
+        node.tree.set_pids_limit("", args.pid_limit)?;
+    }
     node.tree.set_pids_limit("node", args.pid_limit)?;
     if busy_pod {
         let tasks = (args.pid_limit - args.pid_threshold) * 6 / 10;
