@@ -128,7 +128,9 @@ pub(crate) mod fakes {
             },
             stats::NodeObservation,
         },
-        report::kubernetes::{EvictOutcome, EvictionAction, EvictionNotice, KnownPod, PodWarning},
+        report::kubernetes::{
+            EvictOutcome, EvictionAction, EvictionNotice, KnownPod, PodWarning, PressureCondition,
+        },
         scopes::{
             monitor::{BandTable, KernelCoverage, Monitor, MonitorOptions},
             registry::ScopeKey,
@@ -512,6 +514,7 @@ pub(crate) mod fakes {
         pub evictions: usize,
         pub reports: Vec<EvictionNotice>,
         pub warnings: Vec<PodWarning>,
+        pub conditions: Vec<PressureCondition>,
     }
 
     #[derive(Clone)]
@@ -538,6 +541,7 @@ pub(crate) mod fakes {
                 evictions: 0,
                 reports: Vec::new(),
                 warnings: Vec::new(),
+                conditions: Vec::new(),
             })))
         }
     }
@@ -563,6 +567,10 @@ pub(crate) mod fakes {
 
         fn warn_pod(&self, warning: PodWarning) {
             self.0.borrow_mut().warnings.push(warning);
+        }
+
+        fn set_pressure_condition(&self, condition: PressureCondition) {
+            self.0.borrow_mut().conditions.push(condition);
         }
     }
 

@@ -9,7 +9,7 @@
 //! pod), no answer for a while, or down altogether (connections refused)
 //! until it comes back on the same address.
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     convert::Infallible,
     io,
     net::SocketAddr,
@@ -59,6 +59,9 @@ pub struct Faults {
     /// Path suffixes answered 500 Internal Error, whatever the method, as
     /// an admission webhook that fails for one object makes the API answer.
     pub failing: Vec<&'static str>,
+    /// With `failing`: only each path's first this many requests fail (0:
+    /// every one), as a webhook that recovers.
+    pub failing_first: usize,
     /// Every answer waits this long: an overloaded API server.
     pub delay: Duration,
 }
@@ -67,6 +70,8 @@ struct Shared {
     state: Mutex<Stored>,
     faults: Faults,
     requests: Mutex<Vec<Recorded>>,
+    /// Requests answered 500 so far, by failing path suffix.
+    failed: Mutex<HashMap<&'static str, usize>>,
 }
 
 /// What the stand-in stores, as the API server's storage would.
@@ -109,6 +114,7 @@ impl ApiServer {
             }),
             faults,
             requests: Mutex::new(Vec::new()),
+            failed: Mutex::new(HashMap::new()),
         });
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         let address = listener.local_addr()?;
@@ -354,12 +360,18 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
         );
         return json_response(403, status_failure(403, "Forbidden", &message));
     }
-    if shared
+    let failing = shared
         .faults
         .failing
         .iter()
-        .any(|suffix| path.ends_with(suffix))
-    {
+        .find(|suffix| path.ends_with(*suffix));
+    let fails = failing.is_some_and(|suffix| {
+        let mut failed = lock(&shared.failed);
+        let failed = failed.entry(suffix).or_default();
+        *failed += 1;
+        shared.faults.failing_first == 0 || *failed <= shared.faults.failing_first
+    });
+    if fails {
         let message = format!("Internal error occurred: failed calling webhook for {path}");
         return json_response(500, status_failure(500, "InternalError", &message));
     }
@@ -400,9 +412,26 @@ fn respond(shared: &Shared, method: &Method, request: &Recorded) -> Response {
             }
             let status = &mut state.pods[index]["status"];
             let was_failed = status["phase"] == "Failed";
-            for field in ["phase", "reason", "message", "conditions"] {
+            for field in ["phase", "reason", "message"] {
                 if !request.body["status"][field].is_null() {
                     status[field] = request.body["status"][field].clone();
+                }
+            }
+            // A strategic merge patch merges conditions by their type.
+            for patched in request.body["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let conditions = status["conditions"].as_array_mut();
+                match conditions {
+                    Some(conditions) => {
+                        match conditions.iter_mut().find(|c| c["type"] == patched["type"]) {
+                            Some(existing) => *existing = patched.clone(),
+                            None => conditions.push(patched.clone()),
+                        }
+                    }
+                    None => status["conditions"] = json!([patched]),
                 }
             }
             let now_failed = status["phase"] == "Failed";

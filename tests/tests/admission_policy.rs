@@ -472,6 +472,108 @@ fn a_status_patch_may_only_mark_the_pod_failed_and_evicted() {
     );
 }
 
+/// Every field of PodStatus in Kubernetes 1.35's API, with a value each,
+/// as a running pod's status could hold them.
+fn full_status() -> Value {
+    json!({
+        "allocatedResources": {"cpu": "500m"},
+        "conditions": [{"type": "Ready", "status": "True"},
+                       {"type": "PodScheduled", "status": "True"}],
+        "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0,
+                               "image": "shop/app:1", "imageID": "", "started": true}],
+        "ephemeralContainerStatuses": [],
+        "extendedResourceClaimStatus": {"resourceClaimName": "web-extended",
+                                        "requestMappings": []},
+        "hostIP": "192.168.1.10",
+        "hostIPs": [{"ip": "192.168.1.10"}],
+        "initContainerStatuses": [],
+        "message": "",
+        "nominatedNodeName": "",
+        "observedGeneration": 1,
+        "phase": "Running",
+        "podIP": "10.0.3.7",
+        "podIPs": [{"ip": "10.0.3.7"}],
+        "qosClass": "Burstable",
+        "reason": "",
+        "resize": "",
+        "resourceClaimStatuses": [],
+        "resources": {"requests": {"memory": "64Mi"}},
+        "startTime": "2026-11-23T13:00:00Z",
+    })
+}
+
+/// `pod` with KEP-5986's condition, as evictd's strategic-merge patch
+/// leaves it.
+fn with_pressure_condition(pod: &Value, status: &str) -> Value {
+    let mut pod = pod.clone();
+    let conditions = pod["status"]["conditions"].as_array_mut().unwrap();
+    conditions.retain(|c| c["type"] != "ContainerMemoryPressure");
+    conditions.push(json!({"type": "ContainerMemoryPressure", "status": status,
+                           "reason": "MemoryHighRelaxed",
+                           "lastTransitionTime": "2026-11-23T14:00:00Z"}));
+    pod
+}
+
+#[test]
+fn a_status_patch_may_change_the_container_memory_pressure_condition_alone() {
+    let policies = Policies::load();
+    let mut own = pod("web", "node-a");
+    own["status"] = full_status();
+    let set = with_pressure_condition(&own, "True");
+    assert_eq!(
+        policies.decide(&status_patch(own.clone(), set.clone()).by_evictd_on("node-a")),
+        Decision::Allowed
+    );
+    let cleared = with_pressure_condition(&set, "False");
+    assert_eq!(
+        policies.decide(&status_patch(set.clone(), cleared).by_evictd_on("node-a")),
+        Decision::Allowed
+    );
+    // Not on another node's pod.
+    let mut other = pod("db", "node-b");
+    other["status"] = full_status();
+    let denied = policies.decide(
+        &status_patch(other.clone(), with_pressure_condition(&other, "True"))
+            .by_evictd_on("node-a"),
+    );
+    assert!(denied.denied_with("not shop/db"), "{denied:?}");
+    // Another condition changed with it (the pod marked not Ready).
+    let mut unready = with_pressure_condition(&own, "True");
+    unready["status"]["conditions"][0]["status"] = json!("False");
+    let denied = policies.decide(&status_patch(own.clone(), unready).by_evictd_on("node-a"));
+    assert!(
+        denied.denied_with("or change its ContainerMemoryPressure condition alone"),
+        "{denied:?}"
+    );
+    // Any other field of the status changed, added or removed with it.
+    for (field, _) in full_status().as_object().unwrap() {
+        if field == "conditions" {
+            continue;
+        }
+        let mut changed = with_pressure_condition(&own, "True");
+        changed["status"][field] = json!("changed");
+        let mut removed = with_pressure_condition(&own, "True");
+        removed["status"].as_object_mut().unwrap().remove(field);
+        let mut absent_before = own.clone();
+        absent_before["status"]
+            .as_object_mut()
+            .unwrap()
+            .remove(field);
+        for (before, after) in [
+            (&own, changed),
+            (&own, removed),
+            (&absent_before, set.clone()),
+        ] {
+            let decision =
+                policies.decide(&status_patch(before.clone(), after).by_evictd_on("node-a"));
+            assert!(
+                decision.denied_with("or change its ContainerMemoryPressure condition alone"),
+                "{field}: {decision:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_delete_is_allowed_only_for_a_pod_on_the_tokens_node() {
     let policies = Policies::load();
@@ -521,6 +623,12 @@ fn events_are_allowed_about_the_tokens_node_and_reported_by_it() {
         policies.decide(&pod_event.by_evictd_on("node-a")),
         Decision::Allowed
     );
+    // KEP-5986's stage 1.
+    let relaxed = event("shop", pod_ref("web"), "MemoryHighRelaxed", "node-a");
+    assert_eq!(
+        policies.decide(&relaxed.by_evictd_on("node-a")),
+        Decision::Allowed
+    );
 
     let other_node = event(
         "default",
@@ -563,6 +671,13 @@ fn an_evicted_event_is_allowed_only_about_a_pod_bound_to_the_tokens_node() {
         ),
         "{denied:?}"
     );
+    // Nor that it was relaxed (KEP-5986's stage 1).
+    let relaxed = event("shop", pod_ref("db"), "MemoryHighRelaxed", "node-a");
+    let denied = policies.decide(&relaxed.by_evictd_on("node-a"));
+    assert!(
+        denied.denied_with("may post events only about pods bound to it, not shop/db"),
+        "{denied:?}"
+    );
     // Posted in another namespace, where the pod cannot be looked up, or
     // naming no uid (it would attach to any pod of that name): refused.
     let elsewhere = event("kube-system", pod_ref("db"), "Evicted", "node-a");
@@ -574,7 +689,7 @@ fn an_evicted_event_is_allowed_only_about_a_pod_bound_to_the_tokens_node() {
     for request in [elsewhere, no_uid] {
         let denied = policies.decide(&request.by_evictd_on("node-a"));
         assert!(
-            denied.denied_with("Evicted on pods of the same namespace named by uid"),
+            denied.denied_with("on pods of the same namespace named by uid"),
             "{denied:?}"
         );
     }

@@ -5,9 +5,11 @@
 //! memory.max, which relaxing memory.high cannot help, is evicted once its
 //! pressure outlasts the grace period; a calm pod beside them is left
 //! alone. No node threshold is anywhere near. The API stand-in is told
-//! both stages: a `MemoryHighRelaxed` warning on the relaxed pod, an
-//! `Evicted` event on the evicted one. cgroup v1 has no memory.high: there
-//! the test only checks that the agent says it judges nothing.
+//! both stages: a `MemoryHighRelaxed` warning on the relaxed pod and its
+//! `ContainerMemoryPressure` condition set (through one 500 answer, which
+//! the agent retries), then cleared once it recovered; an `Evicted` event
+//! on the evicted one. cgroup v1 has no memory.high: there the test only
+//! checks that the agent says it judges nothing.
 #![expect(
     clippy::unwrap_used,
     reason = "test helpers: a failed step is a failed test"
@@ -16,8 +18,8 @@
 use std::{fs, path::Path, time::Duration};
 
 use evictd_integration::{
-    Agent, ApiServer, CgroupVersion, ColdFile, Controller, Faults, PodSpec, SandboxNode, api_pod,
-    cgroupfs_path, confined_agent, wait_until,
+    Agent, ApiServer, CgroupVersion, ColdFile, Controller, Faults, PodSpec, Recorded, SandboxNode,
+    api_pod, cgroupfs_path, confined_agent, wait_until,
 };
 use serde_json::json;
 
@@ -96,7 +98,13 @@ fn a_container_held_at_memory_high_is_relaxed_and_one_at_memory_max_is_evicted_a
         .iter()
         .map(|pod| api_pod(pod, NODE_NAME))
         .collect();
-    let server = ApiServer::start(api_pods, Faults::default()).unwrap();
+    // The first write of held's condition meets a failing webhook.
+    let faults = Faults {
+        failing: vec!["/pods/held/status"],
+        failing_first: 1,
+        ..Faults::default()
+    };
+    let server = ApiServer::start(api_pods, faults).unwrap();
     let args = [
         "--eviction-hard=memory.available<64Mi",
         "--memory-high-eviction-threshold=1",
@@ -189,6 +197,60 @@ fn a_container_held_at_memory_high_is_relaxed_and_one_at_memory_max_is_evicted_a
         "container-memory-pressure",
         "{:#}",
         evicted_event.body
+    );
+    // The KEP's pod condition: set by stage 1 (retried past the 500),
+    // cleared at the first reading that finds the held pod calm.
+    let condition_write = |r: &Recorded, status: &str| {
+        r.method == "PATCH"
+            && r.path.ends_with("/pods/held/status")
+            && r.body["status"]["conditions"][0]["type"] == "ContainerMemoryPressure"
+            && r.body["status"]["conditions"][0]["status"] == status
+    };
+    server
+        .wait_for_request(REPORT_DEADLINE, "held's condition set", |r| {
+            condition_write(r, "True") && r.status == 200
+        })
+        .unwrap();
+    server
+        .wait_for_request(STAGES_WITHIN, "held's condition cleared", |r| {
+            condition_write(r, "False") && r.status == 200
+        })
+        .unwrap();
+    let set: Vec<u16> = server
+        .requests()
+        .iter()
+        .filter(|r| condition_write(r, "True"))
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        set,
+        [500, 200],
+        "the condition retried once past the failing webhook"
+    );
+    let held_conditions = server.pod("default", "held").unwrap()["status"]["conditions"].clone();
+    assert_eq!(
+        held_conditions,
+        json!([{
+            "type": "ContainerMemoryPressure",
+            "status": "False",
+            "reason": "MemoryPressureSubsided",
+            "message": "Every container is back under the memory pressure thresholds.",
+            "lastTransitionTime": held_conditions[0]["lastTransitionTime"],
+        }])
+    );
+    // The at-max pod never reached stage 1: no condition of the KEP's.
+    assert!(
+        !server
+            .requests()
+            .iter()
+            .any(|r| r.path.ends_with("/pods/at-max/status")
+                && r.body["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "ContainerMemoryPressure")),
+        "{:#?}",
+        server.requests()
     );
     // Recovered: the held pod allocates at once now.
     assert_eq!(

@@ -194,7 +194,7 @@ pub(crate) struct Evictor<I: Io> {
     pid_zone: Option<hook_placement::Zone>,
     local_storage: storage_limits::LocalStorageChecks,
     thrashing: thrashing_response::ThrashingChecks,
-    container_pressure: memory_high_response::ExemptPods,
+    container_pressure: memory_high_response::PressureTold,
     /// Disk thresholds whose node-level reclaim is under way: each is
     /// decided again once it is done, met or not ([`Evictor::decide`]).
     reclaim_asked: BTreeMap<Signal, Starvation>,
@@ -254,7 +254,7 @@ impl<I: Io> Evictor<I> {
             pid_zone: options.pid_zone.map(hook_placement::Zone::new),
             local_storage: storage_limits::LocalStorageChecks::default(),
             thrashing: thrashing_response::ThrashingChecks::default(),
-            container_pressure: memory_high_response::ExemptPods::default(),
+            container_pressure: memory_high_response::PressureTold::default(),
             reclaim_asked: BTreeMap::new(),
             run_times: DecisionTimes::default(),
             recorder: None,

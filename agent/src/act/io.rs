@@ -20,6 +20,7 @@ use crate::{
         kernel_side::CounterExport,
         kubernetes::{
             EvictOutcome, EvictionAction, EvictionNotice, KnownPod, Kubernetes, PodWarning,
+            PressureCondition,
         },
     },
     scopes::monitor::BandTable,
@@ -145,6 +146,9 @@ pub(crate) trait EvictionApi {
     fn evict(&self, notice: EvictionNotice, grace: Duration) -> impl Future<Output = EvictOutcome>;
     /// Queues a warning event on a pod (best effort); never waits.
     fn warn_pod(&self, warning: PodWarning);
+    /// Queues KEP-5986's `ContainerMemoryPressure` condition on a pod;
+    /// never waits.
+    fn set_pressure_condition(&self, condition: PressureCondition);
 }
 
 /// The kernel programs' records and counters.
@@ -285,6 +289,10 @@ impl EvictionApi for Kubernetes {
 
     fn warn_pod(&self, warning: PodWarning) {
         Kubernetes::warn_pod(self, warning);
+    }
+
+    fn set_pressure_condition(&self, condition: PressureCondition) {
+        Kubernetes::set_pressure_condition(self, condition);
     }
 }
 

@@ -164,6 +164,9 @@ pub(crate) enum Step {
     Relax(Vec<String>),
     /// Stage 2: evict the pod; its worst signal ratio ranks it.
     Evict { worst_ratio: f64 },
+    /// Every signal back under its threshold after stage 1 was taken: the
+    /// episode is over (the KEP clears its pod condition then).
+    Recovered,
 }
 
 impl PodPressure {
@@ -176,8 +179,9 @@ impl PodPressure {
         now_ns: u64,
     ) -> Step {
         if !signals.values().any(|(signals, _)| signals.past()) {
+            let relaxed = self.relaxed;
             *self = Self::default();
-            return Step::Wait;
+            return if relaxed { Step::Recovered } else { Step::Wait };
         }
         let since = *self.since_ns.get_or_insert(now_ns);
         if now_ns.saturating_sub(since) < grace.as_nanos() as u64 {
@@ -287,7 +291,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_that_recovers_starts_again_at_stage_1() {
+    fn a_pod_that_recovers_after_stage_1_is_said_recovered_once_and_starts_again_at_stage_1() {
         let mut pod = PodPressure::default();
         let at = |s: u64| s * SECOND_NS;
         let throttled = signals(reading(0, 0, 0), reading(10, 500, 0));
@@ -297,7 +301,9 @@ mod tests {
             pod.judge(&throttled, GRACE, at(30)),
             Step::Relax(_)
         ));
-        assert_eq!(pod.judge(&calm, GRACE, at(40)), Step::Wait);
+        assert_eq!(pod.judge(&calm, GRACE, at(40)), Step::Recovered);
+        // Said once: the next calm reading is no news.
+        assert_eq!(pod.judge(&calm, GRACE, at(45)), Step::Wait);
         assert_eq!(pod.judge(&throttled, GRACE, at(50)), Step::Wait);
         assert!(matches!(
             pod.judge(&throttled, GRACE, at(70)),

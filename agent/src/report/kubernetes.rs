@@ -22,7 +22,10 @@ use kube::{Client, Config, config::KubeConfigOptions};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
-pub use api_writes::{EvictOutcome, EvictionNotice, PodWarning};
+use api_writes::PodNote;
+pub use api_writes::{
+    CONTAINER_MEMORY_PRESSURE, EvictOutcome, EvictionNotice, PodWarning, PressureCondition,
+};
 pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal};
 pub use message::{
     ContainerUsage, EvictionMessage, KILL_REASON_KEY, StarvedSignal, eviction_message,
@@ -86,9 +89,10 @@ pub(crate) struct KubernetesOptions {
 /// Past either bound, reports are dropped (counted and logged), never the
 /// kills.
 const REPORT_QUEUE: usize = 256;
-/// Pod warnings waiting for the API thread: best effort, as kubelet's own
-/// event recorder is; a warning past these is logged and dropped.
-const WARNING_QUEUE: usize = 64;
+/// Pod warnings and conditions waiting for the API thread; one past these
+/// is logged and dropped (warnings are best effort, as kubelet's own event
+/// recorder is).
+const POD_NOTE_QUEUE: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -124,7 +128,7 @@ pub(crate) struct Kubernetes {
     action: EvictionAction,
     reports: mpsc::Sender<EvictionNotice>,
     evictions: mpsc::Sender<api_writes::EvictRequest>,
-    warnings: mpsc::Sender<PodWarning>,
+    pod_notes: mpsc::Sender<PodNote>,
     api_timeout: Duration,
     metrics: Arc<Metrics>,
     finished: std_mpsc::Receiver<()>,
@@ -151,7 +155,7 @@ impl Kubernetes {
         };
         let (reports, report_queue) = mpsc::channel(REPORT_QUEUE);
         let (evictions, eviction_queue) = mpsc::channel(REPORT_QUEUE);
-        let (warnings, warning_queue) = mpsc::channel(WARNING_QUEUE);
+        let (pod_notes, pod_note_queue) = mpsc::channel(POD_NOTE_QUEUE);
         let (started_tx, started_rx) = std_mpsc::channel();
         let (finished_tx, finished) = std_mpsc::channel();
         let store = PodStore::default();
@@ -208,10 +212,10 @@ impl Kubernetes {
                         context.clone(),
                         eviction_queue,
                     ));
-                    tokio::spawn(api_writes::serve_warnings(
+                    tokio::spawn(api_writes::serve_pod_notes(
                         client.clone(),
                         context.clone(),
-                        warning_queue,
+                        pod_note_queue,
                     ));
                     let journal = Journal::open(state, &context.node_name);
                     api_writes::serve_reports(client, context, report_queue, journal).await;
@@ -225,7 +229,7 @@ impl Kubernetes {
             action: args.eviction_action,
             reports,
             evictions,
-            warnings,
+            pod_notes,
             api_timeout: args.api_timeout,
             metrics,
             finished,
@@ -260,13 +264,25 @@ impl Kubernetes {
     /// Queues a warning event on a pod; never waits. Best effort: one
     /// attempt, no journal (what it says is in the agent's log too).
     pub(crate) fn warn_pod(&self, warning: PodWarning) {
-        if let Err(e) = self.warnings.try_send(warning) {
-            let warning = match e {
-                mpsc::error::TrySendError::Full(warning)
-                | mpsc::error::TrySendError::Closed(warning) => warning,
-            };
-            warn!(pod = %format!("{}/{}", warning.namespace, warning.name), reason = warning.reason,
-                queued = WARNING_QUEUE, "pod event dropped: the Kubernetes API has not kept up");
+        self.queue_pod_note(PodNote::Warning(warning));
+    }
+
+    /// Queues KEP-5986's pod condition; never waits. Retried while the API
+    /// cannot take it, not journalled across a restart.
+    pub(crate) fn set_pressure_condition(&self, condition: PressureCondition) {
+        self.queue_pod_note(PodNote::Condition(condition));
+    }
+
+    fn queue_pod_note(&self, note: PodNote) {
+        if let Err(e) = self.pod_notes.try_send(note) {
+            let (PodNote::Warning(PodWarning {
+                namespace, name, ..
+            })
+            | PodNote::Condition(PressureCondition {
+                namespace, name, ..
+            })) = e.into_inner();
+            warn!(pod = %format!("{namespace}/{name}"), queued = POD_NOTE_QUEUE,
+                "pod event or condition dropped: the Kubernetes API has not kept up");
         }
     }
 
@@ -298,11 +314,11 @@ impl Kubernetes {
         let Self {
             reports,
             evictions,
-            warnings,
+            pod_notes,
             finished,
             ..
         } = self;
-        drop((reports, evictions, warnings));
+        drop((reports, evictions, pod_notes));
         if finished.recv_timeout(within).is_err() {
             warn!(
                 ?within,

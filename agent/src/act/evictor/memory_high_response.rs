@@ -6,7 +6,8 @@
 //! kubelet ask the runtime (CRI `UpdateContainerResources`): the runtime
 //! still holds the old value, and its next update of the container (an
 //! in-place resize) writes it back. A pod then under pressure again starts
-//! at stage 1 again.
+//! at stage 1 again. As the KEP does, stage 1 sets the pod's
+//! `ContainerMemoryPressure` condition, cleared when the pressure ends.
 //!
 //! Stage 2 evicts one pod a reading, as kubelet evicts one a cycle, in the
 //! KEP's order: BestEffort before Burstable, lower priority first, then
@@ -25,14 +26,18 @@ use crate::{
     decide::snapshot::{PodSnapshot, QosClass},
     decide::{memory_high::Step, reason::KillReason},
     node::inventory::ContainerPressurePod,
-    report::kubernetes::PodWarning,
+    report::kubernetes::{PodWarning, PressureCondition},
 };
 
-/// Exempt pods already told to be past the grace: said once while their
-/// pressure lasts, not at every reading.
+/// What the stages have told, by pod uid.
 #[derive(Default)]
-pub(super) struct ExemptPods {
-    told: BTreeSet<String>,
+pub(super) struct PressureTold {
+    /// Exempt pods said to be past the grace: once while their pressure
+    /// lasts, not at every reading.
+    exempt: BTreeSet<String>,
+    /// Pods whose `ContainerMemoryPressure` condition the API was asked to
+    /// set: cleared when their pressure ends.
+    condition_set: BTreeSet<String>,
 }
 
 impl<I: Io> Evictor<I> {
@@ -42,17 +47,23 @@ impl<I: Io> Evictor<I> {
         found: Vec<ContainerPressurePod>,
     ) {
         let now_ns = self.clock.now_ns();
-        self.container_pressure.told.retain(|uid| {
+        self.container_pressure.exempt.retain(|uid| {
             found.iter().any(|found| {
                 found.pod.uid == *uid && matches!(found.finding.step, Step::Evict { .. })
             })
         });
+        if let Some(api) = self.api.as_ref() {
+            // A pod gone from the API has no condition left to clear.
+            self.container_pressure
+                .condition_set
+                .retain(|uid| api.known(uid).is_some());
+        }
         let mut candidates = Vec::new();
         for ContainerPressurePod { pod, finding } in found {
-            if self.evictions.evicting(&pod.uid) || self.safeguards.backing_off(&pod, now_ns) {
-                continue;
-            }
             match finding.step {
+                Step::Recovered => self.clear_pressure_condition(&pod),
+                _ if self.evictions.evicting(&pod.uid)
+                    || self.safeguards.backing_off(&pod, now_ns) => {}
                 Step::Wait => {}
                 Step::Relax(containers) => {
                     self.relax_memory_high(&pod, &containers, &finding.description, now_ns);
@@ -67,7 +78,7 @@ impl<I: Io> Evictor<I> {
                     };
                     match exempt {
                         Some(exempt) => {
-                            if self.container_pressure.told.insert(pod.uid.clone()) {
+                            if self.container_pressure.exempt.insert(pod.uid.clone()) {
                                 warn!(pod = %pod.key(), description = finding.description, exempt,
                                     "containers under memory pressure past the grace period, but the pod is exempt: not evicted");
                             }
@@ -114,6 +125,7 @@ impl<I: Io> Evictor<I> {
         let Some(pod_cgroup) = pod.cgroup.as_deref() else {
             return;
         };
+        let mut relaxed = Vec::new();
         for container in containers {
             let path = format!("{}/{container}", pod_cgroup.trim_end_matches('/'));
             let outcome = if self.options.dry_run {
@@ -126,6 +138,7 @@ impl<I: Io> Evictor<I> {
                         info!(pod = %pod.key(), container, memory_high, description, at_ns = now_ns,
                             "memory.high relaxed to memory.max (KEP-5986 stage 1)");
                         self.tell_relaxed(pod, container, &memory_high, description);
+                        relaxed.push(format!("{container} to {memory_high}"));
                         "relaxed"
                     }
                     Err(e) => {
@@ -140,6 +153,56 @@ impl<I: Io> Evictor<I> {
                 .with_label_values(&[outcome])
                 .inc();
         }
+        if !relaxed.is_empty() {
+            let message = format!(
+                "Containers under memory pressure ({description}); evictd raised memory.high to memory.max: {}. The pod is evicted if the pressure persists.",
+                relaxed.join(", ")
+            );
+            self.tell_pressure_condition(pod, true, message);
+        }
+    }
+
+    /// The pod's pressure ended after stage 1: its condition, if set, goes
+    /// back to `False`.
+    fn clear_pressure_condition(&mut self, pod: &PodSnapshot) {
+        if !self.container_pressure.condition_set.contains(&pod.uid) {
+            return;
+        }
+        info!(pod = %pod.key(), "containers' memory pressure subsided (KEP-5986): ContainerMemoryPressure cleared");
+        self.tell_pressure_condition(
+            pod,
+            false,
+            "Every container is back under the memory pressure thresholds.".to_owned(),
+        );
+    }
+
+    /// KEP-5986's pod condition, where the API knows the pod.
+    fn tell_pressure_condition(
+        &mut self,
+        pod: &PodSnapshot,
+        under_pressure: bool,
+        message: String,
+    ) {
+        let Some(api) = self.api.as_ref() else {
+            return;
+        };
+        if api.known(&pod.uid).is_none() {
+            return;
+        }
+        if under_pressure {
+            self.container_pressure
+                .condition_set
+                .insert(pod.uid.clone());
+        } else {
+            self.container_pressure.condition_set.remove(&pod.uid);
+        }
+        api.set_pressure_condition(PressureCondition {
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            uid: pod.uid.clone(),
+            under_pressure,
+            message,
+        });
     }
 
     /// Stage 1's warning event on the pod (the KEP's reason), where the

@@ -1610,4 +1610,34 @@ async fn container_pressure_relaxes_memory_high_and_evicts_one_pod_in_the_keps_o
         .count();
     assert_eq!(exempt, 1, "{:?}", log.lines());
     assert_eq!(killed(&harness), [cgroup("hot")]);
+
+    // Stage 1 set the relaxed pod's condition; its end clears it, and a pod
+    // that never reached stage 1 has none to clear.
+    harness.node.0.borrow_mut().container_pressure = Some(vec![
+        container_pressure("throttled", Step::Recovered),
+        container_pressure("mild", Step::Recovered),
+    ]);
+    harness.evictor.read_memory_stalls(&wake(&harness));
+    let conditions: Vec<_> = api
+        .0
+        .borrow()
+        .conditions
+        .iter()
+        .map(|condition| (condition.name.clone(), condition.under_pressure))
+        .collect();
+    assert_eq!(
+        conditions,
+        [
+            ("throttled".to_owned(), true),
+            ("throttled".to_owned(), false)
+        ]
+    );
+    assert!(
+        api.0.borrow().conditions[0]
+            .message
+            .contains("evictd raised memory.high to memory.max: app to max"),
+        "{:?}",
+        api.0.borrow().conditions[0]
+    );
+    assert_eq!(killed(&harness), [cgroup("hot")]);
 }

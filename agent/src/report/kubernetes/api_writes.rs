@@ -78,6 +78,38 @@ pub struct PodWarning {
     pub message: String,
 }
 
+/// KEP-5986's pod condition, `ContainerMemoryPressure`: `True` (reason
+/// `MemoryHighRelaxed`) when stage 1 relaxes a container of the pod,
+/// `False` (reason `MemoryPressureSubsided`) when the pod's pressure ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PressureCondition {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub under_pressure: bool,
+    pub message: String,
+}
+
+/// The condition's type, as the KEP names it.
+pub const CONTAINER_MEMORY_PRESSURE: &str = "ContainerMemoryPressure";
+
+impl PressureCondition {
+    fn reason(&self) -> &'static str {
+        if self.under_pressure {
+            "MemoryHighRelaxed"
+        } else {
+            "MemoryPressureSubsided"
+        }
+    }
+}
+
+/// What the API thread writes about a pod outside any eviction report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum PodNote {
+    Warning(PodWarning),
+    Condition(PressureCondition),
+}
+
 /// The answer to a policy/v1 Eviction request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictOutcome {
@@ -262,34 +294,121 @@ pub(super) async fn serve_evictions(
 
 /// Posts each pod warning once, bounded by --api-timeout; one the API
 /// refuses or does not answer is logged (API errors are counted as every
-/// request's are) and not retried.
-pub(super) async fn serve_warnings(
+/// request's are) and not retried. Writes each pod condition, the latest
+/// per pod; one the API cannot take now (no answer, 5xx, 429) is tried
+/// again with the reports' backoff, so that a pressure's end is not lost
+/// to an outage; one it refuses (the pod gone, 403) is logged and dropped.
+pub(super) async fn serve_pod_notes(
     client: Client,
     context: Context,
-    mut queue: mpsc::Receiver<PodWarning>,
+    mut queue: mpsc::Receiver<PodNote>,
 ) {
-    while let Some(warning) = queue.recv().await {
-        let pod_event = event(
-            &context,
-            &warning.namespace,
-            ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                namespace: Some(warning.namespace.clone()),
-                name: Some(warning.name.clone()),
-                uid: Some(warning.uid.clone()),
-                ..ObjectReference::default()
-            },
-            warning.reason,
-            warning.message.clone(),
-            BTreeMap::new(),
-            Timestamp::now(),
-        );
-        if let Err(failure) = create_event(&client, &context, &pod_event).await {
-            warn!(pod = %format!("{}/{}", warning.namespace, warning.name), reason = warning.reason,
-                code = failure.code, "pod event not delivered to the Kubernetes API");
+    // At most one a pod: the latest condition wins.
+    let mut unwritten: BTreeMap<String, PressureCondition> = BTreeMap::new();
+    let mut wait = FIRST_RETRY;
+    loop {
+        let note = if unwritten.is_empty() {
+            queue.recv().await
+        } else {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {
+                    let retried = std::mem::take(&mut unwritten);
+                    for condition in retried.into_values() {
+                        write_condition(&client, &context, condition, &mut unwritten).await;
+                    }
+                    wait = if unwritten.is_empty() { FIRST_RETRY } else { (wait * 2).min(LONGEST_RETRY) };
+                    continue;
+                }
+                note = queue.recv() => note,
+            }
+        };
+        match note {
+            None => {
+                if !unwritten.is_empty() {
+                    info!(
+                        pods = unwritten.len(),
+                        "pod conditions still unwritten at shutdown are dropped"
+                    );
+                }
+                return;
+            }
+            Some(PodNote::Warning(warning)) => post_warning(&client, &context, &warning).await,
+            Some(PodNote::Condition(condition)) => {
+                unwritten.remove(&condition.uid);
+                write_condition(&client, &context, condition, &mut unwritten).await;
+            }
         }
     }
+}
+
+async fn post_warning(client: &Client, context: &Context, warning: &PodWarning) {
+    let pod_event = event(
+        context,
+        &warning.namespace,
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(warning.namespace.clone()),
+            name: Some(warning.name.clone()),
+            uid: Some(warning.uid.clone()),
+            ..ObjectReference::default()
+        },
+        warning.reason,
+        warning.message.clone(),
+        BTreeMap::new(),
+        Timestamp::now(),
+    );
+    if let Err(failure) = create_event(client, context, &pod_event).await {
+        warn!(pod = %format!("{}/{}", warning.namespace, warning.name), reason = warning.reason,
+            code = failure.code, "pod event not delivered to the Kubernetes API");
+    }
+}
+
+/// One try of `condition`'s status patch; kept in `unwritten` for another
+/// when the API could not take it now.
+async fn write_condition(
+    client: &Client,
+    context: &Context,
+    condition: PressureCondition,
+    unwritten: &mut BTreeMap<String, PressureCondition>,
+) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &condition.namespace);
+    let patch = Patch::Strategic(condition_patch(&condition, Timestamp::now()));
+    let params = PatchParams::default();
+    let request = pods.patch_status(&condition.name, &params, &patch);
+    let pod = format!("{}/{}", condition.namespace, condition.name);
+    match attempt(context, "patch", "pods/status", request).await {
+        Ok(()) => {
+            info!(%pod, condition = CONTAINER_MEMORY_PRESSURE, status = condition.under_pressure,
+                reason = condition.reason(), "pod condition written to the Kubernetes API");
+        }
+        Err(failure) if failure.retryable() => {
+            unwritten.insert(condition.uid.clone(), condition);
+        }
+        Err(failure) => {
+            warn!(%pod, condition = CONTAINER_MEMORY_PRESSURE, status = condition.under_pressure,
+                code = failure.code, "pod condition refused by the Kubernetes API; not retried");
+        }
+    }
+}
+
+/// The KEP's condition alone: a strategic merge patch merges `conditions`
+/// by `type`, so every other condition stays as its owner wrote it (and
+/// kubelet's status manager keeps conditions it does not own). The uid
+/// makes it apply to this pod only.
+fn condition_patch(condition: &PressureCondition, now: Timestamp) -> serde_json::Value {
+    json!({
+        "metadata": {"uid": condition.uid},
+        "status": {
+            "conditions": [{
+                "type": CONTAINER_MEMORY_PRESSURE,
+                "status": if condition.under_pressure { "True" } else { "False" },
+                "reason": condition.reason(),
+                "message": condition.message,
+                "lastTransitionTime": Time(now),
+            }],
+        },
+    })
 }
 
 async fn evict(
