@@ -404,9 +404,10 @@ pub struct RunArgs {
 
     /// The real-time (SCHED_FIFO) priority of the thread that reads the
     /// kernel's records, decides and kills, as Android's lmkd runs: a busy
-    /// node's workloads do not delay a decision. Threads it starts run
-    /// normally. 0: a normal thread. Needs CAP_SYS_NICE; without it the
-    /// agent warns and runs normally.
+    /// node's workloads do not delay a decision, from protection armed on
+    /// (the start runs normally). Threads it starts run normally. 0: a
+    /// normal thread. Needs CAP_SYS_NICE; without it the agent warns and
+    /// runs normally.
     #[arg(long, value_name = "PRIORITY", default_value_t = 1,
         value_parser = clap::value_parser!(u8).range(0..=99))]
     pub realtime_priority: u8,

@@ -222,6 +222,20 @@ fn without_privilege_to_load_bpf_the_agent_says_why_and_polls() {
 fn the_agent_locks_its_memory_runs_its_decisions_in_real_time_and_raises_its_open_file_limit() {
     let mut agent = Agent::start(&["--dry-run", "--eviction-hard="]).unwrap();
     agent.log.expect("protection armed", &[]);
+    // Real time only once armed: the start (the programs loaded, the first
+    // walks) takes no CPU at real-time priority.
+    let position = |message: &str| {
+        agent
+            .log
+            .seen
+            .iter()
+            .position(|line| line["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} line: {:#?}", agent.log.seen))
+    };
+    assert!(
+        position("deciding thread runs in real time (SCHED_FIFO)")
+            > position("serving /healthz and /readyz for probes")
+    );
     let proc = format!("/proc/{}", agent.pid());
     let limits = std::fs::read_to_string(format!("{proc}/limits")).unwrap();
     let files: Vec<&str> = limits

@@ -125,7 +125,6 @@ pub async fn run(
     crate::node::inventory::raise_file_limit();
     return_freed_heap();
     lock_memory();
-    run_in_real_time(args.realtime_priority);
     killer.ready_threads().await;
     let metrics = Metrics::new().map_err(RunError::Metrics)?;
     inventory.set_metrics(metrics.clone());
@@ -380,6 +379,11 @@ pub async fn run(
     // first run follows at once) and the kernel watches.
     let startup = started.elapsed();
     metrics.startup.set(startup.as_secs_f64());
+    // Only now: loading the programs (seconds of verifier time on a slow
+    // CPU) and the first walks would otherwise hold a CPU at real-time
+    // priority, which on a 1-CPU node starves everything else until the
+    // kernel's RT throttling.
+    run_in_real_time(args.realtime_priority);
     info!(startup_ms = startup.as_millis() as u64, "protection armed");
 
     let timer_cause = if mode.housekeeping() {
