@@ -137,6 +137,13 @@ impl WorkloadChannel {
         self.command_u64(&format!("fork {count} {rate}"))
     }
 
+    /// Forks `count` children one after another, each exiting at once and
+    /// reaped before the next; returns how long that took.
+    pub fn fork_exit(&mut self, count: u32) -> io::Result<Duration> {
+        self.command_u64(&format!("fork-exit {count}"))
+            .map(Duration::from_nanos)
+    }
+
     /// Starts one child running `count` threads besides its main one;
     /// returns how many children the workload now has.
     pub fn threads(&mut self, count: u32) -> io::Result<u64> {

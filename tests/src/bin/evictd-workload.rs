@@ -10,6 +10,11 @@
 //! - `fork N [RATE]`: start N children that sleep until killed, RATE a
 //!   second (default: as fast as it can); `ok <children>`.
 //! - `reap N`: SIGKILL and wait for the N newest children; `ok <children>`.
+//! - `fork-exit N`: start a fresh child (small, whatever this process
+//!   holds: a fork copies the parent's page tables) that forks N children
+//!   one after another, each exiting at once (no exec) and reaped before
+//!   the next: a task born and freed N times, what the kernel's fork and
+//!   exit hooks see; answers `ok <ns the N forks took>`.
 //! - `threads N`: start one child that runs N threads beside its main one,
 //!   all sleeping until killed (one more process, N + 1 more tasks);
 //!   `ok <children>` once the threads run.
@@ -94,7 +99,7 @@ use nix::{
     sys::{
         prctl,
         signal::{SigHandler, Signal, signal},
-        wait::wait,
+        wait::{wait, waitpid},
     },
     unistd::{ForkResult, Pid, fork, getppid, pause},
 };
@@ -117,6 +122,10 @@ fn main() {
         Some("hold-child") => hold_child(
             args.get(2).and_then(|p| p.parse().ok()),
             args.get(3).and_then(|b| b.parse().ok()).unwrap_or(0),
+        ),
+        Some("forker-child") => forker_child(
+            args.get(2).and_then(|p| p.parse().ok()),
+            args.get(3).and_then(|n| n.parse().ok()).unwrap_or(0),
         ),
         Some("hop-root") => hop_root(
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(1),
@@ -681,6 +690,10 @@ impl Workload {
                 self.reap(amount()?).map_err(|e| format!("reap: {e}"))?;
                 self.children.len().to_string()
             }
+            "fork-exit" => fork_exit(amount()?)
+                .map_err(|e| format!("fork-exit: {e}"))?
+                .as_nanos()
+                .to_string(),
             "threads" => {
                 self.threads(amount()?)
                     .map_err(|e| format!("threads: {e}"))?;
@@ -881,6 +894,50 @@ impl Workload {
 
 /// Starts a child holding `bytes`, SIGKILLs it once it holds them, and
 /// returns how long it took from the signal until it was reaped.
+fn fork_exit(count: usize) -> io::Result<Duration> {
+    let output = Command::new(std::env::current_exe()?)
+        .args([
+            "forker-child",
+            &std::process::id().to_string(),
+            &count.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    match text.trim().parse() {
+        Ok(ns) if output.status.success() => Ok(Duration::from_nanos(ns)),
+        _ => Err(io::Error::other(format!(
+            "the forker ended {} after {text:?}",
+            output.status
+        ))),
+    }
+}
+
+/// Forks `count` children one after another, each exiting at once and
+/// reaped before the next, then prints the ns that took.
+fn forker_child(parent: Option<i32>, count: usize) -> ! {
+    die_with(parent);
+    let started = Instant::now();
+    for _ in 0..count {
+        // SAFETY: this process is single-threaded (freshly exec'd), and the
+        // child only calls _exit.
+        match unsafe { fork() } {
+            // SAFETY: _exit runs no destructors or atexit handlers, which a
+            // forked copy must not run twice.
+            Ok(ForkResult::Child) => unsafe { libc::_exit(0) },
+            Ok(ForkResult::Parent { child }) => {
+                if waitpid(child, None).is_err() {
+                    std::process::exit(1);
+                }
+            }
+            Err(_) => std::process::exit(1),
+        }
+    }
+    println!("{}", started.elapsed().as_nanos());
+    std::process::exit(0);
+}
+
 fn kill_large(bytes: usize) -> io::Result<Duration> {
     let mut child = Command::new(std::env::current_exe()?)
         .args([

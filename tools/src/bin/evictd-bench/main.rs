@@ -102,7 +102,8 @@ struct Args {
     /// The node's task limit in the fork-bomb scenario (0: no such scenario).
     #[arg(long, default_value_t = 1024)]
     pid_limit: u64,
-    /// The fork-bomb scenario's threshold: pid.available below this.
+    /// The fork-bomb scenario's threshold: pid.available below this (the
+    /// overhead scenarios' agents watch it too, far from it).
     #[arg(long, default_value_t = 128)]
     pid_threshold: u64,
     /// Pods on the node in the pod-count scenarios (at least 5: the memory
@@ -709,6 +710,7 @@ impl Header<'_> {
             "threshold_bytes": args.threshold,
             "pid_limit": args.pid_limit,
             "pid_threshold": args.pid_threshold,
+            "overhead_forks": overhead::FORKS,
             "overhead_bytes": args.overhead_bytes,
             "overhead_reps": args.overhead_reps,
             "modes": self.modes,

@@ -1,12 +1,20 @@
 //! Workload overhead: what an attached agent costs a workload that is
-//! nowhere near being evicted. A pod on the sandbox node repeats three
-//! operations, each on --overhead-bytes of anonymous memory in 4 KiB pages:
+//! nowhere near being evicted. A pod on the sandbox node repeats four
+//! operations, the first three on --overhead-bytes of anonymous memory in
+//! 4 KiB pages:
 //!
 //! - page faults: map fresh memory and write one byte of every page
 //!   (one fault and one memcg charge per page);
 //! - munmap of those pages (one uncharge per page);
 //! - the SIGKILL of a process holding that much, until it is reaped (the
-//!   kernel tears its address space down before the parent can reap it).
+//!   kernel tears its address space down before the parent can reap it);
+//! - [`FORKS`] children forked one after another, each exiting at once and
+//!   reaped (a task born and freed each time: what the PID programs see).
+//!
+//! The agent watches `memory.available` and `pid.available` (below
+//! --pid-threshold tasks, of a sandbox node's [`NODE_TASKS`]), as a node's
+//! configuration does, so both its memory and its PID side are far from
+//! their lines, or attached with `+hooks-always`.
 //!
 //! Each mode's agent attached is compared with no agent at all (the floor),
 //! in the same run and interleaved with the modes, with
@@ -34,12 +42,22 @@ use crate::{
 /// page cache move the working set by a few MiB.
 pub const NEAR_MARGIN: u64 = 32 * MIB;
 
+/// The sandbox node's task limit in the overhead scenarios: the kernel's
+/// default pid_max, so that pid.available is as far from its line as on a
+/// node, past twice the PID zone's least width (its hooks detached).
+const NODE_TASKS: u64 = 32_768;
+
+/// Children forked per timed fork operation: a few tenths of a second of
+/// forking on this host, long enough that a per-task cost of 1 µs shows.
+pub const FORKS: u32 = 2000;
+
 /// The operations' durations in one run, in ns, one entry per repetition.
 #[derive(Debug, Default, serde::Serialize)]
 pub struct OverheadRun {
     pub fault_ns: Vec<u64>,
     pub unmap_ns: Vec<u64>,
     pub kill_ns: Vec<u64>,
+    pub fork_ns: Vec<u64>,
     /// The node's available memory (capacity − working set) before each
     /// touch, and with the touched pages held.
     pub available_before: Vec<i64>,
@@ -64,10 +82,11 @@ impl OverheadRun {
             .min()
             .map_or(0, |bytes| bytes / MIB as i64);
         let mut text = format!(
-            "faults {}, munmap {}, SIGKILL {} (medians); available down to {lowest} MiB",
+            "faults {}, munmap {}, SIGKILL {}, forks {} (medians); available down to {lowest} MiB",
             ms(&self.fault_ns),
             ms(&self.unmap_ns),
             ms(&self.kill_ns),
+            ms(&self.fork_ns),
         );
         if self.evictions > 0 {
             text += &format!(", EVICTED {} TIMES", self.evictions);
@@ -79,6 +98,11 @@ impl OverheadRun {
 pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
     let bytes = args.overhead_bytes;
     let mut node = sandbox(args, 0)?;
+    if !node.is_root() {
+        // The private tree's own ceiling would bind first.
+        node.tree.set_pids_limit("", NODE_TASKS)?;
+        node.tree.set_pids_limit("node", NODE_TASKS)?;
+    }
     let cgroupfs = CgroupFs::discover()?;
     let node_cgroup = node.node_cgroup();
     let capacity = capacity(args, &node)?;
@@ -104,7 +128,10 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
             args,
             &node,
             mode,
-            &format!("memory.available<{}", args.threshold),
+            &format!(
+                "memory.available<{},pid.available<{}",
+                args.threshold, args.pid_threshold
+            ),
         )?),
     };
     let peer = match (mode, args.earlyoom.as_deref()) {
@@ -126,6 +153,8 @@ pub fn run(args: &Args, mode: &str, near: bool) -> Result<OverheadRun> {
         run.unmap_ns.push(workload.unmap()?.as_nanos() as u64);
         run.kill_ns
             .push(workload.kill_large(bytes)?.as_nanos() as u64);
+        run.fork_ns
+            .push(workload.fork_exit(FORKS)?.as_nanos() as u64);
     }
     if let (Some(agent), Some(before)) = (agent, cpu_before) {
         finish(agent, before, &mut run)?;
@@ -142,6 +171,7 @@ fn operations(node: &mut SandboxNode, bytes: u64) -> Result<()> {
     workload.touch(bytes)?;
     workload.unmap()?;
     workload.kill_large(bytes)?;
+    workload.fork_exit(FORKS)?;
     Ok(())
 }
 

@@ -777,10 +777,11 @@ fn format_count(count: Option<f64>) -> String {
 }
 
 /// The overhead operations, as bench.json names their durations.
-const OPERATIONS: [(&str, &str); 3] = [
+const OPERATIONS: [(&str, &str); 4] = [
     ("fault_ns", "page faults"),
     ("unmap_ns", "munmap"),
     ("kill_ns", "SIGKILL → reaped"),
+    ("fork_ns", "fork → exit → reaped"),
 ];
 
 /// Every duration of one operation over the runs, in ms.
@@ -841,6 +842,8 @@ fn format_slowdown(slowdown: Option<Estimate>) -> String {
 
 fn overhead_table(results: &Value) -> String {
     let bytes = results["overhead_bytes"].as_u64().unwrap_or(0);
+    let forks = results["overhead_forks"].as_u64().unwrap_or(0);
+    let pid_threshold = results["pid_threshold"].as_u64().unwrap_or(0);
     let rounds = results["rounds"].as_u64().unwrap_or(0) as usize;
     let interval = match interval_rank(rounds) {
         Some(k) => format!(
@@ -851,7 +854,10 @@ fn overhead_table(results: &Value) -> String {
         None => format!("none: {rounds} rounds are too few for one"),
     };
     let mut text = format!(
-        "Each operation on {} MiB in 4 KiB pages; the `none` row (no agent: the floor, \
+        "Each memory operation on {} MiB in 4 KiB pages, each fork operation {forks} \
+         children forked, exiting at once and reaped one after another; the agent watches \
+         `memory.available` and `pid.available` (below {pid_threshold} tasks), both far \
+         from their lines unless said; the `none` row (no agent: the floor, \
          measured in the same rounds) gives the median time and throughput. Every other \
          row gives its slowdown paired by round: in each round, the median of the mode's \
          operations over the median of the floor's, then the median of those ratios over \
@@ -860,8 +866,8 @@ fn overhead_table(results: &Value) -> String {
          threshold + 32 MiB and threshold + {} MiB throughout, never below the threshold. \
          `kernel.bpf_stats_enabled` is off, as on a node (on, it adds two clock reads to \
          every program run).\n\n\
-         | condition | mode | n | page faults | munmap | SIGKILL → reaped | agent CPU per run (ms) | evictions |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|\n",
+         | condition | mode | n | page faults | munmap | SIGKILL → reaped | fork → exit → reaped | agent CPU per run (ms) | evictions |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         bytes / MIB,
         (bytes + 32 * MIB) / MIB,
     );
@@ -882,10 +888,14 @@ fn overhead_table(results: &Value) -> String {
                 .map(|(operation, _)| {
                     if mode == NO_AGENT {
                         median(&durations(&these, operation)).map_or("–".to_owned(), |ms| {
-                            format!(
-                                "{ms:.1} ms ({:.2} GiB/s)",
-                                bytes as f64 / (1u64 << 30) as f64 / (ms / 1e3)
-                            )
+                            if *operation == "fork_ns" {
+                                format!("{ms:.1} ms ({:.0} forks/s)", forks as f64 / (ms / 1e3))
+                            } else {
+                                format!(
+                                    "{ms:.1} ms ({:.2} GiB/s)",
+                                    bytes as f64 / (1u64 << 30) as f64 / (ms / 1e3)
+                                )
+                            }
                         })
                     } else {
                         format_slowdown(slowdown(results, scenario, mode, operation))
@@ -905,10 +915,11 @@ fn overhead_table(results: &Value) -> String {
             };
             let evictions: u64 = these.iter().filter_map(|r| r["evictions"].as_u64()).sum();
             text += &format!(
-                "| {condition} | {mode} | {n} | {} | {} | {} | {} | {evictions} |\n",
+                "| {condition} | {mode} | {n} | {} | {} | {} | {} | {} | {evictions} |\n",
                 cells[0],
                 cells[1],
                 cells[2],
+                cells[3],
                 agent(median(&cpu), &|ms| format!("{ms:.1}")),
             );
         }

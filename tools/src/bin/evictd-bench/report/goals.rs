@@ -328,7 +328,7 @@ mod tests {
     fn overhead_run(round: u64, mode: &str, ms: f64) -> Value {
         let ns = vec![ms * 1e6; 3];
         json!({"scenario": "close", "mode": mode, "round": round, "run": {
-            "fault_ns": ns, "unmap_ns": ns, "kill_ns": ns,
+            "fault_ns": ns, "unmap_ns": ns, "kill_ns": ns, "fork_ns": ns,
         }})
     }
 
