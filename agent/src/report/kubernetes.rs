@@ -23,9 +23,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use api_writes::PodNote;
-pub use api_writes::{
-    CONTAINER_MEMORY_PRESSURE, EvictOutcome, EvictionNotice, PodWarning, PressureCondition,
-};
+pub use api_writes::{EvictOutcome, EvictionNotice, PodWarning, PressureCondition};
 pub use journal::{CAPACITY as JOURNAL_CAPACITY, Journal};
 pub use message::{
     ContainerUsage, EvictionMessage, KILL_REASON_KEY, StarvedSignal, eviction_message,

@@ -91,7 +91,7 @@ pub struct PressureCondition {
 }
 
 /// The condition's type, as the KEP names it.
-pub const CONTAINER_MEMORY_PRESSURE: &str = "ContainerMemoryPressure";
+const CONTAINER_MEMORY_PRESSURE: &str = "ContainerMemoryPressure";
 
 impl PressureCondition {
     fn reason(&self) -> &'static str {
