@@ -892,8 +892,8 @@ impl Workload {
     }
 }
 
-/// Starts a child holding `bytes`, SIGKILLs it once it holds them, and
-/// returns how long it took from the signal until it was reaped.
+/// Has a fresh child fork `count` children one after another
+/// ([`forker_child`]); returns how long its forks took.
 fn fork_exit(count: usize) -> io::Result<Duration> {
     let output = Command::new(std::env::current_exe()?)
         .args([
@@ -938,6 +938,8 @@ fn forker_child(parent: Option<i32>, count: usize) -> ! {
     std::process::exit(0);
 }
 
+/// Starts a child holding `bytes`, SIGKILLs it once it holds them, and
+/// returns how long it took from the signal until it was reaped.
 fn kill_large(bytes: usize) -> io::Result<Duration> {
     let mut child = Command::new(std::env::current_exe()?)
         .args([
